@@ -1,0 +1,231 @@
+"""Op and backend registries: the one place every op, backend and variant is declared.
+
+An op (`OpSpec`) is declared once, in its `oracle/<op>.py` module: its inputs,
+outputs, params, both oracles, the input generator, the error model that the
+tolerances use and the cost model that the benchmarks use.
+
+A backend is a module that makes a `Backend` and registers one function per op
+(and per variant) with the `Backend.impl` decorator.  Backends are found in the
+`backends` package and in the `gradoracle.backends` entry-point group.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import pkgutil
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from harness import dtypes as _dtypes
+
+# ----------------------------------------------------------------------------- ops
+
+
+@dataclass(frozen=True)
+class Cost:
+    """Minimum traffic and arithmetic of one call: each input read once, each output written once."""
+
+    bytes: int
+    flops: int
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    name: str
+    doc: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    params: Mapping[str, str]  # param name -> meaning
+    # shapes(case) -> {tensor name: shape} for every input and output.
+    shapes: Callable[[Any], dict]
+    # generate(case, rng) -> {input name: HostTensor}, values exactly representable in case.dtype.
+    generate: Callable[[Any, Any], dict]
+    # numpy_oracle / jax_oracle(inputs: {name: float64 ndarray}, params) -> {output name: float64 ndarray}
+    numpy_oracle: Callable[..., dict]
+    jax_oracle: Callable[..., dict]
+    # error_scale(inputs, params) -> {output name: (scale ndarray shaped like the output, reduction length n)}
+    error_scale: Callable[..., dict]
+    # cost(case) -> Cost
+    cost: Callable[[Any], Cost]
+    # case_id(case) -> stable readable id, e.g. 'mul[f32,A=2x3x4x5,B=1x1x4x5]'
+    case_id: Callable[[Any], str]
+    # validate(case) -> None, or raises ValueError naming the param (for cases loaded from files)
+    validate: Callable[[Any], None] = lambda case: None
+
+
+OPS: dict[str, OpSpec] = {}
+
+
+def register_op(spec: OpSpec) -> OpSpec:
+    if spec.name in OPS:
+        raise ValueError(f"op {spec.name!r} is registered twice")
+    OPS[spec.name] = spec
+    return spec
+
+
+def get_op(name: str) -> OpSpec:
+    load_ops()
+    if name not in OPS:
+        raise KeyError(f"unknown op {name!r}: registered ops are {', '.join(sorted(OPS)) or 'none'}")
+    return OPS[name]
+
+
+def load_ops() -> dict[str, OpSpec]:
+    importlib.import_module("oracle")  # its __init__ imports every op module
+    return OPS
+
+
+# ----------------------------------------------------------------------------- backends
+
+DEFAULT_VARIANT = "default"
+
+
+@dataclass
+class Impl:
+    """One implementation of one op by one backend, possibly one of several named variants."""
+
+    backend: "Backend"
+    op: str
+    variant: str
+    fn: Callable
+    dtypes: tuple[str, ...]
+    devices: tuple[str, ...]
+    baseline: bool
+    deterministic: bool
+    # supports(case) -> None or the reason this implementation cannot run the case
+    supports: Callable[[Any], str | None] | None = None
+
+    @property
+    def id(self) -> str:
+        return self.backend.name if self.variant == DEFAULT_VARIANT else f"{self.backend.name}@{self.variant}"
+
+    def skip_reason(self, case, device: str) -> str | None:
+        """Why this implementation cannot run `case` on `device`, or None if it can."""
+        reason = self.backend.unavailable_reason(device)
+        if reason:
+            return reason
+        if device not in self.devices:
+            return f"{self.id}: {self.op} runs on {', '.join(self.devices)}, not {device}"
+        if case.dtype not in self.dtypes:
+            return f"{self.id}: {self.op} does not support {case.dtype} (supports {', '.join(self.dtypes)})"
+        if self.supports is not None:
+            return self.supports(case)
+        return None
+
+
+@dataclass
+class Backend:
+    """A source of implementations, e.g. `torch` (eager autograd) or `cupy` (raw CUDA through NVRTC).
+
+    framework: the array type its functions take and return ('torch', 'cupy', 'jax' or 'numpy').
+    devices: where it can run ('cpu', 'cuda').
+    check(device) -> None if usable on that device, else the reason it is not (e.g. "cupy: no CUDA device").
+    """
+
+    name: str
+    framework: str
+    devices: tuple[str, ...]
+    description: str = ""
+    check: Callable[[str], str | None] | None = None
+    impls: dict[tuple[str, str], Impl] = field(default_factory=dict)
+    origin: str = ""  # the module or entry point that registered it
+    _reasons: dict[str, str | None] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self):
+        register_backend(self)
+
+    def impl(self, op: str, *, variant: str = DEFAULT_VARIANT, dtypes: tuple[str, ...] = ("f32", "f16", "bf16", "f64"),
+             devices: tuple[str, ...] | None = None, baseline: bool = False, deterministic: bool = True,
+             supports: Callable[[Any], str | None] | None = None):
+        """Decorator registering `fn(inputs, outs, params)` as this backend's `op` (variant `variant`).
+
+        inputs: {name: array on the device}, possibly non-contiguous views.
+        outs: {name: contiguous array of the output shape and dtype, pre-filled with NaN}; the
+              function writes into them and returns None.  A functional framework (JAX) may
+              instead return {name: array}.
+        params: the case's params (e.g. {'fn': 'mul', ...}).
+        baseline: this is the implementation a user would otherwise pick; speedups are against it.
+        """
+        for d in dtypes:
+            _dtypes.check(d)
+
+        def register(fn):
+            key = (op, variant)
+            if key in self.impls:
+                raise ValueError(f"backend {self.name!r} registers {op}@{variant} twice")
+            self.impls[key] = Impl(self, op, variant, fn, tuple(dtypes), tuple(devices or self.devices),
+                                   baseline, deterministic, supports)
+            return fn
+
+        return register
+
+    def unavailable_reason(self, device: str) -> str | None:
+        if device not in self.devices:
+            return f"{self.name}: runs on {', '.join(self.devices)}, not {device}"
+        if device not in self._reasons:
+            try:
+                self._reasons[device] = self.check(device) if self.check else None
+            except Exception as exc:  # a broken install must read as unavailable, not crash listing
+                self._reasons[device] = f"{self.name}: {type(exc).__name__}: {exc}"
+        return self._reasons[device]
+
+
+BACKENDS: dict[str, Backend] = {}
+# Backends whose module failed to import: name -> reason.  Listed as unavailable, never fatal.
+BROKEN: dict[str, str] = {}
+_discovered = False
+
+
+def register_backend(backend: Backend) -> Backend:
+    old = BACKENDS.get(backend.name)
+    if old is not None and old is not backend:
+        raise ValueError(f"backend {backend.name!r} is registered twice ({old.origin} and {backend.origin})")
+    BACKENDS[backend.name] = backend
+    return backend
+
+
+def _import_backend(module_name: str, label: str) -> None:
+    try:
+        before = set(BACKENDS)
+        module = importlib.import_module(module_name)
+        for name in set(BACKENDS) - before:
+            BACKENDS[name].origin = getattr(module, "__name__", module_name)
+    except Exception as exc:
+        BROKEN[label] = f"import of {module_name} failed: {type(exc).__name__}: {exc}"
+
+
+def discover() -> dict[str, Backend]:
+    """Import every module of the `backends` package and every `gradoracle.backends` entry point."""
+    global _discovered
+    if _discovered:
+        return BACKENDS
+    _discovered = True
+    load_ops()
+    import backends
+
+    for info in pkgutil.iter_modules(backends.__path__):
+        if not info.name.startswith("_"):
+            _import_backend(f"backends.{info.name}", info.name)
+    for ep in importlib.metadata.entry_points(group="gradoracle.backends"):
+        _import_backend(ep.value.split(":")[0], ep.name)
+    return BACKENDS
+
+
+def impls_for(op: str) -> list[Impl]:
+    """Every registered implementation of `op`, baseline first, then by id."""
+    discover()
+    found = [impl for be in BACKENDS.values() for (o, _), impl in be.impls.items() if o == op]
+    return sorted(found, key=lambda i: (not i.baseline, i.id))
+
+
+def find_impl(op: str, impl_id: str) -> Impl:
+    for impl in impls_for(op):
+        if impl.id == impl_id:
+            return impl
+    known = ", ".join(i.id for i in impls_for(op)) or "none"
+    raise KeyError(f"no implementation {impl_id!r} of {op}: registered are {known}")
+
+
+def baseline_for(op: str) -> Impl | None:
+    found = [i for i in impls_for(op) if i.baseline]
+    return found[0] if found else None
