@@ -49,6 +49,10 @@ class OpSpec:
     cost: Callable[[Any], Cost]
     # case_id(case) -> stable readable id, e.g. 'mul[f32,A=2x3x4x5,B=1x1x4x5]'
     case_id: Callable[[Any], str]
+    # For the finite-difference check: loss(inputs, params) = sum(cotangent * forward(inputs)), in
+    # float64, and which input each output is the derivative of.
+    loss: Callable[..., float] | None = None
+    wrt: Mapping[str, str] | None = None
     # validate(case) -> None, or raises ValueError naming the param (for cases loaded from files)
     validate: Callable[[Any], None] = lambda case: None
 
@@ -129,10 +133,12 @@ class Backend:
     check: Callable[[str], str | None] | None = None
     impls: dict[tuple[str, str], Impl] = field(default_factory=dict)
     origin: str = ""  # the module or entry point that registered it
+    register: bool = True  # False keeps it out of the global registry (test fixtures)
     _reasons: dict[str, str | None] = field(default_factory=dict, repr=False)
 
     def __post_init__(self):
-        register_backend(self)
+        if self.register:
+            register_backend(self)
 
     def impl(self, op: str, *, variant: str = DEFAULT_VARIANT, dtypes: tuple[str, ...] = ("f32", "f16", "bf16", "f64"),
              devices: tuple[str, ...] | None = None, baseline: bool = False, deterministic: bool = True,

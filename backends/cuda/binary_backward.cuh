@@ -1,0 +1,616 @@
+// binary_backward: CUDA device code, the one copy shared by the cupy backend (NVRTC, through
+// cupy.RawModule) and the torch extension (nvcc, backends/torch_ext/binary_backward_cuda.cu).
+// Spec: oracle/binary_backward.py.  Host planning: backends/_bcast_plan.py (and its C++ port).
+//
+// Self-contained for NVRTC: only cuda_fp16.h / cuda_bf16.h are included (pass their folder
+// with -I), and only `long long` / `unsigned int` integer types are used.
+//
+// ============================================================================ launch contract
+//
+// Template parameters:  T  = float | double | __half | __nv_bfloat16 (element type of every
+// input and final output);  FN = 0 add, 1 sub, 2 mul, 3 div, 4 pow, 5 maximum, 6 minimum
+// (the order of gradoracle::BinaryFn);  A = bb_acc_t<T> = double for double, float otherwise:
+// partials and every sum are computed in A, partial buffers hold A.
+//
+// Every kernel with a BBParams argument must be launched with blockDim = (BB_BLOCK, 1, 1) and
+// any 1-D grid (they grid-stride over tiles); the others accept any 1-D launch.  All index
+// math is 64-bit.  Outputs must not alias inputs.
+//
+// BBParams (by value, __grid_constant__): three dim groups, each outer -> inner, with
+// strides in ELEMENTS for five tensor SLOTS (0 operand P, 1 operand Q, 2 grad_out, 3 output
+// of P = dP, 4 output of Q = dQ).  Outputs have stride 0 along the dims they sum over.  The
+// struct holds only `long long`, so the host packs it as a flat int64 array in field order
+// (BB_PARAMS_WORDS words).  `swap` = 0: P is a, Q is b; swap = 1: P is b, Q is a (the kernel
+// then evaluates the partials at (a, b) = (Q, P)).  Pointers are passed in the same roles.
+//
+//   bb_fast<T,FN>(a, b, g, ga, gb, n, vectorized)
+//       No broadcast, all five tensors dense with the same strides: flat index i.
+//       vectorized != 0 only if all five pointers are 16-byte aligned (16-byte packs, then
+//       a scalar tail).
+//   bb_ew<T,FN>(p, a, b, g, ga, gb)                                 [no broadcast, strided]
+//       grp[0] = K (ndim >= 1); its LAST dim is the column dim, the rest are rows.  swap = 0.
+//       lanes = TC (tile columns, power of two in [32, 1024]), lanes_log2 = log2(TC); a tile is
+//       TC columns x (BB_EW_TILE / TC) rows.  nchunk[0] = column tiles, nchunk[1] = row tiles,
+//       ntiles = nchunk[0] * nchunk[1].
+//   bb_lk<T,FN,J>(p, P, Q, g, dP, dP_part, dQ, dQ_part)            [lanes along K]
+//       grp[0] = K (lanes), grp[1] = U (J per tile, in registers), grp[2] = V (rows, looped).
+//       P is the operand broadcast along V: dP sums over V, dQ sums over U.
+//       J = 1 requires numel(U) = 1.  lanes = KW (power of two <= 32), lanes_log2.
+//       chunk / nchunk = {KW, k tiles}, {CU <= J, U chunks}, {CV, V chunks}; ntiles = product.
+//   bb_lr_stream<T,FN>(p, P, Q, g, dP, dP_part, dQ)                 [lanes along X, Y empty]
+//       grp[0] = X (lanes, looped), grp[1] = Y (numel 1), grp[2] = Z = K (one row per task).
+//       P is the operand broadcast along X: dP sums over X (across lanes), dQ is elementwise.
+//       lanes = XW (power of two <= 32), lanes_log2.  chunk[0] = CX, nchunk[0] = X chunks,
+//       ntiles = nchunk[0] * numel(Z) tasks; each task belongs to one XW-lane segment.
+//   bb_lr_batched<T,FN>(p, P, Q, g, dP, dP_part, dQ, dQ_part)       [lanes along X, Y looped]
+//       grp[0] = X (lanes, BB_J per lane per tile), grp[1] = Y (rows, looped), grp[2] = Z = K.
+//       P is the operand broadcast along X: dP sums over X, dQ sums over Y.
+//       lanes = XW, lanes_log2; chunk[0] = XW * BB_J; chunk[1] = CY; nchunk = {X chunks,
+//       Y chunks, numel(Z)}; ntiles = product.
+//   bb_naive<T,FN>(p, a, b, g, acc_a, acc_b)                        [the @naive reference]
+//       grp = {K, RA, RB} exactly as _bcast_plan makes them, swap = 0.  acc_a / acc_b (A,
+//       numel of grad_a / grad_b) must be zeroed; then bb_finalize with nchunks = 1.
+//   bb_finalize<T>(part, nchunks, n, out):  out[i] = T(sum over c = 0..nchunks-1, in that
+//       order, of part[c * n + i]).
+//
+// Final vs partial outputs: an output whose reduced group has nchunk == 1 is written in T to
+// dP / dQ; otherwise the kernel writes A partials to dX_part[chunk * numel_out[slot] + i]
+// (slot 0 = dP, 1 = dQ) and the host runs bb_finalize over the chunks.  Every element of
+// both outputs (or partial rows) is written exactly once, and every sum is taken in a fixed
+// order, so results are bitwise reproducible for a given launch configuration.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+#define BB_MAX_DIMS 8
+#define BB_NT 5        // tensor slots per group
+#define BB_BLOCK 256   // threads per block of every BBParams kernel
+#define BB_J 8         // register tile of the batched kernels
+#define BB_EW_TILE 1024  // elements per bb_ew tile (4 per thread)
+
+enum : int { BB_ADD = 0, BB_SUB, BB_MUL, BB_DIV, BB_POW, BB_MAXIMUM, BB_MINIMUM, BB_NUM_FNS };
+enum : int { BB_P = 0, BB_Q = 1, BB_G = 2, BB_DP = 3, BB_DQ = 4 };
+
+struct BBGroup {
+  long long ndim;                              // dims in use, 0..BB_MAX_DIMS
+  long long numel;                             // product of size[0..ndim) (1 when ndim == 0)
+  long long size[BB_MAX_DIMS];                 // outer -> inner; unused entries are 1
+  long long stride[BB_NT][BB_MAX_DIMS];        // elements, per slot
+};
+
+struct BBParams {
+  BBGroup grp[3];
+  long long lanes;         // lanes per row segment (bb_ew: tile columns); a power of two
+  long long lanes_log2;
+  long long chunk[3];      // chunk length along each group
+  long long nchunk[3];     // chunks (tiles) along each group
+  long long ntiles;        // tiles (bb_lr_stream: tasks)
+  long long swap;          // 1: P is b and Q is a
+  long long numel_out[2];  // numel of dP, dQ: the row length of their partial buffers
+};
+
+#define BB_GROUP_WORDS (2 + BB_MAX_DIMS + BB_NT * BB_MAX_DIMS)
+#define BB_PARAMS_WORDS (3 * BB_GROUP_WORDS + 12)
+static_assert(sizeof(BBGroup) == BB_GROUP_WORDS * 8, "BBGroup must be packed long longs");
+static_assert(sizeof(BBParams) == BB_PARAMS_WORDS * 8, "BBParams must be packed long longs");
+
+// ============================================================================ element types
+
+template <typename T> struct BBAcc { typedef float type; };
+template <> struct BBAcc<double> { typedef double type; };
+template <typename T> using bb_acc_t = typename BBAcc<T>::type;
+
+__device__ __forceinline__ float bb_to_acc(float x) { return x; }
+__device__ __forceinline__ double bb_to_acc(double x) { return x; }
+__device__ __forceinline__ float bb_to_acc(__half x) { return __half2float(x); }
+__device__ __forceinline__ float bb_to_acc(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <typename T> __device__ __forceinline__ T bb_from_acc(bb_acc_t<T> x);
+template <> __device__ __forceinline__ float bb_from_acc<float>(float x) { return x; }
+template <> __device__ __forceinline__ double bb_from_acc<double>(double x) { return x; }
+template <> __device__ __forceinline__ __half bb_from_acc<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 bb_from_acc<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+
+template <typename T> __device__ __forceinline__ bb_acc_t<T> bb_load(const T* p) { return bb_to_acc(*p); }
+
+// 16 bytes of T: one 128-bit load or store when the address is 16-byte aligned.
+template <typename T> struct alignas(16) BBPack { T v[16 / sizeof(T)]; };
+
+__device__ __forceinline__ long long bb_min(long long x, long long y) { return x < y ? x : y; }
+
+// ============================================================================ partials
+
+__device__ __forceinline__ float bb_pow(float x, float y) { return powf(x, y); }
+__device__ __forceinline__ double bb_pow(double x, double y) { return pow(x, y); }
+__device__ __forceinline__ float bb_log(float x) { return logf(x); }
+__device__ __forceinline__ double bb_log(double x) { return log(x); }
+
+// add and sub never read a or b, so kernels skip those loads.
+template <int FN> struct BBUsesOperands { static constexpr bool value = FN >= BB_MUL; };
+
+// df/da, df/db in A, exactly as the oracle's docstring defines them.
+template <int FN, typename A>
+__device__ __forceinline__ void bb_partials(A a, A b, A& da, A& db) {
+  if (FN == BB_ADD) {
+    da = A(1); db = A(1);
+  } else if (FN == BB_SUB) {
+    da = A(1); db = A(-1);
+  } else if (FN == BB_MUL) {
+    da = b; db = a;
+  } else if (FN == BB_DIV) {
+    da = A(1) / b; db = -a / (b * b);
+  } else if (FN == BB_POW) {
+    da = b * bb_pow(a, b - A(1));
+    // a**b * ln(a) -> 0 as a -> 0 for b >= 0, where IEEE would give 0 * -inf = NaN.
+    db = (a == A(0) && b >= A(0)) ? A(0) : bb_pow(a, b) * bb_log(a);
+  } else {
+    const bool wins = FN == BB_MAXIMUM ? a > b : a < b;
+    da = a == b ? A(0.5) : (wins ? A(1) : A(0));  // ties split the gradient
+    db = A(1) - da;
+  }
+}
+
+// The two terms g * dP and g * dQ, for operands in role order (see `swap` in the contract).
+template <int FN, typename A>
+__device__ __forceinline__ void bb_terms(A p, A q, A g, bool swap, A& tp, A& tq) {
+  A da, db;
+  bb_partials<FN, A>(swap ? q : p, swap ? p : q, da, db);
+  const A ta = g * da, tb = g * db;
+  tp = swap ? tb : ta;
+  tq = swap ? ta : tb;
+}
+
+// ============================================================================ index math
+
+// Adds the offsets of element `idx` of the first `nd` dims of `gr` (row-major, last dim
+// fastest) to off[0..BB_NT).  Groups that fit in 32 bits use 32-bit division (several times
+// cheaper); the outermost dim needs no division.
+__device__ __forceinline__ void bb_unravel(const BBGroup& gr, int nd, long long idx, long long* off) {
+  if (gr.numel <= 0xffffffffLL) {
+    unsigned int i = (unsigned int)idx;
+#pragma unroll
+    for (int d = BB_MAX_DIMS - 1; d >= 0; --d) {
+      if (d < nd) {
+        unsigned int r = i;
+        if (d > 0) {
+          const unsigned int n = (unsigned int)gr.size[d];
+          const unsigned int q = i / n;
+          r = i - q * n;
+          i = q;
+        }
+#pragma unroll
+        for (int t = 0; t < BB_NT; ++t) off[t] += (long long)r * gr.stride[t][d];
+      }
+    }
+  } else {
+    long long i = idx;
+#pragma unroll
+    for (int d = BB_MAX_DIMS - 1; d >= 0; --d) {
+      if (d < nd) {
+        long long r = i;
+        if (d > 0) {
+          const long long q = i / gr.size[d];
+          r = i - q * gr.size[d];
+          i = q;
+        }
+#pragma unroll
+        for (int t = 0; t < BB_NT; ++t) off[t] += r * gr.stride[t][d];
+      }
+    }
+  }
+}
+
+__device__ __forceinline__ void bb_offsets(const BBGroup& gr, long long idx, long long* off) {
+#pragma unroll
+  for (int t = 0; t < BB_NT; ++t) off[t] = 0;
+  bb_unravel(gr, (int)gr.ndim, idx, off);
+}
+
+// Stores v as the final output (T) when its reduction is done in one chunk, else as partial
+// row `chunk` of an A buffer.
+template <typename T>
+__device__ __forceinline__ void bb_store(T* out, bb_acc_t<T>* part, long long nchunk, long long chunk,
+                                         long long numel_out, long long off, bb_acc_t<T> v) {
+  if (nchunk == 1)
+    out[off] = bb_from_acc<T>(v);
+  else
+    part[chunk * numel_out + off] = v;
+}
+
+// Sum over the `nw` row slots of a block, for each of J values per thread.  red[j][w][lane] is
+// at red[j * BB_BLOCK + w * lanes + lane] (tid = w * lanes + lane).  Fixed-order tree; on return
+// slot 0 holds the sums.  Starts and ends with a barrier, so every thread must call it.
+template <typename A, int J>
+__device__ __forceinline__ void bb_block_reduce_slots(A* red, const A (&v)[J], int tid, int w, int nw, int lanes) {
+#pragma unroll
+  for (int j = 0; j < J; ++j) red[j * BB_BLOCK + tid] = v[j];
+  __syncthreads();
+  for (int s = nw >> 1; s > 0; s >>= 1) {
+    if (w < s) {
+#pragma unroll
+      for (int j = 0; j < J; ++j) red[j * BB_BLOCK + tid] += red[j * BB_BLOCK + tid + s * lanes];
+    }
+    __syncthreads();
+  }
+}
+
+// Sum over the `width` lanes (a power of two <= 32) of each aligned lane segment; lane 0 of
+// the segment gets the fixed-order butterfly result.  All 32 lanes of the warp must call it.
+template <typename A>
+__device__ __forceinline__ A bb_segment_sum(A v, int width) {
+  for (int s = width >> 1; s > 0; s >>= 1) v += __shfl_xor_sync(0xffffffffu, v, s);
+  return v;
+}
+
+// ============================================================================ fast path
+
+template <typename T, int FN>
+__global__ void __launch_bounds__(BB_BLOCK)
+bb_fast(const T* __restrict__ a, const T* __restrict__ b, const T* __restrict__ g, T* __restrict__ ga,
+        T* __restrict__ gb, long long n, int vectorized) {
+  typedef bb_acc_t<T> A;
+  constexpr int V = 16 / sizeof(T);
+  constexpr bool kOps = BBUsesOperands<FN>::value;
+  const long long step = (long long)gridDim.x * blockDim.x;
+  const long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  long long done = 0;
+  if (vectorized) {
+    const long long npack = n / V;
+    for (long long i = tid; i < npack; i += step) {
+      const BBPack<T> pg = reinterpret_cast<const BBPack<T>*>(g)[i];
+      BBPack<T> pa, pb, oa, ob;
+      if (kOps) {
+        pa = reinterpret_cast<const BBPack<T>*>(a)[i];
+        pb = reinterpret_cast<const BBPack<T>*>(b)[i];
+      }
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        const A va = kOps ? bb_to_acc(pa.v[e]) : A(0), vb = kOps ? bb_to_acc(pb.v[e]) : A(0);
+        A ta, tb;
+        bb_terms<FN, A>(va, vb, bb_to_acc(pg.v[e]), false, ta, tb);
+        oa.v[e] = bb_from_acc<T>(ta);
+        ob.v[e] = bb_from_acc<T>(tb);
+      }
+      reinterpret_cast<BBPack<T>*>(ga)[i] = oa;
+      reinterpret_cast<BBPack<T>*>(gb)[i] = ob;
+    }
+    done = npack * V;
+  }
+  for (long long i = done + tid; i < n; i += step) {
+    const A va = kOps ? bb_load(a + i) : A(0), vb = kOps ? bb_load(b + i) : A(0);
+    A ta, tb;
+    bb_terms<FN, A>(va, vb, bb_load(g + i), false, ta, tb);
+    ga[i] = bb_from_acc<T>(ta);
+    gb[i] = bb_from_acc<T>(tb);
+  }
+}
+
+// ============================================================================ strided elementwise
+
+// No broadcast, arbitrary strides.  A tile is TC columns (the group's last dim) x TR rows; a
+// warp reads 32 consecutive columns of one row, and the block's 4 passes cover TR rows, so a
+// tensor whose fast dim is a row dim (a transposed view) is still read from the L1 in full
+// sectors.
+template <typename T, int FN>
+__global__ void __launch_bounds__(BB_BLOCK)
+bb_ew(const __grid_constant__ BBParams p, const T* __restrict__ a, const T* __restrict__ b,
+      const T* __restrict__ g, T* __restrict__ ga, T* __restrict__ gb) {
+  typedef bb_acc_t<T> A;
+  constexpr int E = BB_EW_TILE / BB_BLOCK;
+  constexpr bool kOps = BBUsesOperands<FN>::value;
+  const BBGroup& K = p.grp[0];
+  const int nd_rows = (int)K.ndim - 1;
+  const long long ncols = K.size[nd_rows];
+  const long long nrows = K.numel / ncols;
+  const int tc_log2 = (int)p.lanes_log2;
+  const long long tc = p.lanes, tr = BB_EW_TILE / p.lanes;
+
+  for (long long t = blockIdx.x; t < p.ntiles; t += gridDim.x) {
+    const long long c0 = (t % p.nchunk[0]) * tc, r0 = (t / p.nchunk[0]) * tr;
+    long long off[E][BB_NT];
+    bool ok[E];
+    A va[E], vb[E], vg[E];
+#pragma unroll
+    for (int e = 0; e < E; ++e) {  // all loads first, for memory-level parallelism
+      const int idx = (int)threadIdx.x + e * BB_BLOCK;
+      const long long col = c0 + (idx & ((int)tc - 1)), row = r0 + (idx >> tc_log2);
+      ok[e] = col < ncols && row < nrows;
+      va[e] = vb[e] = vg[e] = A(0);
+      if (ok[e]) {
+#pragma unroll
+        for (int s = 0; s < BB_NT; ++s) off[e][s] = col * K.stride[s][nd_rows];
+        bb_unravel(K, nd_rows, row, off[e]);
+        vg[e] = bb_load(g + off[e][BB_G]);
+        if (kOps) {
+          va[e] = bb_load(a + off[e][BB_P]);
+          vb[e] = bb_load(b + off[e][BB_Q]);
+        }
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      if (ok[e]) {
+        A ta, tb;
+        bb_terms<FN, A>(va[e], vb[e], vg[e], false, ta, tb);
+        ga[off[e][BB_DP]] = bb_from_acc<T>(ta);
+        gb[off[e][BB_DQ]] = bb_from_acc<T>(tb);
+      }
+    }
+  }
+}
+
+// ============================================================================ lanes along K
+
+// Tile = KW k's (lanes) x up to J u's (registers) x a chunk of V rows (slots w, step nw).
+// Per row, dQ[k, v] = sum_j g*dQ over the tile's u's is complete in-thread and is stored at
+// once; dP[k, u_j] accumulates over the thread's rows in registers, then over the block's
+// slots (bb_block_reduce_slots).  Bias-like cases use J = 1 (U empty): P is the bias, loaded
+// once per tile, and the row loop is unrolled 4x for memory-level parallelism.
+template <typename T, int FN, int J>
+__global__ void __launch_bounds__(BB_BLOCK)
+bb_lk(const __grid_constant__ BBParams p, const T* __restrict__ P, const T* __restrict__ Q,
+      const T* __restrict__ g, T* __restrict__ dP, bb_acc_t<T>* __restrict__ dP_part, T* __restrict__ dQ,
+      bb_acc_t<T>* __restrict__ dQ_part) {
+  typedef bb_acc_t<T> A;
+  constexpr int UR = J >= 4 ? 1 : 4 / J;  // rows in flight per thread
+  constexpr bool kOps = BBUsesOperands<FN>::value;
+  __shared__ A red[J * BB_BLOCK];
+  const BBGroup& K = p.grp[0];
+  const BBGroup& U = p.grp[1];
+  const BBGroup& Vg = p.grp[2];
+  const int tid = threadIdx.x, kw = (int)p.lanes;
+  const int lane = tid & (kw - 1), w = tid >> (int)p.lanes_log2, nw = BB_BLOCK >> (int)p.lanes_log2;
+  const bool swap = p.swap != 0;
+
+  for (long long t = blockIdx.x; t < p.ntiles; t += gridDim.x) {
+    const long long kt = t % p.nchunk[0], rest = t / p.nchunk[0];
+    const long long cu = rest % p.nchunk[1], cv = rest / p.nchunk[1];
+    const long long k = kt * kw + lane;
+    const bool kok = k < K.numel;
+    long long ko[BB_NT];
+    bb_offsets(K, kok ? k : 0, ko);
+
+    // The tile's u's: P values (constant along V), g offsets and dP offsets.
+    bool uok[J];
+    A pv[J], accp[J];
+    long long goff[J], dpoff[J];
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+      const long long u = cu * p.chunk[1] + j;
+      uok[j] = kok && j < p.chunk[1] && u < U.numel;
+      long long uo[BB_NT];
+      bb_offsets(U, uok[j] ? u : 0, uo);
+      goff[j] = ko[BB_G] + uo[BB_G];
+      dpoff[j] = ko[BB_DP] + uo[BB_DP];
+      pv[j] = (kOps && uok[j]) ? bb_load(P + ko[BB_P] + uo[BB_P]) : A(0);
+      accp[j] = A(0);
+    }
+
+    if (kok) {
+      const long long v_lo = cv * p.chunk[2], v_hi = bb_min(Vg.numel, v_lo + p.chunk[2]);
+      for (long long v0 = v_lo + w; v0 < v_hi; v0 += (long long)nw * UR) {
+        bool vok[UR];
+        A qv[UR], gv[UR][J];
+        long long dqoff[UR];
+#pragma unroll
+        for (int r = 0; r < UR; ++r) {  // loads of UR rows first
+          const long long v = v0 + (long long)r * nw;
+          vok[r] = v < v_hi;
+          long long vo[BB_NT];
+          bb_offsets(Vg, vok[r] ? v : 0, vo);
+          dqoff[r] = ko[BB_DQ] + vo[BB_DQ];
+          qv[r] = (kOps && vok[r]) ? bb_load(Q + ko[BB_Q] + vo[BB_Q]) : A(0);
+#pragma unroll
+          for (int j = 0; j < J; ++j) gv[r][j] = (vok[r] && uok[j]) ? bb_load(g + goff[j] + vo[BB_G]) : A(0);
+        }
+#pragma unroll
+        for (int r = 0; r < UR; ++r) {
+          if (!vok[r]) continue;
+          A sq = A(0);
+#pragma unroll
+          for (int j = 0; j < J; ++j) {
+            if (!uok[j]) continue;
+            A tp, tq;
+            bb_terms<FN, A>(pv[j], qv[r], gv[r][j], swap, tp, tq);
+            accp[j] += tp;
+            sq += tq;
+          }
+          bb_store<T>(dQ, dQ_part, p.nchunk[1], cu, p.numel_out[1], dqoff[r], sq);
+        }
+      }
+    }
+
+    bb_block_reduce_slots<A, J>(red, accp, tid, w, nw, kw);
+    if (w == 0) {
+#pragma unroll
+      for (int j = 0; j < J; ++j)
+        if (uok[j]) bb_store<T>(dP, dP_part, p.nchunk[2], cv, p.numel_out[0], dpoff[j], red[j * BB_BLOCK + tid]);
+    }
+    // No barrier needed before the next tile: each thread next writes only its own red
+    // entries, and the only reader of slot-0 entries is their owner.
+  }
+}
+
+// ============================================================================ lanes along X, Y empty
+
+// Row reductions (B = (..., 1) against A = (..., N)): each task is one row z and one chunk of
+// X, owned by an XW-lane segment.  Lanes stream along X (unrolled 4x), store dQ elementwise
+// and accumulate g*dP; a segment shuffle gives dP[z].  No block barriers.
+template <typename T, int FN>
+__global__ void __launch_bounds__(BB_BLOCK)
+bb_lr_stream(const __grid_constant__ BBParams p, const T* __restrict__ P, const T* __restrict__ Q,
+             const T* __restrict__ g, T* __restrict__ dP, bb_acc_t<T>* __restrict__ dP_part,
+             T* __restrict__ dQ) {
+  typedef bb_acc_t<T> A;
+  constexpr int UR = 4;
+  constexpr bool kOps = BBUsesOperands<FN>::value;
+  const BBGroup& X = p.grp[0];
+  const BBGroup& Z = p.grp[2];
+  const int tid = threadIdx.x, xw = (int)p.lanes, lg = (int)p.lanes_log2;
+  const int lane = tid & (xw - 1), seg = tid >> lg;
+  const int spw = 32 >> lg;                      // segments per warp
+  const int nseg = BB_BLOCK >> lg;               // segments per block
+  const int warp_seg0 = (tid >> 5) * spw;        // first segment of this warp
+  const bool swap = p.swap != 0;
+
+  // Warp-uniform loop (the shuffle needs all 32 lanes): t0 is the task of the warp's first segment.
+  for (long long t0 = (long long)blockIdx.x * nseg + warp_seg0; t0 < p.ntiles; t0 += (long long)gridDim.x * nseg) {
+    const long long task = t0 + (seg - warp_seg0);
+    const bool valid = task < p.ntiles;
+    const long long cx = valid ? task % p.nchunk[0] : 0, z = valid ? task / p.nchunk[0] : 0;
+    long long zo[BB_NT];
+    bb_offsets(Z, z, zo);
+    A accp = A(0);
+    if (valid) {
+      const A pv = kOps ? bb_load(P + zo[BB_P]) : A(0);
+      const long long x_lo = cx * p.chunk[0], x_hi = bb_min(X.numel, x_lo + p.chunk[0]);
+      for (long long x0 = x_lo + lane; x0 < x_hi; x0 += (long long)xw * UR) {
+        bool ok[UR];
+        A qv[UR], gv[UR];
+        long long dqoff[UR];
+#pragma unroll
+        for (int r = 0; r < UR; ++r) {
+          const long long x = x0 + (long long)r * xw;
+          ok[r] = x < x_hi;
+          long long xo[BB_NT];
+          bb_offsets(X, ok[r] ? x : 0, xo);
+          dqoff[r] = zo[BB_DQ] + xo[BB_DQ];
+          gv[r] = ok[r] ? bb_load(g + zo[BB_G] + xo[BB_G]) : A(0);
+          qv[r] = (kOps && ok[r]) ? bb_load(Q + zo[BB_Q] + xo[BB_Q]) : A(0);
+        }
+#pragma unroll
+        for (int r = 0; r < UR; ++r) {
+          if (!ok[r]) continue;
+          A tp, tq;
+          bb_terms<FN, A>(pv, qv[r], gv[r], swap, tp, tq);
+          accp += tp;
+          dQ[dqoff[r]] = bb_from_acc<T>(tq);
+        }
+      }
+    }
+    accp = bb_segment_sum(accp, xw);
+    if (valid && lane == 0) bb_store<T>(dP, dP_part, p.nchunk[0], cx, p.numel_out[0], zo[BB_DP], accp);
+  }
+}
+
+// ============================================================================ lanes along X, Y looped
+
+// Both operands broadcast and grad_out's fast dim reduced by one of them.  Tile = one z x
+// XW*BB_J x's (BB_J per lane, in registers) x a chunk of Y rows (slots w, step nw).  Per row,
+// dP[z, y] = segment shuffle of the in-thread sum over the lane's x's; dQ[z, x_j]
+// accumulates over rows in registers, then over slots (bb_block_reduce_slots).
+template <typename T, int FN>
+__global__ void __launch_bounds__(BB_BLOCK)
+bb_lr_batched(const __grid_constant__ BBParams p, const T* __restrict__ P, const T* __restrict__ Q,
+              const T* __restrict__ g, T* __restrict__ dP, bb_acc_t<T>* __restrict__ dP_part,
+              T* __restrict__ dQ, bb_acc_t<T>* __restrict__ dQ_part) {
+  typedef bb_acc_t<T> A;
+  constexpr int J = BB_J;
+  constexpr bool kOps = BBUsesOperands<FN>::value;
+  __shared__ A red[J * BB_BLOCK];
+  const BBGroup& X = p.grp[0];
+  const BBGroup& Y = p.grp[1];
+  const BBGroup& Z = p.grp[2];
+  const int tid = threadIdx.x, xw = (int)p.lanes;
+  const int lane = tid & (xw - 1), w = tid >> (int)p.lanes_log2, nw = BB_BLOCK >> (int)p.lanes_log2;
+  const bool swap = p.swap != 0;
+
+  for (long long t = blockIdx.x; t < p.ntiles; t += gridDim.x) {
+    const long long cx = t % p.nchunk[0], rest = t / p.nchunk[0];
+    const long long cy = rest % p.nchunk[1], z = rest / p.nchunk[1];
+    long long zo[BB_NT];
+    bb_offsets(Z, z, zo);
+
+    // The lane's x's: Q values (constant along Y), g offsets and dQ offsets.
+    bool xok[J];
+    A qv[J], accq[J];
+    long long goff[J], dqoff[J];
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+      const long long x = cx * p.chunk[0] + (long long)j * xw + lane;
+      xok[j] = x < X.numel;
+      long long xo[BB_NT];
+      bb_offsets(X, xok[j] ? x : 0, xo);
+      goff[j] = zo[BB_G] + xo[BB_G];
+      dqoff[j] = zo[BB_DQ] + xo[BB_DQ];
+      qv[j] = (kOps && xok[j]) ? bb_load(Q + zo[BB_Q] + xo[BB_Q]) : A(0);
+      accq[j] = A(0);
+    }
+
+    const long long y_lo = cy * p.chunk[1], y_hi = bb_min(Y.numel, y_lo + p.chunk[1]);
+    for (long long y0 = y_lo; y0 < y_hi; y0 += nw) {  // block-uniform trip count
+      const long long y = y0 + w;
+      const bool yok = y < y_hi;
+      long long yo[BB_NT];
+      bb_offsets(Y, yok ? y : 0, yo);
+      A sp = A(0);
+      if (yok) {
+        const A pv = kOps ? bb_load(P + zo[BB_P] + yo[BB_P]) : A(0);
+        A gv[J];
+#pragma unroll
+        for (int j = 0; j < J; ++j) gv[j] = xok[j] ? bb_load(g + goff[j] + yo[BB_G]) : A(0);
+#pragma unroll
+        for (int j = 0; j < J; ++j) {
+          if (!xok[j]) continue;
+          A tp, tq;
+          bb_terms<FN, A>(pv, qv[j], gv[j], swap, tp, tq);
+          sp += tp;
+          accq[j] += tq;
+        }
+      }
+      sp = bb_segment_sum(sp, xw);
+      if (yok && lane == 0) bb_store<T>(dP, dP_part, p.nchunk[0], cx, p.numel_out[0], zo[BB_DP] + yo[BB_DP], sp);
+    }
+
+    bb_block_reduce_slots<A, J>(red, accq, tid, w, nw, xw);
+    if (w == 0) {
+#pragma unroll
+      for (int j = 0; j < J; ++j)
+        if (xok[j]) bb_store<T>(dQ, dQ_part, p.nchunk[1], cy, p.numel_out[1], dqoff[j], red[j * BB_BLOCK + tid]);
+    }
+  }
+}
+
+// ============================================================================ naive reference
+
+// What one writes first: a thread per element of O, 64-bit unravel into (k, ra, rb), and an
+// atomicAdd of each term into zeroed A accumulators.  Summation order is not fixed.
+template <typename T, int FN>
+__global__ void bb_naive(const __grid_constant__ BBParams p, const T* __restrict__ a, const T* __restrict__ b,
+                         const T* __restrict__ g, bb_acc_t<T>* acc_a, bb_acc_t<T>* acc_b) {
+  typedef bb_acc_t<T> A;
+  const BBGroup& K = p.grp[0];
+  const BBGroup& RA = p.grp[1];
+  const BBGroup& RB = p.grp[2];
+  const long long n = K.numel * RA.numel * RB.numel;
+  const long long step = (long long)gridDim.x * blockDim.x;
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step) {
+    const long long rb = i % RB.numel, ra = (i / RB.numel) % RA.numel, k = i / RB.numel / RA.numel;
+    long long off[BB_NT];
+    bb_offsets(K, k, off);
+    bb_unravel(RA, (int)RA.ndim, ra, off);
+    bb_unravel(RB, (int)RB.ndim, rb, off);
+    A da, db;
+    bb_partials<FN, A>(bb_load(a + off[0]), bb_load(b + off[1]), da, db);
+    const A gv = bb_load(g + off[2]);
+    atomicAdd(acc_a + off[3], gv * da);
+    atomicAdd(acc_b + off[4], gv * db);
+  }
+}
+
+// ============================================================================ stage 2
+
+template <typename T>
+__global__ void __launch_bounds__(BB_BLOCK)
+bb_finalize(const bb_acc_t<T>* __restrict__ part, long long nchunks, long long n, T* __restrict__ out) {
+  typedef bb_acc_t<T> A;
+  const long long step = (long long)gridDim.x * blockDim.x;
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step) {
+    A s = A(0);
+    for (long long c = 0; c < nchunks; ++c) s += part[c * n + i];
+    out[i] = bb_from_acc<T>(s);
+  }
+}

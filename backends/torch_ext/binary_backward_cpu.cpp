@@ -1,0 +1,457 @@
+// binary_backward on CPU: one pass over grad_out, organised by the broadcast plan.
+//
+// The output box O is K x RA x RB (bcast_plan.h).  With no broadcast every output element
+// is independent and we run a flat (or strided) elementwise loop.  Otherwise the box is cut
+// into work items: a block of K times a chunk of one reduce group S (the "split" group).
+// Each item accumulates the terms it sees into item-local scratch in acc_t, walking its
+// sub-box with the innermost loop along the group where grad_out is densest.  The gradient
+// that does not sum over S is complete inside the item and is written directly; the one
+// that sums over S is complete only when S is not chunked, else each chunk stashes its
+// partial sums and a second pass adds the chunks in chunk order.
+//
+// Determinism: the item decomposition depends only on the shapes (never on the thread
+// count), each item sums in a fixed order, and no two items write the same output, so the
+// result is bitwise reproducible with no atomics.
+#include <algorithm>
+#include <cstdlib>
+#include <type_traits>
+#include <vector>
+
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+
+#include "bcast_plan.h"
+#include "binary_backward.h"
+
+namespace gradoracle {
+namespace {
+
+constexpr int64_t kElementwiseGrain = 1 << 15;  // elements per parallel_for chunk, elementwise paths
+constexpr int64_t kItemVolume = 1 << 16;        // target box elements per reduction work item
+constexpr int64_t kMinChunkVolume = 1 << 13;    // never split an item below this many elements
+constexpr int64_t kTargetItems = 64;            // split S until this many items exist (size-only rule)
+constexpr int64_t kMinKRun = 64;                // K block when the innermost loop walks K
+constexpr int kLanes = 8;                       // independent partial sums in a scalar reduction
+
+enum Grp : int { kK = 0, kRA = 1, kRB = 2 };
+
+// What the innermost loop does with one gradient's terms:
+//   kSum    the gradient sums over the inner group: reduce the run, add to one scratch cell;
+//   kAcc    add each term to its own scratch cell (stride 1);
+//   kStore  the gradient sums over nothing (its reduce group is empty): store straight to the output.
+enum Mode : int { kSum, kAcc, kStore };
+
+int64_t ceil_div(int64_t x, int64_t y) { return (x + y - 1) / y; }
+
+int64_t inner_stride(const DimGroup& g, int op) { return g.ndim ? g.strides[op][g.ndim - 1] : 0; }
+
+// A range [lo, hi) of a group's row-major linear index.
+struct Span {
+  const DimGroup* g;
+  int64_t lo, hi;
+  int64_t size() const { return hi - lo; }
+};
+
+// Calls f(local, off, len) for each run of the span along the group's innermost dim: span
+// elements [local, local + len) start at operand offsets off[] and step by inner_stride.
+// An odometer advances between runs, so there is one division per dim per span, not per element.
+template <typename Fn>
+void for_each_run(const Span& s, Fn&& f) {
+  const DimGroup& g = *s.g;
+  int64_t off[kNumOperands] = {0, 0, 0, 0, 0};
+  if (s.lo >= s.hi) return;
+  if (g.ndim == 0) return f(int64_t(0), static_cast<const int64_t*>(off), int64_t(1));  // one element
+  const int last = static_cast<int>(g.ndim) - 1;
+  int64_t idx[kMaxDims];
+  int64_t rem = s.lo;
+  for (int d = last; d >= 0; --d) {
+    idx[d] = rem % g.sizes[d];
+    rem /= g.sizes[d];
+    for (int t = 0; t < kNumOperands; ++t) off[t] += idx[d] * g.strides[t][d];
+  }
+  for (int64_t l = s.lo; l < s.hi;) {
+    const int64_t len = std::min(g.sizes[last] - idx[last], s.hi - l);
+    f(l - s.lo, static_cast<const int64_t*>(off), len);
+    l += len;
+    idx[last] += len;
+    for (int t = 0; t < kNumOperands; ++t) off[t] += len * g.strides[t][last];
+    for (int d = last; d > 0 && idx[d] == g.sizes[d]; --d) {  // carry
+      idx[d] = 0;
+      ++idx[d - 1];
+      for (int t = 0; t < kNumOperands; ++t) off[t] += g.strides[t][d - 1] - g.sizes[d] * g.strides[t][d];
+    }
+  }
+}
+
+// Calls f(local, off) for every element of the span.
+template <typename Fn>
+void for_each_elem(const Span& s, Fn&& f) {
+  int64_t step[kNumOperands];
+  for (int t = 0; t < kNumOperands; ++t) step[t] = inner_stride(*s.g, t);
+  for_each_run(s, [&](int64_t local, const int64_t* off, int64_t len) {
+    int64_t o[kNumOperands];
+    std::copy(off, off + kNumOperands, o);
+    for (int64_t i = 0; i < len; ++i) {
+      f(local + i, static_cast<const int64_t*>(o));
+      for (int t = 0; t < kNumOperands; ++t) o[t] += step[t];
+    }
+  });
+}
+
+// Pairwise combination of the lanes: a fixed tree, so the order never depends on the data.
+template <typename acc_t>
+acc_t sum_lanes(const acc_t (&l)[kLanes]) {
+  return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+}
+
+template <BinaryFn F, typename scalar_t>
+struct Kernel {
+  using acc_t = at::opmath_type<scalar_t>;
+
+  const scalar_t* a;
+  const scalar_t* b;
+  const scalar_t* g;
+  scalar_t* ga;
+  scalar_t* gb;
+
+  // grad_out times both partials at one box element.
+  static void terms(scalar_t av, scalar_t bv, scalar_t gv, acc_t& ta, acc_t& tb) {
+    acc_t da, db;
+    binary_partials<F, acc_t>(static_cast<acc_t>(av), static_cast<acc_t>(bv), da, db);
+    ta = static_cast<acc_t>(gv) * da;
+    tb = static_cast<acc_t>(gv) * db;
+  }
+
+  // ------------------------------------------------------------------ no broadcast
+
+  void elementwise_contiguous(int64_t n) const {
+    at::parallel_for(0, n, kElementwiseGrain, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) {
+        acc_t ta, tb;
+        terms(a[i], b[i], g[i], ta, tb);
+        ga[i] = static_cast<scalar_t>(ta);
+        gb[i] = static_cast<scalar_t>(tb);
+      }
+    });
+  }
+
+  void elementwise_strided(const DimGroup& k) const {
+    const int64_t s[kNumOperands] = {inner_stride(k, kA), inner_stride(k, kB), inner_stride(k, kG),
+                                     inner_stride(k, kGA), inner_stride(k, kGB)};
+    at::parallel_for(0, k.numel(), kElementwiseGrain, [&](int64_t lo, int64_t hi) {
+      for_each_run(Span{&k, lo, hi}, [&](int64_t, const int64_t* o, int64_t len) {
+        for (int64_t i = 0; i < len; ++i) {
+          acc_t ta, tb;
+          terms(a[o[kA] + i * s[kA]], b[o[kB] + i * s[kB]], g[o[kG] + i * s[kG]], ta, tb);
+          ga[o[kGA] + i * s[kGA]] = static_cast<scalar_t>(ta);
+          gb[o[kGB] + i * s[kGB]] = static_cast<scalar_t>(tb);
+        }
+      });
+    });
+  }
+
+  // ------------------------------------------------------------------ one run of the innermost loop
+
+  // Where each gradient's terms go in the innermost loop.
+  template <Mode M>
+  using target_t = std::conditional_t<M == kStore, scalar_t, acc_t>;
+
+  template <Mode M>
+  static void put(target_t<M>* __restrict p, int64_t i, int64_t stride, acc_t t, acc_t& lane) {
+    if constexpr (M == kSum) lane += t;
+    else if constexpr (M == kAcc) p[i] += t;
+    else p[i * stride] = static_cast<scalar_t>(t);
+  }
+
+  // Handles `n` consecutive box elements along the inner group's innermost dim; `pa` / `pb`
+  // receive the grad_a / grad_b terms as `MA` / `MB` say (a kSum run is reduced in kLanes
+  // registers, then added to its one scratch cell).
+  template <Mode MA, Mode MB>
+  static void run(const scalar_t* __restrict a, const scalar_t* __restrict b, const scalar_t* __restrict g,
+                  int64_t sa, int64_t sb, int64_t sg, int64_t n, target_t<MA>* __restrict pa, int64_t spa,
+                  target_t<MB>* __restrict pb, int64_t spb) {
+    static_assert(!(MA == kSum && MB == kSum), "a run sums over one group only");
+    acc_t lanes[kLanes] = {};
+    int64_t i = 0;
+    for (; i + kLanes <= n; i += kLanes) {
+      for (int l = 0; l < kLanes; ++l) {
+        acc_t ta, tb;
+        terms(a[(i + l) * sa], b[(i + l) * sb], g[(i + l) * sg], ta, tb);
+        put<MA>(pa, i + l, spa, ta, lanes[l]);
+        put<MB>(pb, i + l, spb, tb, lanes[l]);
+      }
+    }
+    for (int l = 0; i < n; ++i, ++l) {
+      acc_t ta, tb;
+      terms(a[i * sa], b[i * sb], g[i * sg], ta, tb);
+      put<MA>(pa, i, spa, ta, lanes[l]);
+      put<MB>(pb, i, spb, tb, lanes[l]);
+    }
+    if constexpr (MA == kSum) *pa += sum_lanes(lanes);
+    if constexpr (MB == kSum) *pb += sum_lanes(lanes);
+  }
+};
+
+// ----------------------------------------------------------------------------- reduction plan
+
+// How the box is cut into work items; a function of the shapes only.
+struct Decomp {
+  Grp inner;          // group walked by the innermost loop
+  Grp outer[2];       // the other two groups, outermost first
+  Grp split;          // kRA or kRB: the reduce group chunked across items
+  int64_t k_block;    // K elements per item
+  int64_t n_kblocks;
+  int64_t chunk_len;  // S elements per item
+  int64_t n_chunks;
+  int64_t items() const { return n_kblocks * n_chunks; }
+};
+
+const DimGroup& group(const BcastPlan& p, Grp g) { return g == kK ? p.k : g == kRA ? p.ra : p.rb; }
+
+// The group whose innermost dim walks grad_out with the smallest stride, preferring dims of
+// at least 16 elements (a short innermost loop costs more in overhead than locality saves).
+Grp pick_inner(const BcastPlan& p) {
+  Grp best = kK;
+  bool found = false, best_long = false;
+  int64_t best_stride = 0, best_size = 0;
+  for (Grp c : {kK, kRA, kRB}) {
+    const DimGroup& g = group(p, c);
+    if (g.ndim == 0) continue;
+    const int64_t size = g.sizes[g.ndim - 1], stride = std::abs(g.strides[kG][g.ndim - 1]);
+    const bool is_long = size >= 16;
+    const bool better = !found || (is_long != best_long ? is_long
+                                   : is_long        ? stride < best_stride
+                                                    : size > best_size);
+    if (better) found = true, best = c, best_long = is_long, best_stride = stride, best_size = size;
+  }
+  return best;
+}
+
+Decomp make_decomp(const BcastPlan& p) {
+  Decomp d{};
+  d.inner = pick_inner(p);
+  const int64_t nk = p.k.numel(), nra = p.ra.numel(), nrb = p.rb.numel(), per_k = nra * nrb;
+
+  // Outer loops: the remaining groups, the one with the larger grad_out stride outermost.
+  int j = 0;
+  for (Grp c : {kK, kRA, kRB})
+    if (c != d.inner) d.outer[j++] = c;
+  if (std::abs(inner_stride(group(p, d.outer[0]), kG)) < std::abs(inner_stride(group(p, d.outer[1]), kG)))
+    std::swap(d.outer[0], d.outer[1]);
+
+  // Split a reduce group that is not the innermost when it offers enough chunks (runs stay
+  // long), else the larger one.
+  const Grp other = d.inner == kRA ? kRB : kRA;
+  const int64_t n_other = other == kRA ? nra : nrb;
+  d.split = (d.inner == kK) ? (nra >= nrb ? kRA : kRB) : (n_other >= kTargetItems ? other : (nra >= nrb ? kRA : kRB));
+  const int64_t ns = d.split == kRA ? nra : nrb;
+
+  const int64_t min_kb = d.inner == kK ? kMinKRun : 1;
+  d.k_block = std::min(nk, std::max(min_kb, ceil_div(kItemVolume, per_k)));
+  d.n_kblocks = ceil_div(nk, d.k_block);
+
+  const int64_t volume = d.k_block * per_k;
+  const int64_t for_memory = ceil_div(volume, 4 * kItemVolume);  // bound item scratch
+  const int64_t for_threads = std::min(ceil_div(kTargetItems, d.n_kblocks), std::max<int64_t>(1, volume / kMinChunkVolume));
+  const int64_t chunks = std::clamp<int64_t>(std::max(for_memory, for_threads), 1, ns);
+  d.chunk_len = ceil_div(ns, chunks);
+  d.n_chunks = ceil_div(ns, d.chunk_len);
+  return d;
+}
+
+// ----------------------------------------------------------------------------- reduction pass
+
+// Calls f(integral_constant<Mode, MA>, integral_constant<Mode, MB>) for the mode pairs that
+// occur (a run sums over at most one group; both kStore is the elementwise path).
+template <Mode A, Mode B, typename Fn>
+bool try_modes(Mode ma, Mode mb, Fn& f) {
+  if (ma != A || mb != B) return false;
+  f(std::integral_constant<Mode, A>{}, std::integral_constant<Mode, B>{});
+  return true;
+}
+
+template <typename Fn>
+void dispatch_modes(Mode ma, Mode mb, Fn&& f) {
+  const bool done = try_modes<kAcc, kAcc>(ma, mb, f) || try_modes<kStore, kAcc>(ma, mb, f) ||
+                    try_modes<kAcc, kStore>(ma, mb, f) || try_modes<kSum, kAcc>(ma, mb, f) ||
+                    try_modes<kSum, kStore>(ma, mb, f) || try_modes<kAcc, kSum>(ma, mb, f) ||
+                    try_modes<kStore, kSum>(ma, mb, f);
+  TORCH_CHECK(done, "binary_backward: internal error: no kernel for modes ", int(ma), ", ", int(mb));
+}
+
+template <BinaryFn F, typename scalar_t>
+struct Reducer {
+  using K = Kernel<F, scalar_t>;
+  using acc_t = typename K::acc_t;
+
+  const K& ker;
+  const BcastPlan& p;
+  const Decomp& d;
+  acc_t* partial;  // [n_chunks][nK][n_kept] sums of the split gradient, when n_chunks > 1
+
+  static Grp kept(Grp r) { return r == kRA ? kRB : kRA; }
+
+  // One gradient within one work item: grad_a (reduce = kRA) or grad_b (reduce = kRB).
+  struct Out {
+    Grp reduce;
+    Mode mode;
+    int op;                  // kGA or kGB: its stride slot in the plan
+    scalar_t* out;
+    std::vector<acc_t> acc;  // one cell per (k, kept) in the item; empty for kStore
+    int64_t s[3];            // scratch stride per group, 0 along `reduce`
+  };
+
+  // Scratch is y-fastest unless the innermost loop walks K, so the innermost loop always
+  // touches it at stride 1 (kAcc) or 0 (kSum).
+  Out make_out(Grp r, const Span (&span)[3]) const {
+    Out o;
+    o.reduce = r;
+    o.op = r == kRA ? kGA : kGB;
+    o.out = r == kRA ? ker.ga : ker.gb;
+    o.mode = group(p, r).ndim == 0 ? kStore : d.inner == r ? kSum : kAcc;
+    const Grp y = kept(r);
+    const bool k_fast = d.inner == kK;
+    const int64_t nk = span[kK].size(), ny = span[y].size();
+    o.s[kK] = k_fast ? 1 : ny;
+    o.s[y] = k_fast ? nk : 1;
+    o.s[r] = 0;
+    if (o.mode != kStore) o.acc.assign(nk * ny, acc_t(0));
+    return o;
+  }
+
+  // Where the run at local indices (l0, l1, l2) of (outer[0], outer[1], inner) starts.
+  template <Mode M>
+  typename K::template target_t<M>* target(Out& o, int64_t l0, int64_t l1, int64_t l2, const int64_t* off0,
+                                            const int64_t* off1, const int64_t* off2) const {
+    if constexpr (M == kStore)
+      return o.out + off0[o.op] + off1[o.op] + off2[o.op];
+    else
+      return o.acc.data() + l0 * o.s[d.outer[0]] + l1 * o.s[d.outer[1]] + l2 * o.s[d.inner];
+  }
+
+  void item(int64_t index) const {
+    const int64_t kb = index / d.n_chunks, chunk = index % d.n_chunks;
+    Span span[3] = {{&p.k, kb * d.k_block, std::min(p.k.numel(), (kb + 1) * d.k_block)},
+                    {&p.ra, 0, p.ra.numel()},
+                    {&p.rb, 0, p.rb.numel()}};
+    span[d.split].lo = chunk * d.chunk_len;
+    span[d.split].hi = std::min(span[d.split].hi, (chunk + 1) * d.chunk_len);
+    Out oa = make_out(kRA, span), ob = make_out(kRB, span);
+
+    const DimGroup& in = group(p, d.inner);
+    const int64_t s_a = inner_stride(in, kA), s_b = inner_stride(in, kB), s_g = inner_stride(in, kG);
+    const int64_t s_ga = inner_stride(in, kGA), s_gb = inner_stride(in, kGB);
+    dispatch_modes(oa.mode, ob.mode, [&](auto ma, auto mb) {
+      constexpr Mode MA = decltype(ma)::value, MB = decltype(mb)::value;
+      for_each_elem(span[d.outer[0]], [&](int64_t l0, const int64_t* off0) {
+        for_each_elem(span[d.outer[1]], [&](int64_t l1, const int64_t* off1) {
+          const scalar_t* a = ker.a + off0[kA] + off1[kA];
+          const scalar_t* b = ker.b + off0[kB] + off1[kB];
+          const scalar_t* g = ker.g + off0[kG] + off1[kG];
+          for_each_run(span[d.inner], [&](int64_t l2, const int64_t* o, int64_t len) {
+            K::template run<MA, MB>(a + o[kA], b + o[kB], g + o[kG], s_a, s_b, s_g, len,
+                                    target<MA>(oa, l0, l1, l2, off0, off1, o), s_ga,
+                                    target<MB>(ob, l0, l1, l2, off0, off1, o), s_gb);
+          });
+        });
+      });
+    });
+    finish(oa, span, chunk);
+    finish(ob, span, chunk);
+  }
+
+  // Writes the item's sums of one gradient, or stashes them as this chunk's partial sums when
+  // that gradient also receives other chunks.
+  void finish(const Out& o, const Span (&span)[3], int64_t chunk) const {
+    if (o.mode == kStore) return;  // already written
+    const Grp y = kept(o.reduce);
+    if (d.split == o.reduce && d.n_chunks > 1) {
+      const int64_t ny = span[y].size();  // y is not split: the span is the whole group
+      acc_t* dst = partial + (chunk * p.k.numel() + span[kK].lo) * ny;
+      for (int64_t kk = 0; kk < span[kK].size(); ++kk)
+        for (int64_t j = 0; j < ny; ++j) dst[kk * ny + j] = o.acc[kk * o.s[kK] + j * o.s[y]];
+      return;
+    }
+    // Walk the scratch in its own order (inner stride 1) so the copy streams.
+    const Grp outer = d.inner == kK ? y : kK, inner = d.inner == kK ? kK : y;
+    const int64_t so = inner_stride(*span[inner].g, o.op);
+    for_each_elem(span[outer], [&](int64_t lo, const int64_t* oo) {
+      for_each_run(span[inner], [&](int64_t li, const int64_t* oi, int64_t len) {
+        scalar_t* dst = o.out + oo[o.op] + oi[o.op];
+        const acc_t* src = o.acc.data() + lo * o.s[outer] + li;
+        for (int64_t i = 0; i < len; ++i) dst[i * so] = static_cast<scalar_t>(src[i]);
+      });
+    });
+  }
+
+  // Adds the chunks' partial sums of the split gradient in chunk order and writes it.
+  void combine() const {
+    const Grp r = d.split, y = kept(r);
+    const int out_op = r == kRA ? kGA : kGB;
+    scalar_t* out = r == kRA ? ker.ga : ker.gb;
+    const int64_t nk = p.k.numel(), ny = group(p, y).numel(), stride_c = nk * ny;
+    const int64_t so = inner_stride(group(p, y), out_op);
+    const int64_t grain = std::max<int64_t>(1, kElementwiseGrain / (ny * d.n_chunks));
+    at::parallel_for(0, nk, grain, [&](int64_t lo, int64_t hi) {
+      for_each_elem(Span{&p.k, lo, hi}, [&](int64_t kl, const int64_t* ok) {
+        for_each_run(Span{&group(p, y), 0, ny}, [&](int64_t j0, const int64_t* oy, int64_t len) {
+          scalar_t* dst = out + ok[out_op] + oy[out_op];
+          const acc_t* src = partial + (lo + kl) * ny + j0;
+          for (int64_t i = 0; i < len; ++i) {
+            acc_t sum = src[i];
+            for (int64_t c = 1; c < d.n_chunks; ++c) sum += src[c * stride_c + i];
+            dst[i * so] = static_cast<scalar_t>(sum);
+          }
+        });
+      });
+    });
+  }
+
+  void run_all() const {
+    at::parallel_for(0, d.items(), 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) item(i);
+    });
+    if (d.n_chunks > 1) combine();
+  }
+};
+
+template <BinaryFn F, typename scalar_t>
+void launch(const BcastPlan& plan, const at::Tensor& a, const at::Tensor& b, const at::Tensor& grad_out,
+            at::Tensor& grad_a, at::Tensor& grad_b) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const Kernel<F, scalar_t> ker{a.const_data_ptr<scalar_t>(), b.const_data_ptr<scalar_t>(),
+                                grad_out.const_data_ptr<scalar_t>(), grad_a.mutable_data_ptr<scalar_t>(),
+                                grad_b.mutable_data_ptr<scalar_t>()};
+  if (plan.contiguous_fast_path()) return ker.elementwise_contiguous(plan.numel);
+  if (plan.no_broadcast()) return ker.elementwise_strided(plan.k);
+
+  const Decomp d = make_decomp(plan);
+  std::vector<acc_t> partial;
+  if (d.n_chunks > 1) {
+    const int64_t n_other = (d.split == kRA ? plan.rb : plan.ra).numel();
+    partial.resize(d.n_chunks * plan.k.numel() * n_other);
+  }
+  Reducer<F, scalar_t>{ker, plan, d, partial.data()}.run_all();
+}
+
+}  // namespace
+
+void binary_backward_cpu_out(const at::Tensor& a, const at::Tensor& b, const at::Tensor& grad_out,
+                             c10::string_view fn, at::Tensor& grad_a, at::Tensor& grad_b) {
+  const BinaryFn f = check_binary_backward_args(a, b, grad_out, fn, grad_a, grad_b);
+  TORCH_CHECK_VALUE(a.device().is_cpu(), "binary_backward: a is on device ", a.device(),
+                    ", expected cpu (this is the CPU kernel)");
+  const BcastPlan plan = make_plan(a.sizes(), b.sizes(), a.strides(), b.strides(), grad_out.strides());
+  if (plan.numel == 0) {  // nothing to sum: broadcast operands get 0, empty ones stay empty
+    grad_a.zero_();
+    grad_b.zero_();
+    return;
+  }
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, a.scalar_type(), "binary_backward_cpu", [&] {
+    dispatch_binary_fn(f, [&](auto tag) { launch<decltype(tag)::value, scalar_t>(plan, a, b, grad_out, grad_a, grad_b); });
+  });
+}
+
+}  // namespace gradoracle

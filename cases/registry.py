@@ -1,0 +1,107 @@
+"""The case registry: every (op, dtype, params) the harness checks, with stable readable ids.
+
+Tags: 'smoke' (fast, runs in CI; every smoke case is also 'full'), 'full' (the whole
+correctness set), 'perf' (large, for timing), 'stress' (over 2**31 elements: int64 indexing).
+Cases also load from a JSON or YAML file: a list of
+    {"op": "binary_backward", "dtype": "f32", "params": {...}, "tags": ["full"]}
+or a mapping {"cases": [...]} of the same.
+"""
+from __future__ import annotations
+
+import json
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from harness import dtypes
+from harness.registry import get_op
+
+TAGS = ("smoke", "full", "perf", "stress")
+
+
+@dataclass(eq=False)
+class Case:
+    op: str
+    dtype: str
+    params: dict[str, Any]
+    tags: frozenset[str] = field(default_factory=frozenset)
+    source: str = "registry"  # or the file it came from
+
+    @property
+    def id(self) -> str:
+        return get_op(self.op).case_id(self)
+
+    def seed(self, run_seed: int = 0) -> int:
+        """Inputs are a pure function of the case id and the run seed."""
+        return (zlib.crc32(f"{self.op}/{self.id}".encode()) ^ (run_seed * 0x9E3779B1)) & 0xFFFFFFFF
+
+    def to_json(self) -> dict:
+        return {"op": self.op, "dtype": self.dtype, "params": self.params, "tags": sorted(self.tags)}
+
+
+_CASES: list[Case] = []
+_BY_ID: dict[tuple[str, str], Case] = {}
+
+
+def add(op: str, dtype: str, tags: Iterable[str], **params) -> Case:
+    tags = frozenset(tags)
+    if "smoke" in tags:
+        tags |= {"full"}
+    case = Case(op, dtypes.check(dtype), params, tags)
+    twin = _BY_ID.get((op, case.id))
+    if twin is not None:  # the same case reached by two routes keeps one entry with both tags
+        twin.tags = twin.tags | tags
+        return twin
+    _BY_ID[(op, case.id)] = case
+    _CASES.append(case)
+    return case
+
+
+def all_cases() -> list[Case]:
+    if not _CASES:
+        import cases.binary_backward  # noqa: F401  (each module adds its cases on import)
+    return list(_CASES)
+
+
+def from_json(obj: dict, source: str) -> Case:
+    """A case from its JSON form, checked against its op so a typo fails loudly."""
+    missing = {"op", "params"} - set(obj)
+    if missing:
+        raise ValueError(f"case from {source}: missing {', '.join(sorted(missing))} in {obj}")
+    tags = frozenset(obj.get("tags", ["full"]))
+    unknown = tags - set(TAGS)
+    if unknown:
+        raise ValueError(f"case from {source}: unknown tags {sorted(unknown)}: expected {TAGS}")
+    case = Case(obj["op"], dtypes.check(obj.get("dtype", "f32")), dict(obj["params"]),
+                tags | ({"full"} if "smoke" in tags else set()), source)
+    get_op(case.op).validate(case)
+    return case
+
+
+def load_file(path: str | Path) -> list[Case]:
+    path = Path(path)
+    text = path.read_text()
+    if path.suffix in (".yaml", ".yml"):
+        import yaml
+
+        data = yaml.safe_load(text)
+    else:
+        data = json.loads(text)
+    if isinstance(data, dict):
+        data = data.get("cases", [data])
+    return [from_json(obj, str(path)) for obj in data]
+
+
+def select(spec: str = "smoke", op: str | None = None, dtype: str | None = None) -> list[Case]:
+    """Cases by tag ('smoke', 'full', 'perf', 'stress', 'all'), from a file path, or one JSON case."""
+    if spec.lstrip().startswith("{") or spec.lstrip().startswith("["):
+        data = json.loads(spec)
+        found = [from_json(obj, "command line") for obj in (data if isinstance(data, list) else [data])]
+    elif spec in TAGS or spec == "all":
+        found = [c for c in all_cases() if spec == "all" or spec in c.tags]
+    elif Path(spec).exists():
+        found = load_file(spec)
+    else:
+        raise ValueError(f"--cases {spec!r}: expected one of {', '.join(TAGS)}, 'all', a JSON/YAML file or a JSON case")
+    return [c for c in found if (op is None or c.op == op) and (dtype is None or c.dtype == dtype)]

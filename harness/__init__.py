@@ -1,0 +1,1 @@
+"""gradoracle harness: registries, comparison against the oracle, runner, CLI."""

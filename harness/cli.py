@@ -1,0 +1,146 @@
+"""`python -m harness` (also `gradoracle`): list what is registered, run cases, exit non-zero on failure."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from harness import frameworks
+from harness.registry import BACKENDS, BROKEN, discover, impls_for, load_ops
+
+
+def _parse(argv):
+    parser = argparse.ArgumentParser(prog="python -m harness", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("list", help="ops, backends (with availability), variants and case sets")
+    run = sub.add_parser("run", help="check implementations against the oracle")
+    run.add_argument("--op", action="append", help="op name (repeatable); default: all")
+    run.add_argument("--backend", action="append",
+                     help="backend or backend@variant (repeatable); default: every available one")
+    run.add_argument("--cases", default="smoke", help="smoke | full | perf | stress | all | FILE.json|yaml | JSON case")
+    run.add_argument("--dtype", action="append", help="f32 | f16 | bf16 | f64 (repeatable)")
+    run.add_argument("--device", default="auto", help="cpu | cuda | auto (cuda when a GPU is visible)")
+    run.add_argument("--seed", type=int, default=0, help="run seed, mixed with each case id")
+    run.add_argument("--oracle", default="numpy", choices=("numpy", "jax"))
+    run.add_argument("--time", action="store_true", help="also time each passing call (median of 10)")
+    run.add_argument("--json", help="write every result to this JSON file")
+    run.add_argument("--show-skips", action="store_true", help="print skipped rows too")
+    run.add_argument("-v", "--verbose", action="store_true", help="print every output's error line")
+    return parser.parse_args(argv)
+
+
+def cmd_list() -> int:
+    from cases import all_cases
+
+    ops = load_ops()
+    discover()
+    device = frameworks.default_device()
+    print(f"ops ({len(ops)}):")
+    for name, spec in sorted(ops.items()):
+        print(f"  {name}: inputs {', '.join(spec.inputs)} -> outputs {', '.join(spec.outputs)}")
+        print(f"    params: " + "; ".join(f"{k} = {v}" for k, v in spec.params.items()))
+    print(f"\nbackends (default device here: {device}):")
+    for be in sorted(BACKENDS.values(), key=lambda b: b.name):
+        state = []
+        for dev in be.devices:
+            reason = be.unavailable_reason(dev)
+            state.append(f"{dev}: {'available' if reason is None else 'unavailable (' + reason + ')'}")
+        print(f"  {be.name} [{be.framework}] {be.description}")
+        print(f"    " + "; ".join(state))
+        for (op, variant), impl in sorted(be.impls.items()):
+            flags = [f for f, on in (("baseline", impl.baseline), ("deterministic", impl.deterministic)) if on]
+            print(f"    {op}: {impl.id} dtypes={','.join(impl.dtypes)} devices={','.join(impl.devices)}"
+                  + (f" ({', '.join(flags)})" if flags else ""))
+    for name, reason in sorted(BROKEN.items()):
+        print(f"  {name}: unavailable ({reason})")
+    print("\ncase sets:")
+    every = all_cases()
+    for op in sorted(ops):
+        counts = {t: sum(1 for c in every if c.op == op and t in c.tags) for t in ("smoke", "full", "perf", "stress")}
+        print(f"  {op}: " + ", ".join(f"{t}={n}" for t, n in counts.items()))
+    print("  (or --cases FILE.json / FILE.yaml, or --cases '<json case>')")
+    return 0
+
+
+def _selected_impls(op: str, wanted: list[str] | None):
+    impls = impls_for(op)
+    if not wanted:
+        return impls
+    chosen = [i for i in impls if i.id in wanted or i.backend.name in wanted]
+    unknown = [w for w in wanted if not any(w in (i.id, i.backend.name) for i in impls_for(op))]
+    if unknown and not chosen:
+        known = ", ".join(i.id for i in impls)
+        raise SystemExit(f"error: no implementation {', '.join(unknown)} of {op}: registered are {known}")
+    return chosen
+
+
+def cmd_run(args) -> int:
+    from cases import select
+    from harness.runner import run_case
+
+    discover()
+    device = frameworks.default_device() if args.device == "auto" else args.device
+    cases = select(args.cases)
+    ops = args.op or sorted({c.op for c in cases})
+    if args.dtype:
+        cases = [c for c in cases if c.dtype in args.dtype]
+    results, started = [], time.time()
+    print(f"device={device} cases={args.cases} seed={args.seed} oracle={args.oracle}")
+    print(f"{'status':6} {'op':16} {'impl':16} {'case':48} {'max_rel':>9} {'err/tol':>8} {'time_ms':>9}")
+    for op in ops:
+        impls = _selected_impls(op, args.backend)
+        for case in (c for c in cases if c.op == op):
+            for impl in impls:
+                r = run_case(impl, case, device, args.seed, args.oracle, timed=args.time)
+                results.append(r)
+                if r.status == "SKIP" and not args.show_skips:
+                    continue
+                worst = max(r.outputs, key=lambda o: o.worst_ratio, default=None)
+                rel = f"{max(o.max_rel for o in r.outputs):9.2e}" if r.outputs else " " * 9
+                ratio = f"{worst.worst_ratio:8.3f}" if worst else " " * 8
+                t = f"{r.time_ms:9.4f}" if r.time_ms is not None else " " * 9
+                print(f"{r.status:6} {op:16} {r.impl:16} {r.case:48} {rel} {ratio} {t}")
+                if r.status in ("FAIL", "ERROR") or args.verbose:
+                    print("\n".join("       " + line for line in r.report().splitlines()[1:]))
+    counts = {s: sum(r.status == s for r in results) for s in ("PASS", "FAIL", "ERROR", "SKIP")}
+    print(f"{counts['PASS']} passed, {counts['FAIL'] + counts['ERROR']} failed, {counts['SKIP']} skipped "
+          f"in {time.time() - started:.1f}s")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps({
+            "device": device, "device_name": _device_name(device), "cases": args.cases, "seed": args.seed,
+            "oracle": args.oracle, "versions": _versions(), "counts": counts,
+            "results": [r.to_json() for r in results]}, indent=1))
+    return 1 if counts["FAIL"] or counts["ERROR"] else 0
+
+
+def _device_name(device: str) -> str:
+    if device.startswith("cuda"):
+        import torch
+
+        return torch.cuda.get_device_name()
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+def _versions() -> dict:
+    import importlib.metadata as md
+
+    out = {"python": sys.version.split()[0]}
+    for pkg in ("numpy", "torch", "triton", "jax", "jaxlib", "cupy-cuda13x", "cupy-cuda12x"):
+        try:
+            out[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            pass
+    return out
+
+
+def main(argv=None) -> int:
+    args = _parse(argv)
+    frameworks.interpret_triton_without_gpu()
+    if args.command == "list":
+        return cmd_list()
+    return cmd_run(args)

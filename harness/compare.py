@@ -1,0 +1,117 @@
+"""Comparison against the float64 oracle, and the tolerance model.
+
+The tolerance model
+-------------------
+Each output element y_i is judged against the oracle value r_i computed in float64
+from the exact (already rounded) inputs.  The op's error model gives, per element,
+the L2 norm of the terms that element is made of, s_i = sqrt(sum_j t_ij**2), and the
+reduction length n (terms per element; 1 for an elementwise output).  The bound is
+
+    tol_i = u_out * |r_i|  +  C * (u_in + u_acc * sqrt(n)) * s_i  +  tiny(dtype)
+
+  u_out  unit roundoff of the output dtype: the final store rounds once;
+  u_in   unit roundoff of the input dtype: each term may be formed with a few roundings
+         in the input precision (torch eager does, e.g. g*b in bf16 before summing);
+  u_acc  unit roundoff of the accumulation dtype, float32 (float64 for float64 cases):
+         the rule is "accumulate in at least float32";
+  sqrt(n) rounding errors of a sum of n terms with random signs add like a random walk,
+         so the error of the sum grows like sqrt(n) times the size of the partial sums,
+         which is about s_i;
+  C = 8  covers up to ~4 roundings per term times a margin of several standard deviations.
+
+Why s_i and not sum |t_ij|: the worst-case bound uses sum |t_ij|, which for large n is
+sqrt(n) times s_i, and would let an all-zero output pass when the true sum cancels.
+With random-sign inputs |r_i| is of order s_i, so an all-zero (or unreduced, or
+mis-indexed) output misses by about s_i, far above tol_i; a test proves every case
+rejects zeros.  An accumulator in float16/bfloat16 over n terms errs by about
+u_in * sqrt(n) * s_i, which exceeds the bound once n is more than a handful, as it should.
+
+NaN in the output fails wherever the oracle is finite (outputs are NaN-poisoned before
+the call, so unwritten elements fail).  Inf must match the oracle's sign exactly.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from math import prod, sqrt
+
+import numpy as np
+
+from harness import dtypes
+
+SAFETY = 8.0
+
+
+@dataclass
+class OutputReport:
+    name: str
+    passed: bool
+    max_abs: float = 0.0
+    max_abs_index: tuple = ()
+    max_rel: float = 0.0
+    rel_l2: float = 0.0
+    mismatches: int = 0
+    numel: int = 0
+    worst_ratio: float = 0.0  # max err/tol: < 1 passes
+    worst_index: tuple = ()
+    message: str = ""  # shape/dtype problems, or the worst element spelled out
+    details: dict = field(default_factory=dict)
+
+    def line(self) -> str:
+        """One line in the style kernel engineers already print."""
+        verdict = "PASS" if self.passed else "FAIL"
+        if self.message and not self.numel:
+            return f"[{self.name}] {verdict} {self.message}"
+        idx = ",".join(map(str, self.max_abs_index))
+        text = (f"[{self.name}] {verdict} max_abs={self.max_abs:.4e} @ ({idx}) max_rel={self.max_rel:.3g} "
+                f"rel_l2={self.rel_l2:.3g} mismatches={self.mismatches}/{self.numel} err/tol={self.worst_ratio:.3g}")
+        return text + (f"  {self.message}" if self.message else "")
+
+    def to_json(self) -> dict:
+        d = {k: getattr(self, k) for k in ("name", "passed", "max_abs", "max_rel", "rel_l2", "mismatches",
+                                           "numel", "worst_ratio", "message")}
+        d["max_abs_index"] = list(self.max_abs_index)
+        d["worst_index"] = list(self.worst_index)
+        return d
+
+
+def tolerance(ref: np.ndarray, scale: np.ndarray, n: int, dtype: str) -> np.ndarray:
+    """The per-element bound of the model above."""
+    u = dtypes.unit_roundoff(dtype)
+    u_acc = dtypes.unit_roundoff(dtypes.accumulate_dtype(dtype))
+    return u * np.abs(ref) + SAFETY * (u + u_acc * sqrt(max(n, 1))) * scale + dtypes.tiny(dtype)
+
+
+def compare(name: str, got: np.ndarray, ref: np.ndarray, scale: np.ndarray, n: int, dtype: str,
+            got_dtype: str | None = None) -> OutputReport:
+    """Judge one output (already float64 on the host) against the oracle."""
+    if tuple(got.shape) != tuple(ref.shape):
+        return OutputReport(name, False, message=f"shape {tuple(got.shape)}, expected {tuple(ref.shape)}")
+    if got_dtype is not None and got_dtype != dtype:
+        return OutputReport(name, False, message=f"dtype {got_dtype}, expected {dtype}")
+    numel = prod(ref.shape)
+    if numel == 0:
+        return OutputReport(name, True, numel=0, message="empty output")
+    tol = tolerance(ref, scale, n, dtype)
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        err = np.abs(got - ref)
+        both_inf = np.isinf(ref) & (got == ref)
+        err = np.where(both_inf, 0.0, err)
+        err = np.where(np.isnan(ref) & np.isnan(got), 0.0, err)  # NaN where the oracle says NaN is right
+        bad = ~(err <= tol)  # NaN err counts as bad
+        ratio = np.where(np.isnan(err), np.inf, err / tol)
+        rel = np.where(np.abs(ref) > 0, err / np.abs(ref), np.where(err > 0, np.inf, 0.0))
+    finite_err = np.where(np.isnan(err), np.inf, err)
+    i_abs = np.unravel_index(int(np.argmax(finite_err)), ref.shape)
+    i_worst = np.unravel_index(int(np.argmax(ratio)), ref.shape)
+    ref_norm = float(np.linalg.norm(np.where(np.isfinite(ref), ref, 0.0)))
+    diff = np.where(np.isfinite(got - ref), got - ref, np.where(both_inf, 0.0, np.inf))
+    rel_l2 = float(np.linalg.norm(diff)) / ref_norm if ref_norm else float(np.linalg.norm(diff))
+    report = OutputReport(
+        name=name, passed=not bad.any(), max_abs=float(finite_err[i_abs]), max_abs_index=tuple(map(int, i_abs)),
+        max_rel=float(np.max(rel)), rel_l2=rel_l2, mismatches=int(bad.sum()), numel=numel,
+        worst_ratio=float(ratio[i_worst]), worst_index=tuple(map(int, i_worst)))
+    if bad.any():
+        w = i_worst
+        report.message = (f"worst at ({','.join(map(str, w))}): got {float(got[w]):.6g} expected {ref[w]:.6g} "
+                          f"tol {tol[w]:.3g}")
+    return report

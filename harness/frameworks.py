@@ -1,0 +1,156 @@
+"""Moving test tensors between the host and each backend's array type.
+
+A framework adapter knows four things: how to rebuild a HostTensor's exact strided view
+on a device, how to allocate a NaN-poisoned output, how to read an array back as
+float64 on the host, and how to wait for the device.  Backends name their framework;
+the harness does the conversion, so no backend sees numpy unless it asks for it.
+"""
+from __future__ import annotations
+
+from math import prod
+
+import numpy as np
+
+from harness import dtypes
+from harness.tensors import HostTensor
+
+
+class NumpyAdapter:
+    name = "numpy"
+
+    def to_device(self, t: HostTensor, device: str):
+        return t.view.copy() if t.layout == "contig" else t.view
+
+    def poisoned(self, shape, dtype: str, device: str):
+        return np.full(shape, np.nan, dtype=dtypes.numpy_dtype(dtype))
+
+    def to_host64(self, x) -> np.ndarray:
+        return np.asarray(x).astype(np.float64)
+
+    def dtype_name(self, x) -> str:
+        return dtypes.from_any(np.asarray(x).dtype)
+
+    def sync(self, device: str) -> None:
+        pass
+
+
+class TorchAdapter:
+    name = "torch"
+
+    def _dtype(self, name):
+        import torch
+
+        return getattr(torch, dtypes.long_name(name))
+
+    def to_device(self, t: HostTensor, device: str):
+        import torch
+
+        base = t.base
+        if base.dtype == dtypes.numpy_dtype("bf16"):  # torch.from_numpy has no bfloat16
+            flat = torch.from_numpy(base.view(np.uint16).copy()).view(torch.bfloat16)
+        else:
+            flat = torch.from_numpy(base.copy())
+        flat = flat.to(device)
+        return flat.as_strided(t.shape, t.strides, t.offset)
+
+    def poisoned(self, shape, dtype: str, device: str):
+        import torch
+
+        return torch.full(tuple(shape), float("nan"), dtype=self._dtype(dtype), device=device)
+
+    def to_host64(self, x) -> np.ndarray:
+        return x.detach().to("cpu", dtype=self._dtype("f64")).numpy()
+
+    def dtype_name(self, x) -> str:
+        return dtypes.from_any(x.dtype)
+
+    def sync(self, device: str) -> None:
+        if device.startswith("cuda"):
+            import torch
+
+            torch.cuda.synchronize()
+
+
+class CupyAdapter:
+    name = "cupy"
+
+    def to_device(self, t: HostTensor, device: str):
+        import cupy
+
+        flat = cupy.asarray(t.base)
+        item = t.base.itemsize
+        if not prod(t.shape):
+            return cupy.empty(t.shape, dtype=t.base.dtype)
+        return cupy.lib.stride_tricks.as_strided(flat[t.offset:], t.shape, tuple(s * item for s in t.strides))
+
+    def poisoned(self, shape, dtype: str, device: str):
+        import cupy
+
+        return cupy.full(tuple(shape), np.nan, dtype=dtypes.numpy_dtype(dtype))
+
+    def to_host64(self, x) -> np.ndarray:
+        return np.asarray(x.get()).astype(np.float64)
+
+    def dtype_name(self, x) -> str:
+        return dtypes.from_any(x.dtype)
+
+    def sync(self, device: str) -> None:
+        import cupy
+
+        cupy.cuda.get_current_stream().synchronize()
+
+
+class JaxAdapter:
+    name = "jax"
+
+    def _device(self, device):
+        import jax
+
+        return jax.devices("gpu" if device.startswith("cuda") else "cpu")[0]
+
+    def to_device(self, t: HostTensor, device: str):
+        import jax
+
+        return jax.device_put(np.ascontiguousarray(t.view), self._device(device))
+
+    def poisoned(self, shape, dtype: str, device: str):
+        return None  # JAX is functional: its implementations return their outputs
+
+    def to_host64(self, x) -> np.ndarray:
+        return np.asarray(x).astype(np.float64)
+
+    def dtype_name(self, x) -> str:
+        return dtypes.from_any(x.dtype)
+
+    def sync(self, device: str) -> None:
+        pass  # to_host64 blocks; timing code calls block_until_ready on outputs
+
+
+ADAPTERS = {a.name: a for a in (NumpyAdapter(), TorchAdapter(), CupyAdapter(), JaxAdapter())}
+
+
+def adapter(framework: str):
+    if framework not in ADAPTERS:
+        raise KeyError(f"unknown framework {framework!r}: expected one of {', '.join(ADAPTERS)}")
+    return ADAPTERS[framework]
+
+
+def interpret_triton_without_gpu() -> None:
+    """With no GPU, run Triton kernels in its interpreter: the CPU default.
+
+    Triton reads TRITON_INTERPRET when it is imported, so this runs before any backend loads.
+    """
+    import os
+
+    if default_device() == "cpu":
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def default_device() -> str:
+    """'cuda' when torch sees a GPU, else 'cpu': the CPU backends are the embedded default."""
+    try:
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    except ImportError:
+        return "cpu"

@@ -1,0 +1,205 @@
+"""binary_backward: gradients of an elementwise binary op with NumPy broadcasting.
+
+Forward: out = f(a, b), with a of shape A, b of shape B, out of shape O = broadcast(A, B).
+Backward: given grad_out (shape O),
+
+    grad_a = sum_to_shape(grad_out * df/da(a, b), A)
+    grad_b = sum_to_shape(grad_out * df/db(a, b), B)
+
+where a and b are broadcast to O before the partials are taken, and sum_to_shape sums
+over every axis along which the operand was broadcast (leading axes it lacks, and axes
+where it has size 1).  An operand broadcast along a size-0 axis gets a gradient of 0.
+
+Partials, for each fn:
+    add      df/da = 1             df/db = 1
+    sub      df/da = 1             df/db = -1
+    mul      df/da = b             df/db = a
+    div      df/da = 1/b           df/db = -a/b**2
+    pow      df/da = b*a**(b-1)    df/db = a**b * ln(a)
+    maximum  df/da = 1 if a > b, 1/2 if a == b, else 0;   df/db = 1 - df/da
+    minimum  df/da = 1 if a < b, 1/2 if a == b, else 0;   df/db = 1 - df/da
+
+Ties in maximum/minimum split the gradient equally, as JAX does (torch does the same
+for torch.maximum / torch.minimum).  pow is defined by these real formulas: the
+generator draws a > 0.  At a == 0 this oracle follows torch and JAX for the one case
+that is finite in the limit: df/db = 0 when a == 0 and b >= 0 (a**b*ln a -> 0); df/da at
+a == 0 is b*0**(b-1) as IEEE computes it (0 for b > 1, 1 for b == 1, inf for b < 1).
+For a < 0 with non-integer b the result is NaN, as in IEEE pow.
+
+dtypes: the inputs are in the case dtype; implementations compute the partials in at
+least float32, accumulate the sums in at least float32, and write grad_a, grad_b in
+the input dtype.
+"""
+from __future__ import annotations
+
+from math import prod
+
+import numpy as np
+
+from harness import dtypes
+from harness.registry import Cost, OpSpec, register_op
+from harness.tensors import from_grid, from_values, nonzero_uniform
+from oracle.broadcast import broadcast_shape, sum_to_shape
+
+FNS = ("add", "sub", "mul", "div", "pow", "maximum", "minimum")
+# Arithmetic per output element for both partials and products (log and exp count 1 each).
+_FLOPS_PER_ELEMENT = {"add": 0, "sub": 1, "mul": 2, "div": 5, "pow": 9, "maximum": 3, "minimum": 3}
+# Multiples of 1/4 in [-2, 2] without 0: exact in every dtype, and two draws tie 1 time in 16.
+_TIE_GRID = np.array([v / 4 for v in range(-8, 9) if v])
+
+
+def partials(fn: str, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """df/da and df/db in float64, broadcast to the output shape."""
+    a, b = np.broadcast_arrays(np.asarray(a, np.float64), np.asarray(b, np.float64))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if fn == "add":
+            return np.ones_like(a), np.ones_like(b)
+        if fn == "sub":
+            return np.ones_like(a), -np.ones_like(b)
+        if fn == "mul":
+            return b.copy(), a.copy()
+        if fn == "div":
+            return 1.0 / b, -a / (b * b)
+        if fn == "pow":
+            da = b * np.power(a, b - 1.0)
+            db = np.where((a == 0) & (b >= 0), 0.0, np.power(a, b) * np.log(a))
+            return da, db
+        if fn in ("maximum", "minimum"):
+            wins = a > b if fn == "maximum" else a < b
+            da = np.where(a == b, 0.5, wins.astype(np.float64))
+            return da, 1.0 - da
+    raise ValueError(f"binary_backward: unknown fn {fn!r}: expected one of {', '.join(FNS)}")
+
+
+def binary_backward_numpy(fn: str, a: np.ndarray, b: np.ndarray, grad_out: np.ndarray):
+    """(grad_a, grad_b) in float64 by the explicit formulas above."""
+    out_shape = broadcast_shape(np.shape(a), np.shape(b))
+    if np.shape(grad_out) != out_shape:
+        raise ValueError(f"binary_backward: grad_out has shape {np.shape(grad_out)}, expected {out_shape}")
+    da, db = partials(fn, a, b)
+    return sum_to_shape(grad_out * da, np.shape(a)), sum_to_shape(grad_out * db, np.shape(b))
+
+
+def _jax_forward(fn: str):
+    import jax.numpy as jnp
+
+    return {"add": jnp.add, "sub": jnp.subtract, "mul": jnp.multiply, "div": jnp.divide,
+            "pow": jnp.power, "maximum": jnp.maximum, "minimum": jnp.minimum}[fn]
+
+
+def binary_backward_jax(fn: str, a: np.ndarray, b: np.ndarray, grad_out: np.ndarray):
+    """(grad_a, grad_b) by jax.vjp of the forward, in float64: an independent derivation."""
+    from oracle.jax_setup import jax
+
+    _, vjp = jax.vjp(_jax_forward(fn), jax.numpy.asarray(a, np.float64), jax.numpy.asarray(b, np.float64))
+    ga, gb = vjp(jax.numpy.asarray(grad_out, np.float64))
+    return np.asarray(ga, np.float64), np.asarray(gb, np.float64)
+
+
+# ----------------------------------------------------------------------------- declaration
+
+
+_NUMPY_FORWARD = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide, "pow": np.power,
+                  "maximum": np.maximum, "minimum": np.minimum}
+
+
+def _loss(inputs, params):
+    """sum(grad_out * f(a, b)): its gradient in a and b is (grad_a, grad_b)."""
+    return float(np.sum(inputs["grad_out"] * _NUMPY_FORWARD[params["fn"]](inputs["a"], inputs["b"])))
+
+
+def _shapes(case):
+    a, b = tuple(case.params["a"]), tuple(case.params["b"])
+    out = broadcast_shape(a, b)
+    return {"a": a, "b": b, "grad_out": out, "grad_a": a, "grad_b": b}
+
+
+def _generate(case, rng):
+    p = case.params
+    shapes = _shapes(case)
+    fn = p["fn"]
+    if fn in ("maximum", "minimum"):
+        a, b = from_grid(rng, shapes["a"], _TIE_GRID), from_grid(rng, shapes["b"], _TIE_GRID)
+    elif fn == "pow":
+        a, b = rng.uniform(0.5, 2.0, shapes["a"]), rng.uniform(-2.0, 2.0, shapes["b"])
+    elif fn == "div":
+        a, b = nonzero_uniform(rng, shapes["a"]), nonzero_uniform(rng, shapes["b"], 0.5, 2.0)
+    else:
+        a, b = nonzero_uniform(rng, shapes["a"]), nonzero_uniform(rng, shapes["b"])
+    g = nonzero_uniform(rng, shapes["grad_out"])
+    return {
+        "a": from_values(a, case.dtype, p.get("a_layout", "contig")),
+        "b": from_values(b, case.dtype, p.get("b_layout", "contig")),
+        "grad_out": from_values(g, case.dtype, p.get("g_layout", "contig")),
+    }
+
+
+def _numpy_oracle(inputs, params):
+    ga, gb = binary_backward_numpy(params["fn"], inputs["a"], inputs["b"], inputs["grad_out"])
+    return {"grad_a": ga, "grad_b": gb}
+
+
+def _jax_oracle(inputs, params):
+    ga, gb = binary_backward_jax(params["fn"], inputs["a"], inputs["b"], inputs["grad_out"])
+    return {"grad_a": ga, "grad_b": gb}
+
+
+def _error_scale(inputs, params):
+    """Per output element: sqrt of the sum of squared terms it reduces, and how many terms."""
+    a, b, g = inputs["a"], inputs["b"], inputs["grad_out"]
+    da, db = partials(params["fn"], a, b)
+    out = {}
+    for name, x, d in (("grad_a", a, da), ("grad_b", b, db)):
+        terms = g * d
+        n = prod(g.shape) // prod(x.shape) if prod(x.shape) else 0
+        out[name] = (np.sqrt(sum_to_shape(terms * terms, x.shape)), n)
+    return out
+
+
+def _cost(case):
+    s = _shapes(case)
+    item = dtypes.numpy_dtype(case.dtype).itemsize
+    na, nb, no = prod(s["a"]), prod(s["b"]), prod(s["grad_out"])
+    flops = no * _FLOPS_PER_ELEMENT[case.params["fn"]] + (no - na) + (no - nb)
+    return Cost(bytes=item * (2 * na + 2 * nb + no), flops=max(flops, 0))
+
+
+def _fmt(shape) -> str:
+    return "x".join(map(str, shape)) if len(shape) else "scalar"
+
+
+def _case_id(case):
+    p = case.params
+    extra = [f"{t}:{p[k]}" for t, k in (("A", "a_layout"), ("B", "b_layout"), ("G", "g_layout"))
+             if p.get(k, "contig") != "contig"]
+    return f"{p['fn']}[{','.join([case.dtype, 'A=' + _fmt(p['a']), 'B=' + _fmt(p['b'])] + extra)}]"
+
+
+def _validate(case):
+    p = case.params
+    for key in ("fn", "a", "b"):
+        if key not in p:
+            raise ValueError(f"binary_backward case: missing param {key!r} in {p}")
+    if p["fn"] not in FNS:
+        raise ValueError(f"binary_backward case: fn {p['fn']!r} is not one of {', '.join(FNS)}")
+    broadcast_shape(p["a"], p["b"])
+
+
+SPEC = register_op(OpSpec(
+    name="binary_backward",
+    doc=__doc__,
+    inputs=("a", "b", "grad_out"),
+    outputs=("grad_a", "grad_b"),
+    params={"fn": f"one of {', '.join(FNS)}", "a": "shape A", "b": "shape B",
+            "a_layout / b_layout / g_layout": "contig (default), transposed or sliced"},
+    shapes=_shapes,
+    generate=_generate,
+    numpy_oracle=_numpy_oracle,
+    jax_oracle=_jax_oracle,
+    error_scale=_error_scale,
+    cost=_cost,
+    case_id=_case_id,
+    loss=_loss,
+    wrt={"grad_a": "a", "grad_b": "b"},
+    validate=_validate,
+))

@@ -1,0 +1,180 @@
+"""Compile every Triton kernel of the `triton` backend for sm_90 (H100) with no GPU.
+
+Each job is one kernel with the launch parameters that backends/triton_kernels.py would
+choose for a real shape (main kernel: every fn and dtype; other code paths: every dtype
+with one fn).  For each we check that a cubin comes out, that every pointer offset is
+int64 (tensors over 2**31 elements), and, for the main patterns, that loads vectorise.
+
+The compiles run in worker subprocesses with TRITON_INTERPRET unset.  Under
+TRITON_INTERPRET=1 (which the test session sets on GPU-less machines before triton is
+imported) `triton.jit` makes interpreter objects, and so do the kernels' callees, which
+`triton.compile` cannot take; a fresh process gets real JITFunctions.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+
+ROOT = Path(__file__).resolve().parents[1]
+DTYPES = ("f32", "f16", "bf16", "f64")
+FNS = ("add", "sub", "mul", "div", "pow", "maximum", "minimum")
+_TRITON_TY = {"f32": "fp32", "f16": "fp16", "bf16": "bf16", "f64": "fp64"}
+_ITEM = {"f32": 4, "f16": 2, "bf16": 2, "f64": 8}
+
+# Shapes (A, B, strides of a, b, g or None for contiguous) whose tile plans cover the paths
+# of _tile_kernel.  'rows' is the main kernel and compiles for every fn.
+TILE_SHAPES = {
+    "rows": ((8, 2048, 4096), (4096,), None),            # K on the contiguous axis, grad_b in partials
+    "last": ((8, 2048, 4096), (8, 2048, 1), None),       # RB on the contiguous axis, direct outputs
+    "mid": ((8, 2048, 4096), (8, 1, 4096), None),        # K of two dims, row starts from the descriptor
+    "a_bcast": ((4096,), (64, 4096), None),              # loops over RA (the mirrored branch)
+    "both": ((64, 1, 128), (1, 32, 128), None),          # RA and RB: both reductions in one program
+    "outer": ((4096, 1), (1, 64), None),                 # RA contiguous, grad_b in partials
+    "strided": ((64, 48), (48,), ((48, 1), (1,), (1, 64))),  # transposed grad_out: generic unravel
+    "interleaved": ((8, 1, 16, 1, 32), (1, 8, 1, 16, 32), None),  # two dims in each of RA and RB
+}
+TILE_FN = {"strided": "mul", "last": "pow", "mid": "maximum", "a_bcast": "div", "both": "sub",
+           "outer": "minimum", "interleaved": "add"}
+VECTORISED = ("flat", "tile-rows", "tile-last", "tile-mid")  # must emit ld.global.v*
+
+
+def _jobs() -> list[str]:
+    jobs = [f"flat-{dt}-{fn}" for dt in DTYPES for fn in FNS]
+    jobs += [f"tile-rows-{dt}-{fn}" for dt in DTYPES for fn in FNS]
+    jobs += [f"tile-{label}-{dt}-{fn}" for label, fn in TILE_FN.items() for dt in DTYPES]
+    jobs += [f"stage2-{dt}-sum" for dt in DTYPES]
+    return jobs
+
+
+JOBS = _jobs()
+
+# ----------------------------------------------------------------------------- worker side
+
+
+def _contig(shape):
+    from backends._bcast_plan import contiguous_strides
+
+    return contiguous_strides(shape)
+
+
+def _launch_args(job: str):
+    """(kernel, pointer dtypes, int args, constexprs, num_warps) as the backend would launch it."""
+    from backends import _bcast_plan
+    from backends import triton_kernels as tk
+
+    kind, rest = job.split("-", 1)
+    *label, dt, fn = rest.split("-")
+    ty, item, cfg = _TRITON_TY[dt], _ITEM[dt], tk.GPU_CONFIG
+    acc = "fp64" if dt == "f64" else "fp32"
+    if kind == "flat":
+        block = cfg.flat_bytes // item
+        ptrs = dict.fromkeys(("a_ptr", "b_ptr", "g_ptr", "ga_ptr", "gb_ptr"), ty)
+        return (tk._flat_kernel, ptrs, {"n": 8 * 2048 * 4096},
+                {"FN": fn, "IS_F64": dt == "f64", "BLOCK": block}, tk._warps(block, item, cfg))
+    if kind == "stage2":
+        bp, bn = tk.stage2_blocks(64, _ITEM["f64" if dt == "f64" else "f32"], cfg)
+        return (tk._sum_partials_kernel, {"ws_ptr": acc, "out_ptr": ty}, {"n": 4096, "parts": 64},
+                {"BP": bp, "BN": bn}, tk._warps(bp * bn, item, cfg))
+    a_shape, b_shape, strides = TILE_SHAPES[label[0]]
+    out_shape = _bcast_plan.broadcast_shape(a_shape, b_shape)
+    sa, sb, sg = strides or (_contig(a_shape), _contig(b_shape), _contig(out_shape))
+    plan = _bcast_plan.make_plan(a_shape, b_shape, sa, sb, sg)
+    launch = tk.plan_tile(plan, item, fn, cfg)
+    ptrs = dict.fromkeys(("a_ptr", "b_ptr", "g_ptr", "ga_ptr", "gb_ptr"), ty)
+    ptrs.update(wsa_ptr=acc if launch.parts_a > 1 else ty, wsb_ptr=acc if launch.parts_b > 1 else ty,
+                desc_ptr="i64")
+    return tk._tile_kernel, ptrs, launch.ints, launch.constexprs, launch.num_warps
+
+
+def _compile(job: str) -> dict:
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    kernel, ptrs, ints, constexprs, warps = _launch_args(job)
+    signature, attrs = {}, {}
+    for i, name in enumerate(kernel.arg_names):
+        if name in constexprs:
+            signature[name] = "constexpr"
+        elif name in ptrs:
+            signature[name] = "*" + ptrs[name]
+            attrs[(i,)] = [["tt.divisibility", 16]]  # torch allocations are 16-byte aligned
+        else:
+            signature[name] = "i32"  # a launch passes i32 for small values: offsets must widen anyway
+            if name in ("n", "cols") and ints[name] % 16 == 0:  # the only ints the backend lets triton specialise
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    src = triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+    # (offset operand, offset type) of every pointer increment; constants (descriptor fields) may be i32
+    ttir = compiled.asm["ttir"]
+    constants = set(re.findall(r"(%\S+) = arith\.constant ", ttir))
+    addptrs = re.findall(r"tt\.addptr %\S+, (%\S+) : .*, (\S+) loc", ttir)
+    narrow = {f"{op}: {ty}" for op, ty in addptrs if "i64" not in ty and op not in constants}
+    return {
+        "cubin": len(compiled.asm.get("cubin", b"")),
+        "narrow_offsets": sorted(narrow),
+        "addptrs": len(addptrs),
+        "vector_loads": sorted(set(re.findall(r"ld\.global(?:\.\w+)*\.v\d\.\w+", compiled.asm["ptx"]))),
+    }
+
+
+def _worker(jobs: list[str]) -> None:
+    sys.path.insert(0, str(ROOT))
+    out = {}
+    for job in jobs:
+        try:
+            out[job] = _compile(job)
+        except Exception as exc:  # noqa: BLE001 - report, the test side asserts
+            out[job] = {"error": f"{type(exc).__name__}: {exc}"[-3000:]}
+    print(json.dumps(out))
+
+
+# ----------------------------------------------------------------------------- test side
+
+
+@pytest.fixture(scope="module")
+def compiled() -> dict:
+    """Compile all jobs in two worker processes (this machine has two cores)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    workers = [subprocess.Popen([sys.executable, __file__, "--worker", *JOBS[i::2]], cwd=ROOT, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    results = {}
+    for w in workers:
+        stdout, stderr = w.communicate(timeout=900)
+        assert w.returncode == 0, f"compile worker failed:\n{stderr[-4000:]}"
+        results.update(json.loads(stdout.strip().splitlines()[-1]))
+    return results
+
+
+@pytest.mark.parametrize("job", JOBS)
+def test_compiles_for_sm90(compiled, job):
+    r = compiled[job]
+    assert "error" not in r, r.get("error")
+    assert r["cubin"] > 0, f"{job}: no cubin"
+
+
+@pytest.mark.parametrize("job", JOBS)
+def test_offsets_are_int64(compiled, job):
+    r = compiled[job]
+    assert "error" not in r, r.get("error")
+    assert r["addptrs"] > 0
+    assert not r["narrow_offsets"], f"{job}: pointer offsets of type {r['narrow_offsets']} overflow past 2**31"
+
+
+@pytest.mark.parametrize("job", [j for j in JOBS if j.startswith(VECTORISED)])
+def test_main_patterns_vectorise(compiled, job):
+    r = compiled[job]
+    assert "error" not in r, r.get("error")
+    assert r["vector_loads"], f"{job}: no vectorised global loads in the PTX"
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:
+    _worker(sys.argv[2:])
