@@ -1,10 +1,11 @@
 """`torch`: eager autograd, the baseline a user would otherwise pick (CPU and CUDA)."""
 from __future__ import annotations
 
+from backends import _torch_autograd
 from harness.registry import Backend
 
 
-def _check(device: str) -> str | None:
+def check_torch(device: str) -> str | None:
     try:
         import torch
     except ImportError as exc:
@@ -14,24 +15,18 @@ def _check(device: str) -> str | None:
     return None
 
 
+def copy_into(outs: dict, results: dict) -> None:
+    for name, value in results.items():
+        outs[name].copy_(value)
+
+
 torch_backend = Backend("torch", framework="torch", devices=("cpu", "cuda"),
-                        description="torch eager autograd (torch.autograd.grad of the forward)", check=_check)
+                        description="torch eager autograd", check=check_torch)
 
-_FORWARD = {"add": "add", "sub": "sub", "mul": "mul", "div": "div", "pow": "pow",
-            "maximum": "maximum", "minimum": "minimum"}
-
-
-@torch_backend.impl("binary_backward", baseline=True, deterministic=False)
-def binary_backward(inputs, outs, params):
-    """Autograd of torch.<fn>(a, b): what a training framework gets with no custom kernel.
-
-    Not declared deterministic: on CUDA, sum_to_size may use atomics for some shapes.
-    """
-    import torch
-
-    a = inputs["a"].detach().requires_grad_()
-    b = inputs["b"].detach().requires_grad_()
-    out = getattr(torch, _FORWARD[params["fn"]])(a, b)
-    grad_a, grad_b = torch.autograd.grad(out, (a, b), inputs["grad_out"])
-    outs["grad_a"].copy_(grad_a)
-    outs["grad_b"].copy_(grad_b)
+for _module in _torch_autograd.modules():
+    # Not declared deterministic: on CUDA torch's reductions may use atomics for some shapes.
+    @torch_backend.impl(_module.OP, baseline=True, deterministic=False,
+                        dtypes=getattr(_module, "DTYPES", ("f32", "f16", "bf16", "f64")),
+                        supports=getattr(_module, "supports", None))
+    def _eager(inputs, outs, params, _backward=_module.backward):
+        copy_into(outs, _backward(inputs, params))

@@ -36,8 +36,10 @@ try:  # guarded: listing backends must work on machines without triton
 except Exception as exc:  # noqa: BLE001 - any broken install reads as "unavailable"
     _IMPORT_ERROR = f"{type(exc).__name__}: {exc}"
 
-    class tl:  # noqa: N801 - stands in for triton.language so the signatures below still parse
-        constexpr = "constexpr"
+    class tl:  # noqa: N801 - stands in for triton.language so this module still imports
+        @staticmethod
+        def constexpr(value=None):
+            return value
 
     def _jit(fn=None, **_):
         return fn if fn is not None else (lambda f: f)
@@ -93,6 +95,19 @@ def _up(x, IS_F64: tl.constexpr):
 
 
 @_jit
+def _to_out(x, out_ptr):
+    """x in out_ptr's dtype, rounded to nearest even.  The GPU converts so; the interpreter
+    truncates float32 to bfloat16, so there the rounding is done on the bits."""
+    if _INTERPRETER and out_ptr.dtype.element_ty == tl.bfloat16:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits += 0x7FFF + ((bits >> 16) & 1)
+        y = tl.where(x != x, x.to(tl.bfloat16), (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True))
+    else:
+        y = x.to(out_ptr.dtype.element_ty)
+    return y
+
+
+@_jit
 def _flat_kernel(a_ptr, b_ptr, g_ptr, ga_ptr, gb_ptr, n,
                  FN: tl.constexpr, IS_F64: tl.constexpr, BLOCK: tl.constexpr):
     """No broadcast, all contiguous: grad_a = g * da, grad_b = g * db elementwise."""
@@ -111,8 +126,8 @@ def _flat_kernel(a_ptr, b_ptr, g_ptr, ga_ptr, gb_ptr, n,
         da, db = _partials(a, b, FN)
         ta = g * da
         tb = g * db
-    tl.store(ga_ptr + offs, ta.to(ga_ptr.dtype.element_ty), mask=m)
-    tl.store(gb_ptr + offs, tb.to(gb_ptr.dtype.element_ty), mask=m)
+    tl.store(ga_ptr + offs, _to_out(ta, ga_ptr), mask=m)
+    tl.store(gb_ptr + offs, _to_out(tb, gb_ptr), mask=m)
 
 
 @_jit
@@ -219,7 +234,7 @@ def _store_grad(out_ptr, ws_ptr, ws_base, val, o1, AX1: tl.constexpr, o2, AX2: t
     off = _place(o1, AX1) + _place(o2, AX2)
     m = _place(m1, AX1) & _place(m2, AX2)
     if DIRECT:
-        tl.store(out_ptr + off, val.to(out_ptr.dtype.element_ty), mask=m)
+        tl.store(out_ptr + off, _to_out(val, out_ptr), mask=m)
     else:
         tl.store(ws_ptr + ws_base + off, val, mask=m)
 
@@ -298,8 +313,11 @@ def _sum_partials_kernel(ws_ptr, out_ptr, n, parts, BP: tl.constexpr, BN: tl.con
         rows = p0 + tl.arange(0, BP).to(tl.int64)
         m = (rows < parts)[:, None] & cm[None, :]
         acc += tl.sum(tl.load(ws_ptr + rows[:, None] * n + cols[None, :], mask=m, other=0.0), axis=0)
-    tl.store(out_ptr + cols, acc.to(out_ptr.dtype.element_ty), mask=cm)
+    tl.store(out_ptr + cols, _to_out(acc, out_ptr), mask=cm)
 
+
+# Whether triton.jit made interpreter objects above (TRITON_INTERPRET=1 when it ran).
+_INTERPRETER = tl.constexpr(type(_flat_kernel).__name__ == "InterpretedFunction")
 
 # ============================================================================= host planning
 
@@ -555,7 +573,7 @@ def _validate(inputs, outs, params) -> tuple:
 
 def _interpreted() -> bool:
     """Whether the kernels above were made by the interpreter (TRITON_INTERPRET=1 at import)."""
-    return type(_tile_kernel).__name__ == "InterpretedFunction"
+    return bool(_INTERPRETER)
 
 
 def _check(device: str) -> str | None:

@@ -103,15 +103,10 @@ class CupyAdapter:
 class JaxAdapter:
     name = "jax"
 
-    def _device(self, device):
-        import jax
-
-        return jax.devices("gpu" if device.startswith("cuda") else "cpu")[0]
-
     def to_device(self, t: HostTensor, device: str):
-        import jax
+        from oracle.jax_setup import device as jax_device, jax
 
-        return jax.device_put(np.ascontiguousarray(t.view), self._device(device))
+        return jax.device_put(np.array(t.view, order="C"), jax_device(device))
 
     def poisoned(self, shape, dtype: str, device: str):
         return None  # JAX is functional: its implementations return their outputs

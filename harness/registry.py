@@ -40,9 +40,12 @@ class OpSpec:
     shapes: Callable[[Any], dict]
     # generate(case, rng) -> {input name: HostTensor}, values exactly representable in case.dtype.
     generate: Callable[[Any, Any], dict]
-    # numpy_oracle / jax_oracle(inputs: {name: float64 ndarray}, params) -> {output name: float64 ndarray}
+    # numpy_oracle(inputs: {name: float64 ndarray}, params) -> {output name: float64 ndarray}
     numpy_oracle: Callable[..., dict]
-    jax_oracle: Callable[..., dict]
+    # jax_vjp(inputs: {name: jax array}, params) -> {output name: jax array}: jax.vjp of the
+    # forward, dtype-agnostic.  The JAX oracle runs it in float64; the `jax` baseline, jitted,
+    # in the case dtype.
+    jax_vjp: Callable[..., dict]
     # error_scale(inputs, params) -> {output name: (scale ndarray shaped like the output, reduction length n)}
     error_scale: Callable[..., dict]
     # cost(case) -> Cost
@@ -55,6 +58,13 @@ class OpSpec:
     wrt: Mapping[str, str] | None = None
     # validate(case) -> None, or raises ValueError naming the param (for cases loaded from files)
     validate: Callable[[Any], None] = lambda case: None
+
+
+    def jax_oracle(self, inputs: dict, params: dict, on: str = "cpu") -> dict:
+        """The JAX oracle: jax_vjp in float64 on `on` ('cpu', or 'cuda' for large cases)."""
+        from oracle.jax_setup import run_float64
+
+        return run_float64(self.jax_vjp, inputs, params, on)
 
 
 OPS: dict[str, OpSpec] = {}

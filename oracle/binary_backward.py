@@ -80,20 +80,20 @@ def binary_backward_numpy(fn: str, a: np.ndarray, b: np.ndarray, grad_out: np.nd
     return sum_to_shape(grad_out * da, np.shape(a)), sum_to_shape(grad_out * db, np.shape(b))
 
 
-def _jax_forward(fn: str):
+def binary_backward_jax(inputs: dict, params: dict) -> dict:
+    """{grad_a, grad_b} by jax.vjp of the forward jnp.<fn>(a, b): an independent derivation.
+
+    dtype-agnostic: the oracle calls it in float64; the `jax` baseline calls it jitted in
+    the case dtype on the GPU.
+    """
+    import jax
     import jax.numpy as jnp
 
-    return {"add": jnp.add, "sub": jnp.subtract, "mul": jnp.multiply, "div": jnp.divide,
-            "pow": jnp.power, "maximum": jnp.maximum, "minimum": jnp.minimum}[fn]
-
-
-def binary_backward_jax(fn: str, a: np.ndarray, b: np.ndarray, grad_out: np.ndarray):
-    """(grad_a, grad_b) by jax.vjp of the forward, in float64: an independent derivation."""
-    from oracle.jax_setup import jax
-
-    _, vjp = jax.vjp(_jax_forward(fn), jax.numpy.asarray(a, np.float64), jax.numpy.asarray(b, np.float64))
-    ga, gb = vjp(jax.numpy.asarray(grad_out, np.float64))
-    return np.asarray(ga, np.float64), np.asarray(gb, np.float64)
+    forward = {"add": jnp.add, "sub": jnp.subtract, "mul": jnp.multiply, "div": jnp.divide,
+               "pow": jnp.power, "maximum": jnp.maximum, "minimum": jnp.minimum}[params["fn"]]
+    _, vjp = jax.vjp(forward, inputs["a"], inputs["b"])
+    grad_a, grad_b = vjp(inputs["grad_out"])
+    return {"grad_a": grad_a, "grad_b": grad_b}
 
 
 # ----------------------------------------------------------------------------- declaration
@@ -136,11 +136,6 @@ def _generate(case, rng):
 
 def _numpy_oracle(inputs, params):
     ga, gb = binary_backward_numpy(params["fn"], inputs["a"], inputs["b"], inputs["grad_out"])
-    return {"grad_a": ga, "grad_b": gb}
-
-
-def _jax_oracle(inputs, params):
-    ga, gb = binary_backward_jax(params["fn"], inputs["a"], inputs["b"], inputs["grad_out"])
     return {"grad_a": ga, "grad_b": gb}
 
 
@@ -195,7 +190,7 @@ SPEC = register_op(OpSpec(
     shapes=_shapes,
     generate=_generate,
     numpy_oracle=_numpy_oracle,
-    jax_oracle=_jax_oracle,
+    jax_vjp=binary_backward_jax,
     error_scale=_error_scale,
     cost=_cost,
     case_id=_case_id,

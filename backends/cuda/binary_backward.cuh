@@ -185,20 +185,15 @@ __device__ __forceinline__ void bb_unravel(const BBGroup& gr, int nd, long long 
         for (int t = 0; t < BB_NT; ++t) off[t] += (long long)r * gr.stride[t][d];
       }
     }
-  } else {
+  } else {  // rare (over 2**32 elements in one group): kept rolled to keep the code small
     long long i = idx;
+#pragma unroll 1
+    for (int d = nd - 1; d >= 0; --d) {
+      const long long q = d > 0 ? i / gr.size[d] : 0;
+      const long long r = i - q * gr.size[d];
+      i = q;
 #pragma unroll
-    for (int d = BB_MAX_DIMS - 1; d >= 0; --d) {
-      if (d < nd) {
-        long long r = i;
-        if (d > 0) {
-          const long long q = i / gr.size[d];
-          r = i - q * gr.size[d];
-          i = q;
-        }
-#pragma unroll
-        for (int t = 0; t < BB_NT; ++t) off[t] += r * gr.stride[t][d];
-      }
+      for (int t = 0; t < BB_NT; ++t) off[t] += r * gr.stride[t][d];
     }
   }
 }
@@ -207,6 +202,20 @@ __device__ __forceinline__ void bb_offsets(const BBGroup& gr, long long idx, lon
 #pragma unroll
   for (int t = 0; t < BB_NT; ++t) off[t] = 0;
   bb_unravel(gr, (int)gr.ndim, idx, off);
+}
+
+// bb_offsets for once-per-tile set-up: a rolled 64-bit loop, which keeps the code small.
+__device__ __forceinline__ void bb_offsets_setup(const BBGroup& gr, long long idx, long long* off) {
+#pragma unroll
+  for (int t = 0; t < BB_NT; ++t) off[t] = 0;
+#pragma unroll 1
+  for (int d = (int)gr.ndim - 1; d >= 0; --d) {
+    const long long q = d > 0 ? idx / gr.size[d] : 0;
+    const long long r = idx - q * gr.size[d];
+    idx = q;
+#pragma unroll
+    for (int t = 0; t < BB_NT; ++t) off[t] += r * gr.stride[t][d];
+  }
 }
 
 // Stores v as the final output (T) when its reduction is done in one chunk, else as partial
@@ -371,7 +380,7 @@ bb_lk(const __grid_constant__ BBParams p, const T* __restrict__ P, const T* __re
     const long long k = kt * kw + lane;
     const bool kok = k < K.numel;
     long long ko[BB_NT];
-    bb_offsets(K, kok ? k : 0, ko);
+    bb_offsets_setup(K, kok ? k : 0, ko);
 
     // The tile's u's: P values (constant along V), g offsets and dP offsets.
     bool uok[J];
@@ -382,7 +391,7 @@ bb_lk(const __grid_constant__ BBParams p, const T* __restrict__ P, const T* __re
       const long long u = cu * p.chunk[1] + j;
       uok[j] = kok && j < p.chunk[1] && u < U.numel;
       long long uo[BB_NT];
-      bb_offsets(U, uok[j] ? u : 0, uo);
+      bb_offsets_setup(U, uok[j] ? u : 0, uo);
       goff[j] = ko[BB_G] + uo[BB_G];
       dpoff[j] = ko[BB_DP] + uo[BB_DP];
       pv[j] = (kOps && uok[j]) ? bb_load(P + ko[BB_P] + uo[BB_P]) : A(0);
@@ -462,7 +471,7 @@ bb_lr_stream(const __grid_constant__ BBParams p, const T* __restrict__ P, const 
     const bool valid = task < p.ntiles;
     const long long cx = valid ? task % p.nchunk[0] : 0, z = valid ? task / p.nchunk[0] : 0;
     long long zo[BB_NT];
-    bb_offsets(Z, z, zo);
+    bb_offsets_setup(Z, z, zo);
     A accp = A(0);
     if (valid) {
       const A pv = kOps ? bb_load(P + zo[BB_P]) : A(0);
@@ -522,7 +531,7 @@ bb_lr_batched(const __grid_constant__ BBParams p, const T* __restrict__ P, const
     const long long cx = t % p.nchunk[0], rest = t / p.nchunk[0];
     const long long cy = rest % p.nchunk[1], z = rest / p.nchunk[1];
     long long zo[BB_NT];
-    bb_offsets(Z, z, zo);
+    bb_offsets_setup(Z, z, zo);
 
     // The lane's x's: Q values (constant along Y), g offsets and dQ offsets.
     bool xok[J];
@@ -533,7 +542,7 @@ bb_lr_batched(const __grid_constant__ BBParams p, const T* __restrict__ P, const
       const long long x = cx * p.chunk[0] + (long long)j * xw + lane;
       xok[j] = x < X.numel;
       long long xo[BB_NT];
-      bb_offsets(X, xok[j] ? x : 0, xo);
+      bb_offsets_setup(X, xok[j] ? x : 0, xo);
       goff[j] = zo[BB_G] + xo[BB_G];
       dqoff[j] = zo[BB_DQ] + xo[BB_DQ];
       qv[j] = (kOps && xok[j]) ? bb_load(Q + zo[BB_Q] + xo[BB_Q]) : A(0);

@@ -32,7 +32,8 @@ constexpr int64_t kElementwiseGrain = 1 << 15;  // elements per parallel_for chu
 constexpr int64_t kItemVolume = 1 << 16;        // target box elements per reduction work item
 constexpr int64_t kMinChunkVolume = 1 << 13;    // never split an item below this many elements
 constexpr int64_t kTargetItems = 64;            // split S until this many items exist (size-only rule)
-constexpr int64_t kMinKRun = 64;                // K block when the innermost loop walks K
+constexpr int64_t kMinKRun = 64;                // K block bounds when the innermost loop walks K
+constexpr int64_t kMaxKRun = 4096;
 constexpr int kLanes = 8;                       // independent partial sums in a scalar reduction
 
 enum Grp : int { kK = 0, kRA = 1, kRB = 2 };
@@ -248,7 +249,9 @@ Decomp make_decomp(const BcastPlan& p) {
   d.split = (d.inner == kK) ? (nra >= nrb ? kRA : kRB) : (n_other >= kTargetItems ? other : (nra >= nrb ? kRA : kRB));
   const int64_t ns = d.split == kRA ? nra : nrb;
 
-  const int64_t min_kb = d.inner == kK ? kMinKRun : 1;
+  // When the innermost loop walks K, a block spans a whole innermost K dim (up to kMaxKRun):
+  // short K runs across many rows would touch a new page per run and defeat the prefetcher.
+  const int64_t min_kb = d.inner == kK ? std::max(kMinKRun, std::min(kMaxKRun, p.k.sizes[p.k.ndim - 1])) : 1;
   d.k_block = std::min(nk, std::max(min_kb, ceil_div(kItemVolume, per_k)));
   d.n_kblocks = ceil_div(nk, d.k_block);
 
