@@ -22,18 +22,42 @@ def _has_fp16_header(path: Path) -> bool:
     return (path / "cuda_fp16.h").is_file() and (path / "cuda_bf16.h").is_file()
 
 
+def header_version(path: Path) -> int | None:
+    """CUDA_VERSION (e.g. 13000) of the toolkit headers in `path`, from cuda.h."""
+    try:
+        for line in (Path(path) / "cuda.h").read_text(errors="replace").splitlines():
+            parts = line.split()
+            if len(parts) == 3 and parts[:2] == ["#define", "CUDA_VERSION"] and parts[2].isdigit():
+                return int(parts[2])
+    except OSError:
+        pass
+    return None
+
+
+def nvrtc_version() -> int | None:
+    """NVRTC's version as CUDA_VERSION spells it (13.0 -> 13000), or None if NVRTC is unusable."""
+    try:
+        from cupy.cuda import nvrtc
+
+        major, minor = nvrtc.getVersion()
+        return major * 1000 + minor * 10
+    except Exception:  # noqa: BLE001 - no cupy or no libnvrtc
+        return None
+
+
 @lru_cache(maxsize=None)
 def include_dirs() -> tuple[str, ...]:
-    """Folders holding cuda_fp16.h / cuda_bf16.h, most specific first.
+    """Folders holding cuda_fp16.h / cuda_bf16.h, best first.
 
-    CUDA_PATH / CUDA_HOME, then /usr/local/cuda, then the `nvidia` pip wheels (the
-    nvidia-cuda-runtime wheel ships the headers for machines with no CUDA toolkit).
+    Candidates: CUDA_PATH / CUDA_HOME, the `nvidia` pip wheels (nvidia-cuda-runtime ships the
+    headers for machines with no toolkit), /usr/local/cuda.  Headers of NVRTC's own version
+    come first, then those of its major version, then the rest in that order: headers newer
+    than the compiler may not parse.
     """
     candidates = []
     for var in ("CUDA_PATH", "CUDA_HOME"):
         if os.environ.get(var):
             candidates.append(Path(os.environ[var]) / "include")
-    candidates.append(Path("/usr/local/cuda/include"))
     try:
         import nvidia  # namespace package of the pip CUDA wheels
 
@@ -42,17 +66,26 @@ def include_dirs() -> tuple[str, ...]:
             candidates += sorted(root.glob("cu*/include")) + sorted(root.glob("cuda_runtime/include"))
     except ImportError:
         pass
+    candidates.append(Path("/usr/local/cuda/include"))
     found, seen = [], set()
     for path in candidates:
-        key = str(path.resolve()) if path.exists() else str(path)
+        key = str(path.resolve())
         if key not in seen and _has_fp16_header(path):
             seen.add(key)
-            found.append(str(path))
-    return tuple(found)
+            found.append(path)
+    want = nvrtc_version()
+
+    def rank(path: Path) -> int:
+        have = header_version(path)
+        if want is None or have is None:
+            return 2
+        return 0 if have == want else 1 if have // 1000 == want // 1000 else 2
+
+    return tuple(str(p) for p in sorted(found, key=rank))  # sorted() is stable
 
 
 def include_options() -> tuple[str, ...]:
-    """-I options for the first folder with the fp16/bf16 headers (mixing CUDA versions is unsafe)."""
+    """-I for the best header folder only: mixing headers of two CUDA versions is unsafe."""
     dirs = include_dirs()
     return (f"-I{dirs[0]}",) if dirs else ()
 

@@ -59,8 +59,15 @@ def add(op: str, dtype: str, tags: Iterable[str], **params) -> Case:
 
 
 def all_cases() -> list[Case]:
-    if not _CASES:
-        import cases.binary_backward  # noqa: F401  (each module adds its cases on import)
+    if not _CASES:  # each module of the cases package adds its op's cases on import
+        import importlib
+        import pkgutil
+
+        import cases
+
+        for m in pkgutil.iter_modules(cases.__path__):
+            if m.name != "registry":
+                importlib.import_module(f"cases.{m.name}")
     return list(_CASES)
 
 

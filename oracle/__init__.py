@@ -1,6 +1,14 @@
 """Reference oracles: one module per op, each declaring the op (see harness.registry.OpSpec).
 
 numpy oracles are explicit float64 formulas, readable as the spec; JAX oracles
-differentiate the forward with jax.vjp, an independent derivation.
+differentiate the forward with jax.vjp, an independent derivation.  Every module here
+that is not a helper (broadcast, jax_setup) declares one op on import.
 """
-from oracle import binary_backward  # noqa: F401
+import importlib
+import pkgutil
+
+HELPERS = {"broadcast", "jax_setup"}
+
+for _m in pkgutil.iter_modules(__path__):
+    if _m.name not in HELPERS and not _m.name.startswith("_"):
+        importlib.import_module(f"{__name__}.{_m.name}")
