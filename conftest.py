@@ -1,10 +1,21 @@
 """gradoracle's pytest plugin: correctness tests generated from the op, backend and case registries.
 
     pytest tests/ [--op OP] [--backend NAME[@VARIANT]] [--cases smoke|full|perf|stress|all|FILE|JSON]
-                  [--dtype f32] [--device cpu|cuda|auto] [--seed N] [--oracle numpy|jax]
+                  [--dtype f32] [--device cpu|cuda|auto] [--seed N] [--oracle auto|numpy|jax]
 
 Each test is `test_correctness[<op>-<impl>-<case>]`; implementations that cannot run a case
 (no GPU, unsupported dtype, ...) are skipped with their reason.
+
+Benchmarks are `test_benchmark[<op>-<impl>-<case>]` (tests/test_benchmark.py), timed by the
+harness's engine (harness/timing.py) and handed to pytest-benchmark:
+
+    pytest tests/test_benchmark.py --bench [--cases perf] [--bench-mode cold|hot|graph] [--bench-budget S]
+    pytest tests/test_benchmark.py --benchmark-only --benchmark-save=NAME   (or --benchmark-enable)
+
+Asked for (--bench, --benchmark-only or --benchmark-enable) they cover `--cases` (default
+perf) with the full budgets.  Not asked for (the default `python -m pytest`, CI) they are a
+smoke benchmark: per op its smallest smoke case, a handful of samples, hot mode, so the
+benchmark path is exercised in seconds.  --benchmark-skip skips them as usual.
 """
 from __future__ import annotations
 
@@ -21,25 +32,38 @@ def pytest_addoption(parser):
     group = parser.getgroup("gradoracle")
     group.addoption("--op", action="append", help="only this op (repeatable)")
     group.addoption("--backend", action="append", help="only this backend or backend@variant (repeatable)")
-    group.addoption("--cases", default="smoke", help="smoke | full | perf | stress | all | FILE.json/yaml | JSON case")
+    group.addoption("--cases", default=None,
+                    help="smoke | full | perf | stress | all | FILE.json/yaml | JSON case "
+                         "(default: smoke; perf for benchmarks asked for with --bench)")
     group.addoption("--dtype", action="append", help="only this dtype: f32, f16, bf16, f64 (repeatable)")
     group.addoption("--device", default="auto", help="cpu | cuda | auto")
     group.addoption("--seed", type=int, default=None, help="run seed (default: fresh each session, printed)")
-    group.addoption("--oracle", default="numpy", choices=("numpy", "jax"))
+    group.addoption("--oracle", default="auto", choices=("auto", "numpy", "jax"),
+                      help="auto: numpy, or JAX on the GPU for cases over 1 GiB")
+    group.addoption("--bench", action="store_true",
+                    help="run test_benchmark over --cases (default perf) with the full timing budgets")
+    group.addoption("--bench-mode", default=None, choices=("cold", "hot", "graph"),
+                    help="timing mode of the benchmarks (default: cold when asked for, hot for the smoke benchmark)")
+    group.addoption("--bench-budget", type=float, default=None, help="sampling seconds per benchmark (default 1.0)")
 
 
 def pytest_configure(config):
+    config.gradoracle_seed_given = config.getoption("--seed") is not None
     if config.getoption("--seed") is None:
         config.option.seed = random.SystemRandom().randrange(1 << 31)
 
 
 def pytest_report_header(config):
-    return f"gradoracle: device={_device(config)} cases={config.getoption('--cases')} seed={config.option.seed}"
+    return f"gradoracle: device={_device(config)} cases={_cases(config)} seed={config.option.seed}"
 
 
 def _device(config) -> str:
     device = config.getoption("--device")
     return default_device() if device == "auto" else device
+
+
+def _cases(config, bench: bool = False) -> str:
+    return config.getoption("--cases") or ("perf" if bench else "smoke")
 
 
 def correctness_params(config):
@@ -52,7 +76,7 @@ def correctness_params(config):
     dtypes = config.getoption("--dtype")
     device = _device(config)
     params = []
-    for case in select(config.getoption("--cases")):
+    for case in select(_cases(config)):
         if (wanted_ops and case.op not in wanted_ops) or (dtypes and case.dtype not in dtypes):
             continue
         for impl in impls_for(case.op):
@@ -65,9 +89,70 @@ def correctness_params(config):
     return params
 
 
+def benchmarks_requested(config) -> bool:
+    """Benchmarks were asked for: --bench, --benchmark-only or --benchmark-enable."""
+    option = config.option
+    return bool(getattr(option, "bench", False) or getattr(option, "benchmark_only", False)
+                or getattr(option, "benchmark_enable", False))
+
+
+def benchmark_params(config):
+    """(op, impl, case) for test_benchmark: --cases (default perf) if asked for, else the smoke benchmark."""
+    from cases import select
+    from harness.registry import discover, get_op, impls_for
+
+    discover()
+    wanted_ops, wanted_impls = config.getoption("--op"), config.getoption("--backend")
+    dtypes = config.getoption("--dtype")
+    device = _device(config)
+    requested = benchmarks_requested(config)
+    cases = [c for c in select(_cases(config, bench=True) if requested else "smoke")
+             if not (wanted_ops and c.op not in wanted_ops) and not (dtypes and c.dtype not in dtypes)]
+    if not requested:  # per op, its smallest smoke case moving at least 4 KiB (else its largest)
+        by_op: dict = {}
+        for c in cases:
+            by_op.setdefault(c.op, []).append((get_op(c.op).cost(c).bytes, c))
+        picks = []
+        for sized in by_op.values():
+            sized.sort(key=lambda sc: sc[0])
+            picks.append(next((c for size, c in sized if size >= 4096), sized[-1][1]))
+        cases = picks
+    params = []
+    for case in cases:
+        for impl in impls_for(case.op):
+            if wanted_impls and impl.id not in wanted_impls and impl.backend.name not in wanted_impls:
+                continue
+            marks = [pytest.mark.gpu] if device.startswith("cuda") else []
+            if case.tags & {"perf", "stress"} and requested:
+                marks.append(pytest.mark.slow)
+            params.append(pytest.param(case.op, impl, case, id=f"{case.op}-{impl.id}-{case.id}", marks=marks))
+    return params
+
+
 def pytest_generate_tests(metafunc):
     if {"op_name", "impl", "case"} <= set(metafunc.fixturenames) and metafunc.function.__name__ == "test_correctness":
         metafunc.parametrize(("op_name", "impl", "case"), correctness_params(metafunc.config))
+    if {"op_name", "impl", "case"} <= set(metafunc.fixturenames) and metafunc.function.__name__ == "test_benchmark":
+        metafunc.parametrize(("op_name", "impl", "case"), benchmark_params(metafunc.config))
+
+
+@pytest.fixture(scope="session")
+def bench_session(request):
+    """The benchmarks' shared state (harness.bench.BenchSession): timing rules, ceilings, baseline times."""
+    from harness import timing
+    from harness.bench import BenchOptions, BenchSession
+
+    config = request.config
+    requested = benchmarks_requested(config)
+    mode = config.getoption("--bench-mode") or ("cold" if requested else "hot")
+    if requested:
+        cfg = timing.TimingConfig(mode=mode, budget_s=config.getoption("--bench-budget") or 1.0)
+    else:  # the smoke benchmark: a few samples, seconds in all
+        cfg = timing.TimingConfig(mode=mode, rel_ci=0.05, min_samples=5, max_samples=30,
+                                  budget_s=config.getoption("--bench-budget") or 0.03, warmup_max=10,
+                                  warmup_budget_s=0.05)
+    seed = config.option.seed if config.gradoracle_seed_given else 0
+    return BenchSession(BenchOptions(_device(config), cfg, seed, config.getoption("--oracle"), progress=False))
 
 
 @pytest.fixture

@@ -115,9 +115,10 @@ def pack_params(groups, slots, *, lanes=1, chunk=(1, 1, 1), nchunk=(1, 1, 1), nt
 def split_chunks(n_items: int, min_per_chunk: int, base_tiles: int, target_tiles: int,
                  multiple: int = 1) -> tuple[int, int]:
     """(number of chunks, chunk length) for splitting n_items so that base_tiles * chunks is
-    about target_tiles, each chunk has at least min_per_chunk items, there are at most
-    MAX_CHUNKS, and the chunk length is a multiple of `multiple`."""
-    want = _ceil_div(target_tiles, max(base_tiles, 1))
+    at most about target_tiles (no split when base_tiles alone reaches it: partials cost a
+    buffer and a second launch), each chunk has at least min_per_chunk items, there are at
+    most MAX_CHUNKS, and the chunk length is a multiple of `multiple`."""
+    want = target_tiles // max(base_tiles, 1)
     most = max(1, n_items // max(min_per_chunk, 1))
     n = max(1, min(want, most, MAX_CHUNKS))
     size = _ceil_div(_ceil_div(n_items, n), multiple) * multiple
@@ -330,23 +331,17 @@ def _num_sms() -> int:
     return _SMS[dev.id]
 
 
-_PARAMS_DTYPE = np.dtype([("words", np.int64, (PARAMS_WORDS,))])
+PARAMS_DTYPE = np.dtype([("words", np.int64, (PARAMS_WORDS,))])
 
 
-def _params_arg(words: list[int]) -> np.ndarray:
-    """BBParams by value: cupy passes a size-1 numpy array's bytes as the argument."""
-    arg = np.zeros(1, dtype=_PARAMS_DTYPE)
+def params_struct(words: list[int]) -> np.ndarray:
+    """BBParams by value: cupy passes the bytes of a size-1 numpy array as the argument."""
+    arg = np.zeros(1, dtype=PARAMS_DTYPE)
     arg["words"][0] = words
     return arg
 
 
-_NULL = np.uint64(0)
-
-
-def _finalize(dt: str, part, nchunks: int, out, num_sms: int) -> None:
-    n = out.size
-    _function(kernel_expr("finalize", dt))((finalize_grid(n, num_sms),), (BLOCK,),
-                                           (part, np.int64(nchunks), np.int64(n), out))
+_NULL = np.uint64(0)  # a null pointer argument (8 zero bytes)
 
 
 def _plan_of(inputs) -> Plan:
@@ -355,62 +350,110 @@ def _plan_of(inputs) -> Plan:
                                  _element_strides(g, "grad_out"))
 
 
+class CupyDevice:
+    """What the host code needs from the device: launches, allocations, pointers."""
+
+    def __init__(self):
+        import cupy
+
+        self.cupy = cupy
+
+    def launch(self, expr: str, grid: int, args) -> None:
+        _function(expr)((grid,), (BLOCK,), tuple(args))  # cupy's current stream
+
+    def empty(self, n: int, dtype):
+        return self.cupy.empty(n, dtype=dtype)
+
+    def zeros(self, n: int, dtype):
+        return self.cupy.zeros(n, dtype=dtype)
+
+    def fill_zero(self, x) -> None:
+        # Outputs are contiguous and +0.0 is all-zero bits in every float format (bf16 included).
+        if x.nbytes:
+            x.data.memset_async(0, x.nbytes)
+
+    def ptr(self, x) -> int:
+        return x.data.ptr
+
+    def num_sms(self) -> int:
+        return _num_sms()
+
+
+def _acc_dtype(dt: str):
+    return np.float64 if dt == "f64" else np.float32
+
+
+def _finalize(dev, dt: str, part, nchunks: int, out, n: int) -> None:
+    dev.launch(kernel_expr("finalize", dt), finalize_grid(n, dev.num_sms()),
+               (part, np.int64(nchunks), np.int64(n), out))
+
+
+def run_opt(dev, dt: str, fn: str, a, b, g, ga, gb, plan: Plan) -> Launch:
+    """The opt variant's host side (stage 1, then stage 2 for outputs left in partial rows)."""
+    arrays = (a, b, g, ga, gb)
+    launch = plan_launch(plan, dev.num_sms(), tuple(dev.ptr(x) for x in arrays), np.dtype(a.dtype).itemsize)
+    if launch.kind == "zero":  # sums over nothing
+        dev.fill_zero(ga)
+        dev.fill_zero(gb)
+        return launch
+    expr = kernel_expr(launch.kind, dt, fn)
+    if launch.kind == "fast":
+        dev.launch(expr, launch.grid, (*arrays, np.int64(plan.numel), np.int32(launch.vectorized)))
+        return launch
+    params_arg = params_struct(launch.words)
+    if launch.kind == "ew":
+        dev.launch(expr, launch.grid, (params_arg, *arrays))
+        return launch
+    p_op, q_op, d_p, d_q = (b, a, gb, ga) if launch.swap else (a, b, ga, gb)
+    parts = [dev.empty(n * numel, _acc_dtype(dt)) if n > 1 else None
+             for n, numel in zip(launch.nchunks, launch.numel_out)]
+    args = [params_arg, p_op, q_op, g, d_p, _NULL if parts[0] is None else parts[0], d_q]
+    if launch.kind != "lr_stream":  # bb_lr_stream writes dQ final, it has no dQ_part
+        args.append(_NULL if parts[1] is None else parts[1])
+    dev.launch(expr, launch.grid, args)
+    for part, n, numel, out in zip(parts, launch.nchunks, launch.numel_out, (d_p, d_q)):
+        if part is not None:
+            _finalize(dev, dt, part, n, out, numel)
+    return launch
+
+
+def run_naive(dev, dt: str, fn: str, a, b, g, ga, gb, plan: Plan) -> None:
+    """The naive variant's host side: zeroed accumulators, atomics, then casts."""
+    if plan.numel == 0:
+        dev.fill_zero(ga)
+        dev.fill_zero(gb)
+        return
+    n_a, n_b = prod(ga.shape), prod(gb.shape)
+    acc_a, acc_b = dev.zeros(n_a, _acc_dtype(dt)), dev.zeros(n_b, _acc_dtype(dt))
+    dev.launch(kernel_expr("naive", dt, fn), naive_grid(plan.numel),
+               (params_struct(naive_words(plan)), a, b, g, acc_a, acc_b))
+    _finalize(dev, dt, acc_a, 1, ga, n_a)
+    _finalize(dev, dt, acc_b, 1, gb, n_b)
+
+
 cupy_backend = Backend("cupy", framework="cupy", devices=("cuda",),
                        description="raw CUDA C++ compiled with NVRTC through cupy.RawModule", check=_check)
 
 
-@cupy_backend.impl(OP, variant="opt", dtypes=DTYPES, deterministic=True)
-def binary_backward_opt(inputs, outs, params):
+def _require_cupy_arrays(inputs, outs) -> None:
     import cupy
 
+    for name, x in (*inputs.items(), *outs.items()):
+        if not isinstance(x, cupy.ndarray):
+            raise TypeError(f"{OP}: {name} is a {type(x).__module__}.{type(x).__name__}, expected a cupy.ndarray")
+
+
+@cupy_backend.impl(OP, variant="opt", dtypes=DTYPES, deterministic=True)
+def binary_backward_opt(inputs, outs, params):
     dt, fn = check_args(inputs, outs, params)
-    a, b, g = inputs["a"], inputs["b"], inputs["grad_out"]
-    ga, gb = outs["grad_a"], outs["grad_b"]
-    plan = _plan_of(inputs)
-    num_sms = _num_sms()
-    launch = plan_launch(plan, num_sms, tuple(x.data.ptr for x in (a, b, g, ga, gb)), a.dtype.itemsize)
-    if launch.kind == "zero":
-        ga.fill(0)
-        gb.fill(0)
-        return
-    kern = _function(kernel_expr(launch.kind, dt, fn))
-    if launch.kind == "fast":
-        kern((launch.grid,), (BLOCK,), (a, b, g, ga, gb, np.int64(plan.numel), np.int32(launch.vectorized)))
-        return
-    params_arg = _params_arg(launch.words)
-    if launch.kind == "ew":
-        kern((launch.grid,), (BLOCK,), (params_arg, a, b, g, ga, gb))
-        return
-    acc = np.float64 if dt == "f64" else np.float32
-    p_op, q_op = (b, a) if launch.swap else (a, b)
-    d_p, d_q = (gb, ga) if launch.swap else (ga, gb)
-    parts = [cupy.empty(n * numel, dtype=acc) if n > 1 else None
-             for n, numel in zip(launch.nchunks, launch.numel_out)]
-    args = [params_arg, p_op, q_op, g, d_p, parts[0] if parts[0] is not None else _NULL, d_q]
-    if launch.kind != "lr_stream":
-        args.append(parts[1] if parts[1] is not None else _NULL)
-    kern((launch.grid,), (BLOCK,), tuple(args))
-    for part, n, out in zip(parts, launch.nchunks, (d_p, d_q)):
-        if part is not None:
-            _finalize(dt, part, n, out, num_sms)
+    _require_cupy_arrays(inputs, outs)
+    run_opt(CupyDevice(), dt, fn, inputs["a"], inputs["b"], inputs["grad_out"], outs["grad_a"], outs["grad_b"],
+            _plan_of(inputs))
 
 
 @cupy_backend.impl(OP, variant="naive", dtypes=DTYPES, deterministic=False)
 def binary_backward_naive(inputs, outs, params):
-    import cupy
-
     dt, fn = check_args(inputs, outs, params)
-    a, b, g = inputs["a"], inputs["b"], inputs["grad_out"]
-    ga, gb = outs["grad_a"], outs["grad_b"]
-    plan = _plan_of(inputs)
-    if plan.numel == 0:
-        ga.fill(0)
-        gb.fill(0)
-        return
-    acc = np.float64 if dt == "f64" else np.float32
-    acc_a, acc_b = cupy.zeros(ga.size, dtype=acc), cupy.zeros(gb.size, dtype=acc)
-    _function(kernel_expr("naive", dt, fn))((naive_grid(plan.numel),), (BLOCK,),
-                                            (_params_arg(naive_words(plan)), a, b, g, acc_a, acc_b))
-    num_sms = _num_sms()
-    _finalize(dt, acc_a, 1, ga, num_sms)
-    _finalize(dt, acc_b, 1, gb, num_sms)
+    _require_cupy_arrays(inputs, outs)
+    run_naive(CupyDevice(), dt, fn, inputs["a"], inputs["b"], inputs["grad_out"], outs["grad_a"], outs["grad_b"],
+              _plan_of(inputs))

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, replace
-from math import prod
 
 from backends import _bcast_plan
 from harness.registry import Backend
@@ -332,7 +331,7 @@ class Config:
 
     tile_bytes: int = 16384   # stage-1 tile (per loop step)
     vectors: int = 4
-    s_max: int = 64           # widest block of the fixed reduced class (its partial count is extent / this)
+    s_max: int = 16           # widest block of the fixed reduced class (its partial count is extent / this)
     programs: int = 1024      # stage-1 programs to aim for: several per SM on 132 SMs
     partial_limit: int = 8    # looped-reduction partials stay under numel(O) / partial_limit elements
     flat_bytes: int = 16384   # per tensor per program in the contiguous no-broadcast kernel
@@ -405,15 +404,22 @@ def _alignments(plan, inner: str) -> int:
 
 
 def _blocks(ext: dict, inner: str, inner_len: int, fixed: str, loop: str, tile: int, cfg: Config) -> dict:
-    """Block size per class.  The inner block is wide enough that a tensor spanning only the
-    inner axis (b when K is inner) still fills 16-byte vectors; when K is inner and a
-    reduction runs it leaves room for a few rows, so K splits into more programs."""
+    """Block size per class, for a tile of `tile` elements.
+
+    The fixed reduced class gets up to `s_max` first: its gradient has extent / block
+    partials, so this bounds that workspace to numel(O) / s_max.  The inner block is wide
+    enough that a tensor spanning only the inner axis (b when K is inner) still fills
+    16-byte vectors; when K is inner and a reduction runs, it leaves room for a few rows
+    so that K splits into more programs.  The loop class, then K, take what is left.
+    """
     reduces = ext["ra"] > 1 or ext["rb"] > 1
-    block = {inner: min(_p2(inner_len), tile // cfg.vectors if inner == "k" and reduces else tile)}
-    budget = max(1, tile // block[inner])
-    for c in (fixed, loop, "k"):  # fixed first: a wide fixed block means few partials
+    block = {fixed: min(_p2(ext[fixed]), cfg.s_max)} if fixed != inner else {}
+    room = max(1, tile // block.get(fixed, 1))
+    block[inner] = min(_p2(inner_len), room // cfg.vectors if inner == "k" and reduces else room)
+    budget = max(1, room // block[inner])
+    for c in (loop, "k"):
         if c not in block:
-            block[c] = min(_p2(ext[c]), min(budget, cfg.s_max) if c == fixed else budget)
+            block[c] = min(_p2(ext[c]), budget)
             budget = max(1, budget // block[c])
     return block
 
@@ -603,9 +609,13 @@ def run(inputs, outs, params, cfg: Config | None = None) -> None:
     fn, a, b, g, ga, gb = _validate(inputs, outs, params)
     if _IMPORT_ERROR is not None:
         raise RuntimeError(f"triton {OP}: triton is not importable ({_IMPORT_ERROR})")
-    if cfg is None:
-        cfg = INTERPRETER_CONFIG if a.device.type == "cpu" else GPU_CONFIG
-    _launch(a, b, g, ga, gb, fn, cfg)
+    if a.device.type == "cpu":
+        _launch(a, b, g, ga, gb, fn, cfg or INTERPRETER_CONFIG)
+        return
+    import torch
+
+    with torch.cuda.device(a.device):  # triton launches on the current device, not the tensors'
+        _launch(a, b, g, ga, gb, fn, cfg or GPU_CONFIG)
 
 
 @triton_backend.impl(OP, dtypes=DTYPES, deterministic=True)

@@ -58,13 +58,20 @@ def add(op: str, dtype: str, tags: Iterable[str], **params) -> Case:
     return case
 
 
+_LOADED = False
+
+
 def all_cases() -> list[Case]:
-    if not _CASES:  # each module of the cases package adds its op's cases on import
+    # Each module of the cases package adds its op's cases on import.  A flag, not `if not _CASES`:
+    # a test that imports one case module first must not hide every other op's cases.
+    global _LOADED
+    if not _LOADED:
         import importlib
         import pkgutil
 
         import cases
 
+        _LOADED = True
         for m in pkgutil.iter_modules(cases.__path__):
             if m.name != "registry":
                 importlib.import_module(f"cases.{m.name}")

@@ -1,13 +1,15 @@
-"""`python -m harness` (also `gradoracle`): list what is registered, run cases, exit non-zero on failure."""
+"""`python -m harness` (also `gradoracle`): list what is registered, run cases, exit non-zero on failure;
+`bench`, `compare` and `ceilings` time implementations (harness/bench_cli.py)."""
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import sys
 import time
 from pathlib import Path
 
-from harness import frameworks
+from harness import bench_cli, frameworks
 from harness.registry import BACKENDS, BROKEN, discover, impls_for, load_ops
 
 
@@ -22,12 +24,16 @@ def _parse(argv):
     run.add_argument("--cases", default="smoke", help="smoke | full | perf | stress | all | FILE.json|yaml | JSON case")
     run.add_argument("--dtype", action="append", help="f32 | f16 | bf16 | f64 (repeatable)")
     run.add_argument("--device", default="auto", help="cpu | cuda | auto (cuda when a GPU is visible)")
-    run.add_argument("--seed", type=int, default=0, help="run seed, mixed with each case id")
-    run.add_argument("--oracle", default="numpy", choices=("numpy", "jax"))
-    run.add_argument("--time", action="store_true", help="also time each passing call (median of 10)")
+    run.add_argument("--seed", type=int, default=None,
+                     help="run seed, mixed with each case id (default: fresh each run, printed)")
+    run.add_argument("--oracle", default="auto", choices=("auto", "numpy", "jax"),
+                     help="auto (default): numpy, or JAX (jit, x64) on the GPU for cases over 1 GiB")
+    run.add_argument("--time", action="store_true",
+                     help="also time each passing call (timing engine, hot mode, small budget) and re-validate it")
     run.add_argument("--json", help="write every result to this JSON file")
     run.add_argument("--show-skips", action="store_true", help="print skipped rows too")
     run.add_argument("-v", "--verbose", action="store_true", help="print every output's error line")
+    bench_cli.add_parsers(sub)
     return parser.parse_args(argv)
 
 
@@ -82,8 +88,13 @@ def cmd_run(args) -> int:
 
     discover()
     device = frameworks.default_device() if args.device == "auto" else args.device
+    if args.seed is None:
+        args.seed = random.SystemRandom().randrange(1 << 31)
     cases = select(args.cases)
     ops = args.op or sorted({c.op for c in cases})
+    if args.backend and not args.op:  # no --op: the ops the chosen backends implement (an unknown name still errors)
+        ops = [op for op in ops if any(w in (i.id, i.backend.name) for w in args.backend for i in impls_for(op))] \
+            or ops[:1]
     if args.dtype:
         cases = [c for c in cases if c.dtype in args.dtype]
     results, started = [], time.time()
@@ -143,4 +154,6 @@ def main(argv=None) -> int:
     frameworks.interpret_triton_without_gpu()
     if args.command == "list":
         return cmd_list()
+    if args.command in ("bench", "compare", "ceilings"):
+        return bench_cli.dispatch(args, argv)
     return cmd_run(args)

@@ -2,7 +2,12 @@
 
 A framework adapter knows four things: how to rebuild a HostTensor's exact strided view
 on a device, how to allocate a NaN-poisoned output, how to read an array back as
-float64 on the host, and how to wait for the device.  Backends name their framework;
+float64 on the host, and how to wait for the device.  For timing it also keeps a
+HostTensor's flat buffer on the device (`upload`, gaps included), views it (`view`),
+clones and overwrites it in place (`clone`, `copy`: the timed inputs are refilled with
+fresh values before the final, re-validated call), re-poisons outputs (`fill_nan`) and
+reads a sample of an output back (`gather64`, `nan_count`) so huge outputs are checked
+without copying them whole.  Backends name their framework;
 the harness does the conversion, so no backend sees numpy unless it asks for it.
 """
 from __future__ import annotations
@@ -19,10 +24,34 @@ class NumpyAdapter:
     name = "numpy"
 
     def to_device(self, t: HostTensor, device: str):
-        return t.view.copy() if t.layout == "contig" else t.view
+        return self.view(self.upload(t, device), t)
+
+    def upload(self, t: HostTensor, device: str):
+        return t.base.copy()
+
+    def view(self, flat, t: HostTensor):
+        item = flat.itemsize
+        return np.lib.stride_tricks.as_strided(flat[t.offset:], t.shape, tuple(s * item for s in t.strides))
+
+    def clone(self, flat):
+        return flat.copy()
+
+    def copy(self, dst, src):
+        np.copyto(dst, src)
+        return dst
 
     def poisoned(self, shape, dtype: str, device: str):
         return np.full(shape, np.nan, dtype=dtypes.numpy_dtype(dtype))
+
+    def fill_nan(self, x):
+        x[...] = np.nan
+        return x
+
+    def gather64(self, x, flat_index: np.ndarray) -> np.ndarray:
+        return np.asarray(x).reshape(-1)[flat_index].astype(np.float64)
+
+    def nan_count(self, x) -> int:
+        return int(np.isnan(np.asarray(x, dtype=np.float64)).sum())
 
     def to_host64(self, x) -> np.ndarray:
         return np.asarray(x).astype(np.float64)
@@ -43,6 +72,10 @@ class TorchAdapter:
         return getattr(torch, dtypes.long_name(name))
 
     def to_device(self, t: HostTensor, device: str):
+        return self.view(self.upload(t, device), t)
+
+    def upload(self, t: HostTensor, device: str):
+        """The flat buffer (gaps included) on the device."""
         import torch
 
         base = t.base
@@ -50,13 +83,36 @@ class TorchAdapter:
             flat = torch.from_numpy(base.view(np.uint16).copy()).view(torch.bfloat16)
         else:
             flat = torch.from_numpy(base.copy())
-        flat = flat.to(device)
+        return flat.to(device)
+
+    def view(self, flat, t: HostTensor):
         return flat.as_strided(t.shape, t.strides, t.offset)
+
+    def clone(self, flat):
+        return flat.clone()
+
+    def copy(self, dst, src):
+        dst.copy_(src)
+        return dst
 
     def poisoned(self, shape, dtype: str, device: str):
         import torch
 
         return torch.full(tuple(shape), float("nan"), dtype=self._dtype(dtype), device=device)
+
+    def fill_nan(self, x):
+        return x.fill_(float("nan"))
+
+    def gather64(self, x, flat_index: np.ndarray) -> np.ndarray:
+        import torch
+
+        index = torch.from_numpy(np.asarray(flat_index, np.int64)).to(x.device)
+        return x.detach().reshape(-1)[index].to("cpu", dtype=self._dtype("f64")).numpy()
+
+    def nan_count(self, x) -> int:
+        import torch
+
+        return int(torch.isnan(x.detach()).sum())
 
     def to_host64(self, x) -> np.ndarray:
         return x.detach().to("cpu", dtype=self._dtype("f64")).numpy()
@@ -75,18 +131,46 @@ class CupyAdapter:
     name = "cupy"
 
     def to_device(self, t: HostTensor, device: str):
+        return self.view(self.upload(t, device), t)
+
+    def upload(self, t: HostTensor, device: str):
         import cupy
 
-        flat = cupy.asarray(t.base)
-        item = t.base.itemsize
+        return cupy.asarray(t.base)
+
+    def view(self, flat, t: HostTensor):
+        import cupy
+
+        item = flat.itemsize
         if not prod(t.shape):
-            return cupy.empty(t.shape, dtype=t.base.dtype)
+            return cupy.empty(t.shape, dtype=flat.dtype)
         return cupy.lib.stride_tricks.as_strided(flat[t.offset:], t.shape, tuple(s * item for s in t.strides))
+
+    def clone(self, flat):
+        return flat.copy()
+
+    def copy(self, dst, src):
+        dst[...] = src
+        return dst
 
     def poisoned(self, shape, dtype: str, device: str):
         import cupy
 
         return cupy.full(tuple(shape), np.nan, dtype=dtypes.numpy_dtype(dtype))
+
+    def fill_nan(self, x):
+        x.fill(np.nan)
+        return x
+
+    def gather64(self, x, flat_index: np.ndarray) -> np.ndarray:
+        import cupy
+
+        return x.reshape(-1)[cupy.asarray(np.asarray(flat_index, np.int64))].astype(cupy.float64).get()
+
+    def nan_count(self, x) -> int:
+        import cupy
+
+        return int(cupy.isnan(x).sum())
 
     def to_host64(self, x) -> np.ndarray:
         return np.asarray(x.get()).astype(np.float64)
@@ -104,12 +188,37 @@ class JaxAdapter:
     name = "jax"
 
     def to_device(self, t: HostTensor, device: str):
+        return self.upload(t, device)
+
+    # JAX arrays are immutable and have no strided views: the "buffer" is the logical array, a
+    # clone is the same array, and a refill (`copy`) hands back the source.
+    def upload(self, t: HostTensor, device: str):
         from oracle.jax_setup import device as jax_device, jax
 
         return jax.device_put(np.array(t.view, order="C"), jax_device(device))
 
+    def view(self, flat, t: HostTensor):
+        return flat
+
+    def clone(self, flat):
+        return flat
+
+    def copy(self, dst, src):
+        return src
+
     def poisoned(self, shape, dtype: str, device: str):
         return None  # JAX is functional: its implementations return their outputs
+
+    def fill_nan(self, x):
+        return None
+
+    def gather64(self, x, flat_index: np.ndarray) -> np.ndarray:
+        return np.asarray(x.reshape(-1)[np.asarray(flat_index, np.int64)]).astype(np.float64)
+
+    def nan_count(self, x) -> int:
+        import jax.numpy as jnp
+
+        return int(jnp.isnan(x).sum())
 
     def to_host64(self, x) -> np.ndarray:
         return np.asarray(x).astype(np.float64)

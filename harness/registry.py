@@ -36,7 +36,8 @@ class OpSpec:
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     params: Mapping[str, str]  # param name -> meaning
-    # shapes(case) -> {tensor name: shape} for every input and output.
+    # shapes(case) -> {tensor name: shape} for every input and output the case has: an op may
+    # leave out an optional one (layernorm without weight has no dweight); see outputs_of.
     shapes: Callable[[Any], dict]
     # generate(case, rng) -> {input name: HostTensor}, values exactly representable in case.dtype.
     generate: Callable[[Any, Any], dict]
@@ -58,7 +59,17 @@ class OpSpec:
     wrt: Mapping[str, str] | None = None
     # validate(case) -> None, or raises ValueError naming the param (for cases loaded from files)
     validate: Callable[[Any], None] = lambda case: None
+    # For ops whose inputs include results of the forward pass that the numpy oracle uses as
+    # given (attention's o and lse, stored rounded): exact_inputs(inputs, params) -> the inputs
+    # with those replaced by their exact float64 values.  The JAX vjp recomputes the forward, so
+    # the oracle cross-checks compare the two on these (tests/test_oracles.py).
+    exact_inputs: Callable[..., dict] | None = None
 
+
+    def outputs_of(self, case) -> tuple[str, ...]:
+        """The outputs this case has: those of `outputs` that shapes(case) lists."""
+        shapes = self.shapes(case)
+        return tuple(name for name in self.outputs if name in shapes)
 
     def jax_oracle(self, inputs: dict, params: dict, on: str = "cpu") -> dict:
         """The JAX oracle: jax_vjp in float64 on `on` ('cpu', or 'cuda' for large cases)."""

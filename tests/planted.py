@@ -1,7 +1,7 @@
 """Deliberately wrong backends, kept out of the global registry: the harness must fail each one."""
 import numpy as np
 
-from harness.registry import Backend
+from harness.registry import Backend, load_ops
 from oracle.binary_backward import partials
 from oracle.broadcast import sum_to_shape
 
@@ -16,10 +16,14 @@ def _grads(inputs, params):
     return a, b, g * da, g * db
 
 
-@planted.impl("binary_backward", variant="zeros", dtypes=ALL)
 def zeros(inputs, outs, params):
+    """Writes 0 into every output: op-agnostic, so every op gets it."""
     for out in outs.values():
         out[...] = 0
+
+
+for _op in load_ops():
+    planted.impl(_op, variant="zeros", dtypes=ALL)(zeros)
 
 
 @planted.impl("binary_backward", variant="copy_input", dtypes=ALL)
@@ -61,3 +65,47 @@ def fp16_accumulate(inputs, outs, params):
         for row in t:
             acc = (acc + sum_to_shape(row.astype(np.float64), x.shape).astype(np.float16)).astype(np.float16)
         outs[name][...] = acc
+
+
+# Right on their first call, stale after it: one checked call passes them, and the timed
+# re-validation (harness.runner.timed_check) must fail every one.  `forget()` clears their memory.
+_MEMORY: dict = {}
+
+
+def forget():
+    _MEMORY.clear()
+
+
+def _correct(inputs, params):
+    a, b, ta, tb = _grads(inputs, params)
+    return {"grad_a": sum_to_shape(ta, a.shape), "grad_b": sum_to_shape(tb, b.shape)}
+
+
+@planted.impl("binary_backward", variant="stale_cache", dtypes=ALL)
+def stale_cache(inputs, outs, params):
+    """Computes once per params, then returns the cached result whatever the inputs hold."""
+    key = ("stale_cache", repr(sorted(params.items())))
+    if key not in _MEMORY:
+        _MEMORY[key] = _correct(inputs, params)
+    return {k: v.astype(outs[k].dtype) for k, v in _MEMORY[key].items()}
+
+
+@planted.impl("binary_backward", variant="compute_once", dtypes=ALL)
+def compute_once(inputs, outs, params):
+    """Writes its outputs on the first call and skips the work after it, believing them still there."""
+    key = ("compute_once", repr(sorted(params.items())))
+    if key in _MEMORY:
+        return
+    _MEMORY[key] = True
+    for k, v in _correct(inputs, params).items():
+        outs[k][...] = v
+
+
+@planted.impl("binary_backward", variant="address_memo", dtypes=ALL)
+def address_memo(inputs, outs, params):
+    """Memoizes on the inputs' buffer addresses: right until a buffer is refilled in place."""
+    key = ("address_memo",) + tuple(np.asarray(inputs[k]).__array_interface__["data"][0] for k in sorted(inputs))
+    if key not in _MEMORY:
+        _MEMORY[key] = _correct(inputs, params)
+    for k, v in _MEMORY[key].items():
+        outs[k][...] = v

@@ -22,7 +22,8 @@ def test_seed_compare_shapes_are_in_smoke_verbatim():
 
 
 def test_every_broadcast_mask_of_a_b_and_both():
-    full = {(tuple(c.params["a"]), tuple(c.params["b"])) for c in select("full") if c.params["fn"] == "mul"}
+    full = {(tuple(c.params["a"]), tuple(c.params["b"])) for c in select("full", op="binary_backward")
+            if c.params["fn"] == "mul"}
     r4 = (2, 3, 4, 5)
     for ma in range(16):
         assert (r4, masked(r4, ma)) in full and (masked(r4, ma), r4) in full
@@ -31,20 +32,22 @@ def test_every_broadcast_mask_of_a_b_and_both():
 
 
 def test_required_kinds_of_case_exist():
-    full = select("full")
+    full = select("full", op="binary_backward")
     shapes = {(tuple(c.params["a"]), tuple(c.params["b"])) for c in full}
     assert ((3, 1, 5), (1, 4, 5)) in shapes  # both broadcast
     assert ((), (3, 4)) in shapes and ((2, 3, 4, 5), (5,)) in shapes  # scalar, rank mismatch
     assert any(0 in a or 0 in b for a, b in shapes)  # empty dims
     for b in [(4096,), (8, 1, 4096), (8, 2048, 1)]:  # llama-style training shapes
-        assert ((8, 2048, 4096), b) in {(tuple(c.params["a"]), tuple(c.params["b"])) for c in select("perf")}
+        assert ((8, 2048, 4096), b) in {(tuple(c.params["a"]), tuple(c.params["b"]))
+                                        for c in select("perf", op="binary_backward")}
     layouts = {c.params.get(k) for c in full for k in ("a_layout", "b_layout", "g_layout")}
     assert {"transposed", "sliced"} <= layouts
     assert {c.dtype for c in select("smoke")} == {"f32", "f16", "bf16", "f64"}
-    assert all(c.params["a"] and c.params["b"] for c in select("stress"))
+    assert all(c.params["a"] and c.params["b"] for c in select("stress", op="binary_backward"))
     from math import prod
     from oracle.binary_backward import broadcast_shape
-    assert all(prod(broadcast_shape(c.params["a"], c.params["b"])) > 2**31 for c in select("stress"))
+    assert all(prod(broadcast_shape(c.params["a"], c.params["b"])) > 2**31
+               for c in select("stress", op="binary_backward"))
 
 
 def test_smoke_is_part_of_full():

@@ -29,13 +29,16 @@
 //       a scalar tail).
 //   bb_ew<T,FN>(p, a, b, g, ga, gb)                                 [no broadcast, strided]
 //       grp[0] = K (ndim >= 1); its LAST dim is the column dim, the rest are rows.  swap = 0.
+//       ga and gb are written at the ga offsets (with no broadcast both are O's contiguous
+//       strides, so slot 4 is not read).
 //       lanes = TC (tile columns, power of two in [32, 1024]), lanes_log2 = log2(TC); a tile is
 //       TC columns x (BB_EW_TILE / TC) rows.  nchunk[0] = column tiles, nchunk[1] = row tiles,
 //       ntiles = nchunk[0] * nchunk[1].
 //   bb_lk<T,FN,J>(p, P, Q, g, dP, dP_part, dQ, dQ_part)            [lanes along K]
 //       grp[0] = K (lanes), grp[1] = U (J per tile, in registers), grp[2] = V (rows, looped).
 //       P is the operand broadcast along V: dP sums over V, dQ sums over U.
-//       J = 1 requires numel(U) = 1.  lanes = KW (power of two <= 32), lanes_log2.
+//       J = 1 requires numel(U) = 1 (then dQ is always written final; dQ_part is unused).
+//       lanes = KW (power of two <= 32), lanes_log2.
 //       chunk / nchunk = {KW, k tiles}, {CU <= J, U chunks}, {CV, V chunks}; ntiles = product.
 //   bb_lr_stream<T,FN>(p, P, Q, g, dP, dP_part, dQ)                 [lanes along X, Y empty]
 //       grp[0] = X (lanes, looped), grp[1] = Y (numel 1), grp[2] = Z = K (one row per task).
@@ -58,6 +61,17 @@
 // (slot 0 = dP, 1 = dQ) and the host runs bb_finalize over the chunks.  Every element of
 // both outputs (or partial rows) is written exactly once, and every sum is taken in a fixed
 // order, so results are bitwise reproducible for a given launch configuration.
+//
+// Kernel choice (the host's: cupy_raw.plan_launch and its C++ mirror).  No broadcast: bb_fast
+// when dense, else bb_ew.  Otherwise lanes go along the group that holds grad_out's smallest
+// stride (within each group the host orders dims so that one is innermost):
+//   K                        -> bb_lk: J = 1 when a reduced group is empty (bias-like
+//                               (8,2048,4096)+(4096,), (8,2048,4096)+(8,1,4096)), else J = 8 with
+//                               U = the smaller reduced group ((3,1,5)+(1,4,5));
+//   a reduced group, other empty -> bb_lr_stream (row sums (8,2048,4096)+(8,2048,1), scalars);
+//   a reduced group, both reduce -> bb_lr_batched.
+// Chunk counts along the looped group are chosen so that the tiles fill about two waves of
+// the GPU, at most 1024 chunks.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -166,10 +180,14 @@ __device__ __forceinline__ void bb_terms(A p, A q, A g, bool swap, A& tp, A& tq)
 // ============================================================================ index math
 
 // Adds the offsets of element `idx` of the first `nd` dims of `gr` (row-major, last dim
-// fastest) to off[0..BB_NT).  Groups that fit in 32 bits use 32-bit division (several times
-// cheaper); the outermost dim needs no division.
+// fastest) to off[0..BB_NT).  One dim (the usual case after merging) needs no division;
+// groups that fit in 32 bits use 32-bit division (several times cheaper than 64-bit); the
+// outermost dim never needs one.
 __device__ __forceinline__ void bb_unravel(const BBGroup& gr, int nd, long long idx, long long* off) {
-  if (gr.numel <= 0xffffffffLL) {
+  if (nd == 1) {
+#pragma unroll
+    for (int t = 0; t < BB_NT; ++t) off[t] += idx * gr.stride[t][0];
+  } else if (gr.numel <= 0xffffffffLL) {
     unsigned int i = (unsigned int)idx;
 #pragma unroll
     for (int d = BB_MAX_DIMS - 1; d >= 0; --d) {
@@ -217,6 +235,37 @@ __device__ __forceinline__ void bb_offsets_setup(const BBGroup& gr, long long id
     for (int t = 0; t < BB_NT; ++t) off[t] += r * gr.stride[t][d];
   }
 }
+
+// Offsets of a group's elements i0, i0 + step, i0 + 2 step, ... (the rows a thread walks).
+// A one-dim group (the usual case after merging) adds a precomputed step * stride instead of
+// multiplying or unravelling per element; more dims unravel each element.
+struct BBCursor {
+  bool one_dim;
+  long long base[BB_NT];  // one dim: offsets of the current base element
+  long long inc[BB_NT];   // one dim: offsets of `step` elements
+
+  __device__ __forceinline__ BBCursor(const BBGroup& gr, long long i0, long long step) : one_dim(gr.ndim == 1) {
+#pragma unroll
+    for (int t = 0; t < BB_NT; ++t) {
+      base[t] = one_dim ? i0 * gr.stride[t][0] : 0;
+      inc[t] = one_dim ? step * gr.stride[t][0] : 0;
+    }
+  }
+  // Offsets of element `idx` = (current base) + r * step.
+  __device__ __forceinline__ void at(const BBGroup& gr, long long idx, int r, long long* off) const {
+    if (one_dim) {
+#pragma unroll
+      for (int t = 0; t < BB_NT; ++t) off[t] = base[t] + r * inc[t];
+    } else {
+      bb_offsets(gr, idx, off);
+    }
+  }
+  // Moves the base on by n steps.
+  __device__ __forceinline__ void advance(int n) {
+#pragma unroll
+    for (int t = 0; t < BB_NT; ++t) base[t] += n * inc[t];
+  }
+};
 
 // Stores v as the final output (T) when its reduction is done in one chunk, else as partial
 // row `chunk` of an A buffer.
@@ -344,8 +393,9 @@ bb_ew(const __grid_constant__ BBParams p, const T* __restrict__ a, const T* __re
       if (ok[e]) {
         A ta, tb;
         bb_terms<FN, A>(va[e], vb[e], vg[e], false, ta, tb);
+        // With no broadcast, grad_a and grad_b are both O-shaped and contiguous: one offset.
         ga[off[e][BB_DP]] = bb_from_acc<T>(ta);
-        gb[off[e][BB_DQ]] = bb_from_acc<T>(tb);
+        gb[off[e][BB_DP]] = bb_from_acc<T>(tb);
       }
     }
   }
@@ -400,7 +450,8 @@ bb_lk(const __grid_constant__ BBParams p, const T* __restrict__ P, const T* __re
 
     if (kok) {
       const long long v_lo = cv * p.chunk[2], v_hi = bb_min(Vg.numel, v_lo + p.chunk[2]);
-      for (long long v0 = v_lo + w; v0 < v_hi; v0 += (long long)nw * UR) {
+      BBCursor rows(Vg, v_lo + w, nw);
+      for (long long v0 = v_lo + w; v0 < v_hi; v0 += (long long)nw * UR, rows.advance(UR)) {
         bool vok[UR];
         A qv[UR], gv[UR][J];
         long long dqoff[UR];
@@ -409,7 +460,7 @@ bb_lk(const __grid_constant__ BBParams p, const T* __restrict__ P, const T* __re
           const long long v = v0 + (long long)r * nw;
           vok[r] = v < v_hi;
           long long vo[BB_NT];
-          bb_offsets(Vg, vok[r] ? v : 0, vo);
+          rows.at(Vg, vok[r] ? v : 0, r, vo);
           dqoff[r] = ko[BB_DQ] + vo[BB_DQ];
           qv[r] = (kOps && vok[r]) ? bb_load(Q + ko[BB_Q] + vo[BB_Q]) : A(0);
 #pragma unroll
@@ -427,7 +478,10 @@ bb_lk(const __grid_constant__ BBParams p, const T* __restrict__ P, const T* __re
             accp[j] += tp;
             sq += tq;
           }
-          bb_store<T>(dQ, dQ_part, p.nchunk[1], cu, p.numel_out[1], dqoff[r], sq);
+          if (J == 1)  // U is empty: dQ needs no reduction at all
+            dQ[dqoff[r]] = bb_from_acc<T>(sq);
+          else
+            bb_store<T>(dQ, dQ_part, p.nchunk[1], cu, p.numel_out[1], dqoff[r], sq);
         }
       }
     }
@@ -476,7 +530,8 @@ bb_lr_stream(const __grid_constant__ BBParams p, const T* __restrict__ P, const 
     if (valid) {
       const A pv = kOps ? bb_load(P + zo[BB_P]) : A(0);
       const long long x_lo = cx * p.chunk[0], x_hi = bb_min(X.numel, x_lo + p.chunk[0]);
-      for (long long x0 = x_lo + lane; x0 < x_hi; x0 += (long long)xw * UR) {
+      BBCursor xs(X, x_lo + lane, xw);
+      for (long long x0 = x_lo + lane; x0 < x_hi; x0 += (long long)xw * UR, xs.advance(UR)) {
         bool ok[UR];
         A qv[UR], gv[UR];
         long long dqoff[UR];
@@ -485,7 +540,7 @@ bb_lr_stream(const __grid_constant__ BBParams p, const T* __restrict__ P, const 
           const long long x = x0 + (long long)r * xw;
           ok[r] = x < x_hi;
           long long xo[BB_NT];
-          bb_offsets(X, ok[r] ? x : 0, xo);
+          xs.at(X, ok[r] ? x : 0, r, xo);
           dqoff[r] = zo[BB_DQ] + xo[BB_DQ];
           gv[r] = ok[r] ? bb_load(g + zo[BB_G] + xo[BB_G]) : A(0);
           qv[r] = (kOps && ok[r]) ? bb_load(Q + zo[BB_Q] + xo[BB_Q]) : A(0);
@@ -550,11 +605,12 @@ bb_lr_batched(const __grid_constant__ BBParams p, const T* __restrict__ P, const
     }
 
     const long long y_lo = cy * p.chunk[1], y_hi = bb_min(Y.numel, y_lo + p.chunk[1]);
-    for (long long y0 = y_lo; y0 < y_hi; y0 += nw) {  // block-uniform trip count
+    BBCursor rows(Y, y_lo + w, nw);
+    for (long long y0 = y_lo; y0 < y_hi; y0 += nw, rows.advance(1)) {  // block-uniform trip count
       const long long y = y0 + w;
       const bool yok = y < y_hi;
       long long yo[BB_NT];
-      bb_offsets(Y, yok ? y : 0, yo);
+      rows.at(Y, yok ? y : 0, 0, yo);
       A sp = A(0);
       if (yok) {
         const A pv = kOps ? bb_load(P + zo[BB_P] + yo[BB_P]) : A(0);
@@ -585,8 +641,9 @@ bb_lr_batched(const __grid_constant__ BBParams p, const T* __restrict__ P, const
 
 // ============================================================================ naive reference
 
-// What one writes first: a thread per element of O, 64-bit unravel into (k, ra, rb), and an
-// atomicAdd of each term into zeroed A accumulators.  Summation order is not fixed.
+// What one writes first: a thread per element of O, its 64-bit index unravelled into
+// (k, ra, rb), and an atomicAdd of each term into zeroed A accumulators.  The summation order
+// depends on timing, so results are not bitwise reproducible.
 template <typename T, int FN>
 __global__ void bb_naive(const __grid_constant__ BBParams p, const T* __restrict__ a, const T* __restrict__ b,
                          const T* __restrict__ g, bb_acc_t<T>* acc_a, bb_acc_t<T>* acc_b) {

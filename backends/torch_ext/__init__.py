@@ -26,7 +26,7 @@ _HERE = Path(__file__).resolve().parent
 _REPO = _HERE.parent.parent
 _CPU_SOURCES = ("ops.cpp", "binary_backward_cpu.cpp")
 _CUDA_SOURCES = ("binary_backward_cuda.cu",)
-_HEADERS = ("bcast_plan.h", "binary_backward.h")
+_HEADERS = ("bcast_plan.h", "binary_backward.h", "../cuda/binary_backward.cuh")  # edits rebuild
 _NAME = "gradoracle_ext"
 
 _lock = threading.Lock()

@@ -3,11 +3,12 @@
 // The output box O is K x RA x RB (bcast_plan.h).  With no broadcast every output element
 // is independent and we run a flat (or strided) elementwise loop.  Otherwise the box is cut
 // into work items: a block of K times a chunk of one reduce group S (the "split" group).
-// Each item accumulates the terms it sees into item-local scratch in acc_t, walking its
-// sub-box with the innermost loop along the group where grad_out is densest.  The gradient
-// that does not sum over S is complete inside the item and is written directly; the one
-// that sums over S is complete only when S is not chunked, else each chunk stashes its
-// partial sums and a second pass adds the chunks in chunk order.
+// Each item walks its sub-box once, with the innermost loop along the group where grad_out
+// is densest, and accumulates the terms into item-local scratch in acc_t (a gradient that
+// sums over nothing is stored straight to the output instead).  The gradient that does not
+// sum over S is complete inside the item and is written at its end; the one that sums over
+// S is complete only when S is not chunked, else each chunk stashes its partial sums and a
+// second pass adds the chunks in chunk order.
 //
 // Determinism: the item decomposition depends only on the shapes (never on the thread
 // count), each item sums in a fixed order, and no two items write the same output, so the
@@ -107,15 +108,29 @@ acc_t sum_lanes(const acc_t (&l)[kLanes]) {
   return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
 }
 
-template <BinaryFn F, typename scalar_t>
-struct Kernel {
-  using acc_t = at::opmath_type<scalar_t>;
-
+template <typename scalar_t>
+struct Ptrs {
   const scalar_t* a;
   const scalar_t* b;
   const scalar_t* g;
   scalar_t* ga;
   scalar_t* gb;
+};
+
+// One run of the innermost loop (see Kernel::run), its targets type-erased so the reduction
+// machinery is compiled once per dtype and picks a run per plan.
+template <typename scalar_t>
+using RunFn = void (*)(const scalar_t* a, const scalar_t* b, const scalar_t* g, int64_t n, void* pa, void* pb);
+
+// Everything that depends on fn: the elementwise loops and the innermost runs.
+template <BinaryFn F, typename scalar_t>
+struct Kernel : Ptrs<scalar_t> {
+  using acc_t = at::opmath_type<scalar_t>;
+  using Ptrs<scalar_t>::a;
+  using Ptrs<scalar_t>::b;
+  using Ptrs<scalar_t>::g;
+  using Ptrs<scalar_t>::ga;
+  using Ptrs<scalar_t>::gb;
 
   // grad_out times both partials at one box element.
   static void terms(scalar_t av, scalar_t bv, scalar_t gv, acc_t& ta, acc_t& tb) {
@@ -160,38 +175,62 @@ struct Kernel {
   using target_t = std::conditional_t<M == kStore, scalar_t, acc_t>;
 
   template <Mode M>
-  static void put(target_t<M>* __restrict p, int64_t i, int64_t stride, acc_t t, acc_t& lane) {
-    if constexpr (M == kSum) lane += t;
-    else if constexpr (M == kAcc) p[i] += t;
-    else p[i * stride] = static_cast<scalar_t>(t);
+  static void put(target_t<M>* __restrict p, int64_t i, acc_t t) {
+    if constexpr (M == kAcc) p[i] += t;
+    else if constexpr (M == kStore) p[i] = static_cast<scalar_t>(t);
   }
 
-  // Handles `n` consecutive box elements along the inner group's innermost dim; `pa` / `pb`
-  // receive the grad_a / grad_b terms as `MA` / `MB` say (a kSum run is reduced in kLanes
-  // registers, then added to its one scratch cell).
+  // Handles `n` consecutive box elements along the inner group's innermost dim, all operands
+  // at unit stride except the one summed over (stride 0): constant strides let the compiler
+  // vectorise.  `pa` / `pb` receive the grad_a / grad_b terms as `MA` / `MB` say; a kSum run
+  // is reduced in kLanes independent registers, then added to its one scratch cell.
   template <Mode MA, Mode MB>
   static void run(const scalar_t* __restrict a, const scalar_t* __restrict b, const scalar_t* __restrict g,
-                  int64_t sa, int64_t sb, int64_t sg, int64_t n, target_t<MA>* __restrict pa, int64_t spa,
-                  target_t<MB>* __restrict pb, int64_t spb) {
+                  int64_t n, void* pa_, void* pb_) {
     static_assert(!(MA == kSum && MB == kSum), "a run sums over one group only");
-    acc_t lanes[kLanes] = {};
-    int64_t i = 0;
-    for (; i + kLanes <= n; i += kLanes) {
-      for (int l = 0; l < kLanes; ++l) {
+    constexpr int64_t sa = MA == kSum ? 0 : 1, sb = MB == kSum ? 0 : 1;
+    target_t<MA>* __restrict pa = static_cast<target_t<MA>*>(pa_);
+    target_t<MB>* __restrict pb = static_cast<target_t<MB>*>(pb_);
+    if constexpr (MA != kSum && MB != kSum) {
+      for (int64_t i = 0; i < n; ++i) {
         acc_t ta, tb;
-        terms(a[(i + l) * sa], b[(i + l) * sb], g[(i + l) * sg], ta, tb);
-        put<MA>(pa, i + l, spa, ta, lanes[l]);
-        put<MB>(pb, i + l, spb, tb, lanes[l]);
+        terms(a[i], b[i], g[i], ta, tb);
+        put<MA>(pa, i, ta);
+        put<MB>(pb, i, tb);
       }
+    } else {
+      acc_t lanes[kLanes] = {};
+      int64_t i = 0;
+      for (; i + kLanes <= n; i += kLanes) {
+        for (int l = 0; l < kLanes; ++l) {
+          acc_t ta, tb;
+          terms(a[(i + l) * sa], b[(i + l) * sb], g[i + l], ta, tb);
+          if constexpr (MA == kSum) lanes[l] += ta; else put<MA>(pa, i + l, ta);
+          if constexpr (MB == kSum) lanes[l] += tb; else put<MB>(pb, i + l, tb);
+        }
+      }
+      for (int l = 0; i < n; ++i, ++l) {
+        acc_t ta, tb;
+        terms(a[i * sa], b[i * sb], g[i], ta, tb);
+        if constexpr (MA == kSum) lanes[l] += ta; else put<MA>(pa, i, ta);
+        if constexpr (MB == kSum) lanes[l] += tb; else put<MB>(pb, i, tb);
+      }
+      if constexpr (MA == kSum) *pa += sum_lanes(lanes);
+      if constexpr (MB == kSum) *pb += sum_lanes(lanes);
     }
-    for (int l = 0; i < n; ++i, ++l) {
-      acc_t ta, tb;
-      terms(a[i * sa], b[i * sb], g[i * sg], ta, tb);
-      put<MA>(pa, i, spa, ta, lanes[l]);
-      put<MB>(pb, i, spb, tb, lanes[l]);
-    }
-    if constexpr (MA == kSum) *pa += sum_lanes(lanes);
-    if constexpr (MB == kSum) *pb += sum_lanes(lanes);
+  }
+
+  // The run for these modes (a run sums over at most one group; both kStore is the
+  // elementwise path).
+  static RunFn<scalar_t> pick_run(Mode ma, Mode mb) {
+    if (ma == kAcc && mb == kAcc) return &run<kAcc, kAcc>;
+    if (ma == kStore && mb == kAcc) return &run<kStore, kAcc>;
+    if (ma == kAcc && mb == kStore) return &run<kAcc, kStore>;
+    if (ma == kSum && mb == kAcc) return &run<kSum, kAcc>;
+    if (ma == kSum && mb == kStore) return &run<kSum, kStore>;
+    if (ma == kAcc && mb == kSum) return &run<kAcc, kSum>;
+    if (ma == kStore && mb == kSum) return &run<kStore, kSum>;
+    TORCH_CHECK(false, "binary_backward: internal error: no run for modes ", int(ma), ", ", int(mb));
   }
 };
 
@@ -246,7 +285,8 @@ Decomp make_decomp(const BcastPlan& p) {
   // long), else the larger one.
   const Grp other = d.inner == kRA ? kRB : kRA;
   const int64_t n_other = other == kRA ? nra : nrb;
-  d.split = (d.inner == kK) ? (nra >= nrb ? kRA : kRB) : (n_other >= kTargetItems ? other : (nra >= nrb ? kRA : kRB));
+  const Grp larger = nra >= nrb ? kRA : kRB;
+  d.split = d.inner != kK && n_other >= kTargetItems ? other : larger;
   const int64_t ns = d.split == kRA ? nra : nrb;
 
   // When the innermost loop walks K, a block spans a whole innermost K dim (up to kMaxKRun):
@@ -257,7 +297,8 @@ Decomp make_decomp(const BcastPlan& p) {
 
   const int64_t volume = d.k_block * per_k;
   const int64_t for_memory = ceil_div(volume, 4 * kItemVolume);  // bound item scratch
-  const int64_t for_threads = std::min(ceil_div(kTargetItems, d.n_kblocks), std::max<int64_t>(1, volume / kMinChunkVolume));
+  const int64_t for_threads =
+      std::min(ceil_div(kTargetItems, d.n_kblocks), std::max<int64_t>(1, volume / kMinChunkVolume));
   const int64_t chunks = std::clamp<int64_t>(std::max(for_memory, for_threads), 1, ns);
   d.chunk_len = ceil_div(ns, chunks);
   d.n_chunks = ceil_div(ns, d.chunk_len);
@@ -266,30 +307,13 @@ Decomp make_decomp(const BcastPlan& p) {
 
 // ----------------------------------------------------------------------------- reduction pass
 
-// Calls f(integral_constant<Mode, MA>, integral_constant<Mode, MB>) for the mode pairs that
-// occur (a run sums over at most one group; both kStore is the elementwise path).
-template <Mode A, Mode B, typename Fn>
-bool try_modes(Mode ma, Mode mb, Fn& f) {
-  if (ma != A || mb != B) return false;
-  f(std::integral_constant<Mode, A>{}, std::integral_constant<Mode, B>{});
-  return true;
-}
-
-template <typename Fn>
-void dispatch_modes(Mode ma, Mode mb, Fn&& f) {
-  const bool done = try_modes<kAcc, kAcc>(ma, mb, f) || try_modes<kStore, kAcc>(ma, mb, f) ||
-                    try_modes<kAcc, kStore>(ma, mb, f) || try_modes<kSum, kAcc>(ma, mb, f) ||
-                    try_modes<kSum, kStore>(ma, mb, f) || try_modes<kAcc, kSum>(ma, mb, f) ||
-                    try_modes<kStore, kSum>(ma, mb, f);
-  TORCH_CHECK(done, "binary_backward: internal error: no kernel for modes ", int(ma), ", ", int(mb));
-}
-
-template <BinaryFn F, typename scalar_t>
+template <typename scalar_t>
 struct Reducer {
-  using K = Kernel<F, scalar_t>;
-  using acc_t = typename K::acc_t;
+  using acc_t = at::opmath_type<scalar_t>;
+  using PickFn = RunFn<scalar_t> (*)(Mode, Mode);
 
-  const K& ker;
+  Ptrs<scalar_t> ker;
+  PickFn pick_run;  // Kernel<fn, scalar_t>::pick_run
   const BcastPlan& p;
   const Decomp& d;
   acc_t* partial;  // [n_chunks][nK][n_kept] sums of the split gradient, when n_chunks > 1
@@ -313,7 +337,7 @@ struct Reducer {
     o.reduce = r;
     o.op = r == kRA ? kGA : kGB;
     o.out = r == kRA ? ker.ga : ker.gb;
-    o.mode = group(p, r).ndim == 0 ? kStore : d.inner == r ? kSum : kAcc;
+    o.mode = mode(r);
     const Grp y = kept(r);
     const bool k_fast = d.inner == kK;
     const int64_t nk = span[kK].size(), ny = span[y].size();
@@ -325,14 +349,37 @@ struct Reducer {
   }
 
   // Where the run at local indices (l0, l1, l2) of (outer[0], outer[1], inner) starts.
-  template <Mode M>
-  typename K::template target_t<M>* target(Out& o, int64_t l0, int64_t l1, int64_t l2, const int64_t* off0,
-                                            const int64_t* off1, const int64_t* off2) const {
-    if constexpr (M == kStore)
-      return o.out + off0[o.op] + off1[o.op] + off2[o.op];
-    else
-      return o.acc.data() + l0 * o.s[d.outer[0]] + l1 * o.s[d.outer[1]] + l2 * o.s[d.inner];
+  void* target(Out& o, int64_t l0, int64_t l1, int64_t l2, const int64_t* off0, const int64_t* off1,
+               const int64_t* off2) const {
+    if (o.mode == kStore) return o.out + off0[o.op] + off1[o.op] + off2[o.op];
+    return o.acc.data() + l0 * o.s[d.outer[0]] + l1 * o.s[d.outer[1]] + l2 * o.s[d.inner];
   }
+
+  // A strided run, packed into unit-stride stack buffers (and kStore results unpacked), so
+  // the one vectorised run per mode pair serves every layout.
+  static void run_packed(RunFn<scalar_t> run, const scalar_t* a, const scalar_t* b, const scalar_t* g,
+                         const int64_t* s, int64_t n, Mode ma, void* pa, Mode mb, void* pb) {
+    constexpr int64_t kPack = 256;
+    scalar_t buf_a[kPack], buf_b[kPack], buf_g[kPack], out_a[kPack], out_b[kPack];
+    auto pack = [](scalar_t* dst, const scalar_t* src, int64_t stride, int64_t m) {
+      for (int64_t i = 0; i < m; ++i) dst[i] = src[i * stride];
+      return dst;
+    };
+    auto place = [](Mode mode, void* p, int64_t i0, scalar_t* out) -> void* {
+      if (mode == kStore) return out;
+      return mode == kAcc ? static_cast<acc_t*>(p) + i0 : p;  // kSum: the one cell
+    };
+    for (int64_t i0 = 0; i0 < n; i0 += kPack) {
+      const int64_t m = std::min(kPack, n - i0);
+      run(ma == kSum ? a : pack(buf_a, a + i0 * s[kA], s[kA], m),
+          mb == kSum ? b : pack(buf_b, b + i0 * s[kB], s[kB], m), pack(buf_g, g + i0 * s[kG], s[kG], m), m,
+          place(ma, pa, i0, out_a), place(mb, pb, i0, out_b));
+      for (int64_t i = 0; ma == kStore && i < m; ++i) static_cast<scalar_t*>(pa)[(i0 + i) * s[kGA]] = out_a[i];
+      for (int64_t i = 0; mb == kStore && i < m; ++i) static_cast<scalar_t*>(pb)[(i0 + i) * s[kGB]] = out_b[i];
+    }
+  }
+
+  Mode mode(Grp r) const { return group(p, r).ndim == 0 ? kStore : d.inner == r ? kSum : kAcc; }
 
   void item(int64_t index) const {
     const int64_t kb = index / d.n_chunks, chunk = index % d.n_chunks;
@@ -344,20 +391,23 @@ struct Reducer {
     Out oa = make_out(kRA, span), ob = make_out(kRB, span);
 
     const DimGroup& in = group(p, d.inner);
-    const int64_t s_a = inner_stride(in, kA), s_b = inner_stride(in, kB), s_g = inner_stride(in, kG);
-    const int64_t s_ga = inner_stride(in, kGA), s_gb = inner_stride(in, kGB);
-    dispatch_modes(oa.mode, ob.mode, [&](auto ma, auto mb) {
-      constexpr Mode MA = decltype(ma)::value, MB = decltype(mb)::value;
-      for_each_elem(span[d.outer[0]], [&](int64_t l0, const int64_t* off0) {
-        for_each_elem(span[d.outer[1]], [&](int64_t l1, const int64_t* off1) {
-          const scalar_t* a = ker.a + off0[kA] + off1[kA];
-          const scalar_t* b = ker.b + off0[kB] + off1[kB];
-          const scalar_t* g = ker.g + off0[kG] + off1[kG];
-          for_each_run(span[d.inner], [&](int64_t l2, const int64_t* o, int64_t len) {
-            K::template run<MA, MB>(a + o[kA], b + o[kB], g + o[kG], s_a, s_b, s_g, len,
-                                    target<MA>(oa, l0, l1, l2, off0, off1, o), s_ga,
-                                    target<MB>(ob, l0, l1, l2, off0, off1, o), s_gb);
-          });
+    int64_t s[kNumOperands];
+    for (int t = 0; t < kNumOperands; ++t) s[t] = inner_stride(in, t);
+    const RunFn<scalar_t> run = pick_run(oa.mode, ob.mode);
+    const bool unit = s[kG] == 1 && (oa.mode == kSum || s[kA] == 1) && (ob.mode == kSum || s[kB] == 1) &&
+                      (oa.mode != kStore || s[kGA] == 1) && (ob.mode != kStore || s[kGB] == 1);
+    for_each_elem(span[d.outer[0]], [&](int64_t l0, const int64_t* off0) {
+      for_each_elem(span[d.outer[1]], [&](int64_t l1, const int64_t* off1) {
+        const scalar_t* a = ker.a + off0[kA] + off1[kA];
+        const scalar_t* b = ker.b + off0[kB] + off1[kB];
+        const scalar_t* g = ker.g + off0[kG] + off1[kG];
+        for_each_run(span[d.inner], [&](int64_t l2, const int64_t* o, int64_t len) {
+          void* pa = target(oa, l0, l1, l2, off0, off1, o);
+          void* pb = target(ob, l0, l1, l2, off0, off1, o);
+          if (unit)
+            run(a + o[kA], b + o[kB], g + o[kG], len, pa, pb);
+          else
+            run_packed(run, a + o[kA], b + o[kB], g + o[kG], s, len, oa.mode, pa, ob.mode, pb);
         });
       });
     });
@@ -424,19 +474,20 @@ template <BinaryFn F, typename scalar_t>
 void launch(const BcastPlan& plan, const at::Tensor& a, const at::Tensor& b, const at::Tensor& grad_out,
             at::Tensor& grad_a, at::Tensor& grad_b) {
   using acc_t = at::opmath_type<scalar_t>;
-  const Kernel<F, scalar_t> ker{a.const_data_ptr<scalar_t>(), b.const_data_ptr<scalar_t>(),
-                                grad_out.const_data_ptr<scalar_t>(), grad_a.mutable_data_ptr<scalar_t>(),
-                                grad_b.mutable_data_ptr<scalar_t>()};
+  const Ptrs<scalar_t> ptrs{a.const_data_ptr<scalar_t>(), b.const_data_ptr<scalar_t>(),
+                            grad_out.const_data_ptr<scalar_t>(), grad_a.mutable_data_ptr<scalar_t>(),
+                            grad_b.mutable_data_ptr<scalar_t>()};
+  const Kernel<F, scalar_t> ker{ptrs};
   if (plan.contiguous_fast_path()) return ker.elementwise_contiguous(plan.numel);
   if (plan.no_broadcast()) return ker.elementwise_strided(plan.k);
 
   const Decomp d = make_decomp(plan);
   std::vector<acc_t> partial;
   if (d.n_chunks > 1) {
-    const int64_t n_other = (d.split == kRA ? plan.rb : plan.ra).numel();
-    partial.resize(d.n_chunks * plan.k.numel() * n_other);
+    const int64_t n_kept = (d.split == kRA ? plan.rb : plan.ra).numel();
+    partial.resize(d.n_chunks * plan.k.numel() * n_kept);
   }
-  Reducer<F, scalar_t>{ker, plan, d, partial.data()}.run_all();
+  Reducer<scalar_t>{ptrs, &Kernel<F, scalar_t>::pick_run, plan, d, partial.data()}.run_all();
 }
 
 }  // namespace

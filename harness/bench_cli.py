@@ -1,0 +1,145 @@
+"""The `bench`, `compare` and `ceilings` subcommands of `python -m harness` (wired in harness/cli.py).
+
+    python -m harness bench [--op OP] [--backend B[@V]] [--cases perf] [--dtype D] [--mode cold|hot|graph]
+                            --report DIR [--benchmarks-md BENCHMARKS.md] [--budget S] [--time-limit S] ...
+    python -m harness bench --from DIR/results.json [--report DIR2] [--benchmarks-md BENCHMARKS.md]
+    python -m harness compare A/results.json B/results.json [--all] [--json OUT]
+    python -m harness ceilings [--device D] [--refresh]
+"""
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+
+from harness import frameworks, timing
+
+
+def add_parsers(sub) -> None:
+    b = sub.add_parser("bench", help="time implementations (GPU events, adaptive), re-validate, write reports")
+    b.add_argument("--op", action="append", help="op name (repeatable); default: all")
+    b.add_argument("--backend", action="append", help="backend or backend@variant (repeatable); default: all")
+    b.add_argument("--cases", default="perf", help="perf (default) | smoke | full | all | FILE | JSON case")
+    b.add_argument("--dtype", action="append", help="f32 | f16 | bf16 | f64 (repeatable)")
+    b.add_argument("--device", default="auto", help="cpu | cuda | auto")
+    b.add_argument("--seed", type=int, default=0, help="run seed (default 0: the same inputs every run)")
+    b.add_argument("--oracle", default="auto", choices=("auto", "numpy", "jax"))
+    b.add_argument("--mode", default="cold", choices=timing.MODES,
+                   help="cold: L2 flushed before each sample (default); hot: no flush; graph: CUDA-graph replays")
+    b.add_argument("--rel-ci", type=float, default=0.005, help="stop at this 95%% CI half-width / median (0.005)")
+    b.add_argument("--min-samples", type=int, default=10)
+    b.add_argument("--max-samples", type=int, default=500)
+    b.add_argument("--budget", type=float, default=1.0, help="sampling seconds per implementation and case (1.0)")
+    b.add_argument("--warmup-budget", type=float, default=0.5, help="warm-up seconds after the first call (0.5)")
+    b.add_argument("--rotate", type=int, default=0, help="input sets to rotate over (0: auto, graph mode)")
+    b.add_argument("--graph-calls", type=int, default=0, help="calls per graph replay (0: auto)")
+    b.add_argument("--full-validation", action="store_true",
+                   help="judge every output element of the final call (default: a 1M sample above 4M elements)")
+    b.add_argument("--prefetch", type=int, default=None, help="threads preparing later cases (default: cores/4, <= 4)")
+    b.add_argument("--per-op", type=int, default=None, help="at most this many cases of each op")
+    b.add_argument("--interleave", action="store_true",
+                   help="take the ops in turn (one case of each, then the next), so a time-limited run covers all")
+    b.add_argument("--time-limit", type=float, default=None,
+                   help="seconds; pairs not started by then are recorded as not run")
+    b.add_argument("--report", help="write DIR/results.json, DIR/report.md, DIR/plots/*.png")
+    b.add_argument("--benchmarks-md", help="regenerate this BENCHMARKS.md from the results")
+    b.add_argument("--from", dest="from_json", help="no measuring: regenerate reports from this results.json")
+    b.add_argument("--no-plots", action="store_true")
+    b.add_argument("--refresh-ceilings", action="store_true", help="measure the device's ceilings again")
+    b.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    c = sub.add_parser("compare", help="FASTER / SLOWER / SAME / AMBIGUOUS per case and impl between two runs")
+    c.add_argument("a", help="results.json of the first run")
+    c.add_argument("b", help="results.json of the second run (verdicts are B against A)")
+    c.add_argument("--all", action="store_true", help="print SAME rows too")
+    c.add_argument("--json", help="write the verdicts to this file")
+    c.add_argument("--fail-on-slower", action="store_true", help="exit 1 if any verdict is SLOWER")
+    e = sub.add_parser("ceilings", help="measure (or show cached) copy bandwidth and matmul TFLOP/s of a device")
+    e.add_argument("--device", default="auto")
+    e.add_argument("--refresh", action="store_true")
+    e.add_argument("--json", help="also write the record to this file")
+
+
+def dispatch(args, argv) -> int | None:
+    if args.command == "bench":
+        return cmd_bench(args, argv)
+    if args.command == "compare":
+        return cmd_compare(args)
+    if args.command == "ceilings":
+        return cmd_ceilings(args)
+    return None
+
+
+def _command(argv) -> str:
+    return "python -m harness " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+
+
+def cmd_bench(args, argv=None) -> int:
+    from harness import bench, ceilings, report
+
+    if args.from_json:
+        results = report.load(args.from_json)
+    else:
+        if not args.report and not args.benchmarks_md:
+            raise SystemExit("error: bench needs --report DIR and/or --benchmarks-md FILE")
+        from cases import select
+        from harness.registry import discover
+
+        discover()
+        device = frameworks.default_device() if args.device == "auto" else args.device
+        cfg = timing.TimingConfig(mode=args.mode, rel_ci=args.rel_ci, min_samples=args.min_samples,
+                                  max_samples=args.max_samples, budget_s=args.budget,
+                                  warmup_budget_s=args.warmup_budget, rotate=args.rotate,
+                                  graph_calls=args.graph_calls)
+        opts = bench.BenchOptions(device, cfg, args.seed, args.oracle,
+                                  None if args.full_validation else bench.runner.SAMPLE_ABOVE,
+                                  bench.default_prefetch() if args.prefetch is None else args.prefetch,
+                                  args.time_limit, not args.quiet)
+        pairs = bench.plan(select(args.cases), args.op, args.backend, args.dtype, args.per_op, args.interleave)
+        if args.backend and not pairs:
+            raise SystemExit(f"error: no implementation named {', '.join(args.backend)} runs the selected cases")
+        ceil = ceilings.get(device, refresh=args.refresh_ceilings)
+        print(f"bench: device={device} ({ceil['device']['name']}) cases={args.cases} mode={args.mode} "
+              f"pairs={sum(len(i) for _, i in pairs)} seed={args.seed}", file=sys.stderr)
+        results = bench.run(pairs, opts, ceil, _command(argv))
+    written = []
+    if args.report:
+        out = report.write(results, args.report, plots=not args.no_plots)
+        written += [str(out["results"]), str(out["report"])] + [str(p) for p in out["plots"]]
+    if args.benchmarks_md:
+        written.append(str(report.update_benchmarks_md(results, args.benchmarks_md)))
+    rows = results["rows"]
+    counts = {s: sum(r["status"] == s for r in rows) for s in ("PASS", "FAIL", "ERROR", "SKIP")}
+    for r in rows:
+        if r["status"] in ("FAIL", "ERROR"):
+            print(f"{r['status']} {r['op']} {r['impl']} {r['case']}: {r['reason']}\n  reproduce: {r.get('repro', '')}")
+    print(f"{counts['PASS']} timed, {counts['FAIL'] + counts['ERROR']} failed, {counts['SKIP']} skipped"
+          + (f" in {results.get('elapsed_s')}s" if results.get("elapsed_s") is not None else "")
+          + (f" ({results['interrupted']})" if results.get("interrupted") else ""))
+    for w in written:
+        print(f"wrote {w}")
+    return 1 if counts["FAIL"] or counts["ERROR"] else 0
+
+
+def cmd_compare(args) -> int:
+    from harness import report
+
+    result = report.compare(report.load(args.a), report.load(args.b))
+    print(report.format_compare(result, args.a, args.b, show_all=args.all))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    return 1 if args.fail_on_slower and result["summary"]["counts"]["SLOWER"] else 0
+
+
+def cmd_ceilings(args) -> int:
+    from harness import ceilings
+
+    device = frameworks.default_device() if args.device == "auto" else args.device
+    record = ceilings.get(device, refresh=args.refresh)
+    from harness.report import ceilings_line
+
+    print(f"{record['device']['name']}: {ceilings_line({'ceilings': record})}")
+    print(f"cache: {record.get('cached')}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(record, indent=1))
+    return 0

@@ -1,0 +1,629 @@
+"""The measurement engine: one way to time a call, on a GPU or on the CPU.
+
+    samples = time_fn(call, device="cuda", cfg=TimingConfig(mode="cold"))
+
+`call(i)` runs call number i (the caller rotates input sets on i).  What the engine does:
+
+Timers.  On CUDA each sample is bracketed by two CUDA events recorded on the current
+stream (`cuda_event`); samples are queued in batches and read after one synchronize, so
+the host stays ahead of the GPU.  On the CPU, `time.perf_counter` around the call and the
+framework's sync (`perf_counter`).  Graph mode times replays of a captured CUDA graph
+(`cuda_graph`).  (A JAX implementation blocks on its results inside the call and runs on
+XLA's own streams: its event-timed samples are its wall time, dispatch included, and in
+cold mode the host waits for the flush before calling it.)
+
+Warm-up rule.  Call repeatedly, each call timed alone, until two consecutive calls agree
+within `warmup_rtol` (5%) after at least `warmup_min` calls; or `warmup_max` calls; or
+`warmup_budget_s` seconds after the first call ended (the first call is the one that
+loads modules, compiles with NVRTC/Triton/Inductor, autotunes and builds cuDNN plans, so
+it is never counted against the budget, however long it is).
+
+Stop rule.  Sample in batches (the first `min_samples` long, later ones about `batch_s`
+of wall time).  After each batch compute the median and its 95% confidence interval from
+order statistics (distribution-free: ranks n/2 -+ 1.96 sqrt(n)/2 of the sorted samples).
+Stop when the CI half-width is at most `rel_ci` (0.5%) of the median, with at least
+`min_samples` kept samples; or at `max_samples`; or when `budget_s` of sampling time is
+spent (`min_samples` wins over the budget: a call slower than the budget still gets them).
+
+Modes.
+  cold   before each sample, read a buffer of 2 x L2 (size read from the device) so the
+         timed call finds none of its data in L2.  Reading, not writing: a zero-filled
+         flush leaves dirty lines whose write-back the timed call would pay for.  On the
+         CPU the flush reads 2 x the last-level cache (sysconf; 32 MiB if unknown).
+  hot    no flush: back-to-back calls on the same inputs, L2 warm where they fit.
+  graph  capture N calls in one torch.cuda.CUDAGraph and time replays / N, which removes
+         the launch gaps that dominate small cases (N auto: replays of about 2 ms, at most
+         200 calls).  Inputs that fit in L2 rotate over k sets (the caller builds k copies,
+         `plan_rotation`: k x footprint >= 2 x L2, at most 64), so the numbers are DRAM
+         numbers like cold ones.  cupy is captured through an ExternalStream on the capture
+         stream; JAX (XLA's own streams) and any capture that fails fall back to hot with
+         the reason recorded in `Samples.fallback`.  No graphs on the CPU: hot, with reason.
+
+Throttling.  The SM clock is read once per batch while the GPU runs it (NVML through
+pynvml / nvidia-ml-py, else torch.cuda.clock_rate).  A sample whose clock is below
+`throttle` (95%) of the highest clock seen this session is throttled: reported, dropped
+from the statistics.  If fewer than 3 samples would remain, all are kept and the set is
+marked `throttled_all`.  The device's maximum SM clock is recorded beside.
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import numpy as np
+
+MODES = ("cold", "hot", "graph")
+Z95 = 1.959964
+MAX_ROTATE = 64
+GRAPH_TARGET_MS = 2.0
+GRAPH_MAX_CALLS = 200
+
+
+# ----------------------------------------------------------------------------- config and results
+
+
+@dataclass
+class TimingConfig:
+    mode: str = "cold"            # cold | hot | graph
+    rel_ci: float = 0.005         # stop when the 95% CI half-width of the median <= rel_ci * median
+    min_samples: int = 10
+    max_samples: int = 500
+    budget_s: float = 1.0         # sampling time budget (min_samples wins)
+    warmup_rtol: float = 0.05     # warm when two consecutive calls agree within this
+    warmup_min: int = 3
+    warmup_max: int = 100
+    warmup_budget_s: float = 0.5  # counted from the end of the first call
+    throttle: float = 0.95        # samples below this fraction of the session's top SM clock are dropped
+    graph_calls: int = 0          # calls per graph replay; 0: auto
+    rotate: int = 0               # input sets to rotate over; 0: auto (graph mode, cases that fit in L2)
+    batch_s: float = 0.02         # wall time of one batch of samples after the first
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"timing mode {self.mode!r}: expected one of {', '.join(MODES)}")
+        if self.min_samples < 1 or self.max_samples < self.min_samples:
+            raise ValueError(f"need 1 <= min_samples ({self.min_samples}) <= max_samples ({self.max_samples})")
+
+    @classmethod
+    def quick(cls, mode: str = "hot") -> "TimingConfig":
+        """Small budget: `run --time` and the CI smoke benchmark."""
+        return cls(mode=mode, rel_ci=0.02, min_samples=5, max_samples=50, budget_s=0.05, warmup_max=10,
+                   warmup_budget_s=0.05)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def median_ci(times) -> tuple[float, float]:
+    """Distribution-free 95% CI of the median: order statistics at ranks n/2 -+ 1.96 sqrt(n)/2."""
+    x = np.sort(np.asarray(times, dtype=np.float64))
+    n = len(x)
+    if n == 0:
+        return math.nan, math.nan
+    half = Z95 * math.sqrt(n) / 2
+    lo = max(int(math.floor(n / 2 - half)) - 1, 0)  # 1-based rank floor(n/2 - h) -> 0-based
+    hi = min(int(math.ceil(1 + n / 2 + half)) - 1, n - 1)
+    return float(x[lo]), float(x[hi])
+
+
+def rel_ci(times) -> float:
+    if len(times) == 0:
+        return math.inf
+    lo, hi = median_ci(times)
+    med = float(np.median(times))
+    return (hi - lo) / 2 / med if med > 0 else math.inf
+
+
+def summarize(times) -> dict:
+    """median, min, max, mean, p10, p25, p75, p90, 95% CI of the median, its relative half-width, MAD."""
+    x = np.asarray(times, dtype=np.float64)
+    if len(x) == 0:
+        return {k: None for k in ("median", "min", "max", "mean", "p10", "p25", "p75", "p90", "ci_lo", "ci_hi",
+                                  "rel_ci", "mad")}
+    med = float(np.median(x))
+    lo, hi = median_ci(x)
+    p10, p25, p75, p90 = (float(v) for v in np.percentile(x, [10, 25, 75, 90]))
+    return {"median": med, "min": float(x.min()), "max": float(x.max()), "mean": float(x.mean()),
+            "p10": p10, "p25": p25, "p75": p75, "p90": p90, "ci_lo": lo, "ci_hi": hi,
+            "rel_ci": (hi - lo) / 2 / med if med > 0 else None, "mad": float(np.median(np.abs(x - med)))}
+
+
+@dataclass
+class Samples:
+    """One sample set: kept times (ms per call), dropped (throttled) ones, and how they were taken."""
+
+    times_ms: list
+    mode: str
+    timer: str
+    dropped_ms: list = field(default_factory=list)
+    stop: str = ""                 # converged | max_samples | budget | budget_throttled
+    warmup: dict = field(default_factory=dict)
+    clocks: dict | None = None
+    calls_per_sample: int = 1
+    rotate: int = 1
+    flush_bytes: int = 0
+    requested_mode: str = ""
+    fallback: str = ""             # why the requested mode was not used
+    elapsed_s: float = 0.0
+    throttled_all: bool = False
+    final_ms: float | None = None  # the re-validated final call (not in the statistics)
+
+    @property
+    def n(self) -> int:
+        return len(self.times_ms)
+
+    @property
+    def dropped(self) -> int:
+        return len(self.dropped_ms)
+
+    @property
+    def median(self) -> float:
+        return float(np.median(self.times_ms))
+
+    def stats(self) -> dict:
+        return summarize(self.times_ms)
+
+    def to_json(self) -> dict:
+        out = self.stats()
+        out.update(n=self.n, dropped=self.dropped, mode=self.mode, requested_mode=self.requested_mode or self.mode,
+                   timer=self.timer, stop=self.stop, warmup=self.warmup, clocks=self.clocks,
+                   calls_per_sample=self.calls_per_sample, rotate=self.rotate, flush_bytes=self.flush_bytes,
+                   fallback=self.fallback, elapsed_s=round(self.elapsed_s, 4), throttled_all=self.throttled_all,
+                   final_ms=self.final_ms, samples_ms=[float(f"{t:.6g}") for t in self.times_ms],
+                   dropped_ms=[float(f"{t:.6g}") for t in self.dropped_ms])
+        return out
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Samples":
+        return cls(times_ms=list(d.get("samples_ms", [])), mode=d.get("mode", ""), timer=d.get("timer", ""),
+                   dropped_ms=list(d.get("dropped_ms", [])), stop=d.get("stop", ""), warmup=d.get("warmup", {}),
+                   clocks=d.get("clocks"), calls_per_sample=d.get("calls_per_sample", 1), rotate=d.get("rotate", 1),
+                   flush_bytes=d.get("flush_bytes", 0), requested_mode=d.get("requested_mode", ""),
+                   fallback=d.get("fallback", ""), elapsed_s=d.get("elapsed_s", 0.0),
+                   throttled_all=d.get("throttled_all", False), final_ms=d.get("final_ms"))
+
+
+# ----------------------------------------------------------------------------- clocks
+
+
+class ClockMonitor:
+    """Reads the SM clock in MHz and remembers the highest reading of the session.
+
+    `read` is any zero-argument callable returning MHz (or None); tests pass fakes.
+    """
+
+    def __init__(self, read: Callable[[], float | None] | None = None, source: str = "none",
+                 max_supported_mhz: float | None = None):
+        self._read = read
+        self.source = source if read else "none"
+        self.max_supported_mhz = max_supported_mhz
+        self.max_seen: float = 0.0
+
+    def read(self) -> float | None:
+        if self._read is None:
+            return None
+        try:
+            mhz = self._read()
+        except Exception:  # a flaky NVML read must not lose a measurement
+            return None
+        if mhz:
+            self.max_seen = max(self.max_seen, float(mhz))
+            return float(mhz)
+        return None
+
+    @property
+    def reference(self) -> float | None:
+        return self.max_seen or None
+
+    @classmethod
+    def for_device(cls, device: str) -> "ClockMonitor":
+        """NVML through pynvml if importable, else torch.cuda.clock_rate, else no clock (the CPU)."""
+        if not device.startswith("cuda"):
+            return cls()
+        index = int(device.split(":")[1]) if ":" in device else None
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            handle = _nvml_handle(pynvml, index)
+            top = None
+            try:
+                top = float(pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM))
+            except Exception:
+                pass
+            return cls(lambda: pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM), "nvml", top)
+        except Exception:
+            pass
+        try:
+            import torch
+
+            torch.cuda.clock_rate(index)
+            return cls(lambda: torch.cuda.clock_rate(index), "torch.cuda.clock_rate")
+        except Exception:
+            return cls()
+
+
+def _nvml_handle(pynvml, index):
+    """The NVML handle of torch's device `index`, matched by UUID (CUDA_VISIBLE_DEVICES renumbers)."""
+    try:
+        import torch
+
+        uuid = str(torch.cuda.get_device_properties(index if index is not None else torch.cuda.current_device()).uuid)
+        return pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
+    except Exception:
+        return pynvml.nvmlDeviceGetHandleByIndex(index or 0)
+
+
+def clock_summary(mhz: list, clock: ClockMonitor | None, throttled: int) -> dict | None:
+    seen = [m for m in mhz if m]
+    if clock is None or clock.source == "none":
+        return None
+    return {"source": clock.source, "readings": len(seen),
+            "min_mhz": min(seen) if seen else None, "median_mhz": float(np.median(seen)) if seen else None,
+            "max_mhz": max(seen) if seen else None, "reference_mhz": clock.reference,
+            "max_supported_mhz": clock.max_supported_mhz, "throttled": throttled}
+
+
+# ----------------------------------------------------------------------------- timers and flushes
+
+
+class CpuTimer:
+    """perf_counter around each call (and the framework's sync)."""
+
+    name = "perf_counter"
+
+    def __init__(self, sync: Callable[[], None] | None = None, flush: Callable[[], None] | None = None,
+                 clock: Callable[[], float] = time.perf_counter):
+        self.sync, self.flush, self._clock = sync, flush, clock
+
+    def run(self, call, start: int, count: int, during=None) -> list:
+        out = []
+        for j in range(count):
+            if self.flush:
+                self.flush()
+            t0 = self._clock()
+            call(start + j)
+            if self.sync:
+                self.sync()
+            out.append((self._clock() - t0) * 1e3)
+        if during:
+            during()
+        return out
+
+
+class EventTimer:
+    """CUDA events around each call, a batch queued and then read after one synchronize.
+
+    `during` runs after the batch is queued, while the GPU works through it (the clock read).
+    `wait` (JAX) runs after each flush: a framework launching on streams of its own would
+    otherwise overlap the flush, which only orders work on the current stream.
+    """
+
+    name = "cuda_event"
+
+    def __init__(self, flush: Callable[[], None] | None = None, event: Callable[[], object] | None = None,
+                 wait: Callable[[], None] | None = None):
+        if event is None:
+            import torch
+
+            def event():
+                return torch.cuda.Event(enable_timing=True)
+        self.flush, self._event, self.wait = flush, event, wait
+
+    def run(self, call, start: int, count: int, during=None) -> list:
+        pairs = [(self._event(), self._event()) for _ in range(count)]
+        for j, (begin, end) in enumerate(pairs):
+            if self.flush:
+                self.flush()
+                if self.wait:
+                    self.wait()
+            begin.record()
+            call(start + j)
+            end.record()
+        if during:
+            during()
+        pairs[-1][1].synchronize()
+        return [begin.elapsed_time(end) for begin, end in pairs]
+
+
+class GraphTimer:
+    """Events around each replay of a graph of `calls` calls; a sample is replay time / calls."""
+
+    name = "cuda_graph"
+
+    def __init__(self, graph, calls: int, event: Callable[[], object] | None = None):
+        self.graph, self.calls = graph, calls
+        self._events = EventTimer(None, event)
+
+    def run(self, call, start: int, count: int, during=None) -> list:
+        return [t / self.calls for t in self._events.run(lambda i: self.graph.replay(), start, count, during)]
+
+
+class L2Flush:
+    """Reads (sums) a float32 buffer of `nbytes` on the device: L2 ends up full of clean, unrelated lines."""
+
+    def __init__(self, nbytes: int, device: str = "cuda"):
+        import torch
+
+        self.nbytes = int(nbytes)
+        self.buf = torch.ones(max(self.nbytes // 4, 1), dtype=torch.float32, device=device)
+        self.sink = torch.empty((), dtype=torch.float32, device=device)
+
+    def __call__(self):
+        import torch
+
+        torch.sum(self.buf, dim=0, out=self.sink)
+
+
+class CpuFlush:
+    """Reads a host buffer of `nbytes` (2 x the last-level cache)."""
+
+    def __init__(self, nbytes: int):
+        self.nbytes = int(nbytes)
+        self.buf = np.ones(max(self.nbytes // 8, 1), dtype=np.float64)
+
+    def __call__(self):
+        self.buf.sum()
+
+
+def cache_bytes(device: str) -> int:
+    """The device's L2 (CUDA, from its properties) or the host's last-level cache (sysconf), in bytes."""
+    if device.startswith("cuda"):
+        import torch
+
+        return int(torch.cuda.get_device_properties(_index(device)).L2_cache_size)
+    for name in ("SC_LEVEL3_CACHE_SIZE", "SC_LEVEL2_CACHE_SIZE"):
+        try:
+            size = os.sysconf(name)
+        except (ValueError, OSError, AttributeError):
+            size = 0
+        if size and size > 0:
+            return int(size)
+    return 16 << 20
+
+
+def _index(device: str) -> int:
+    if ":" in device:
+        return int(device.split(":")[1])
+    import torch
+
+    return torch.cuda.current_device()
+
+
+_FLUSHES: dict = {}
+
+
+def flush_for(device: str):
+    """One flush buffer per device, made on first use: 2 x its cache size."""
+    if device not in _FLUSHES:
+        size = 2 * cache_bytes(device)
+        _FLUSHES[device] = L2Flush(size, device) if device.startswith("cuda") else CpuFlush(min(size, 256 << 20))
+    return _FLUSHES[device]
+
+
+# ----------------------------------------------------------------------------- the engine
+
+
+def warm_up(run_one: Callable[[int], float], cfg: TimingConfig, now: Callable[[], float] = time.perf_counter) -> dict:
+    """Call until two consecutive timings agree (see the module docstring); returns what happened."""
+    times: list = []
+    started = now()
+    first_done = None
+    stop = ""
+    while True:
+        times.append(float(run_one(len(times))))
+        if first_done is None:
+            first_done = now()
+        n = len(times)
+        if n >= max(cfg.warmup_min, 2):
+            a, b = times[-2], times[-1]
+            if abs(a - b) <= cfg.warmup_rtol * min(a, b):
+                stop = "converged"
+                break
+        if n >= cfg.warmup_max:
+            stop = "max_calls"
+            break
+        if n >= 2 and now() - first_done >= cfg.warmup_budget_s:
+            stop = "budget"
+            break
+    return {"calls": len(times), "first_ms": times[0], "last_ms": times[-1], "stop": stop,
+            "seconds": round(now() - started, 4), "times_ms": [float(f"{t:.6g}") for t in times[:12]]}
+
+
+def _split(times, mhz, reference, throttle):
+    if not reference:
+        return list(times), []
+    limit = throttle * reference
+    kept = [t for t, m in zip(times, mhz) if m is None or m >= limit]
+    dropped = [t for t, m in zip(times, mhz) if m is not None and m < limit]
+    return kept, dropped
+
+
+def measure(call, timer, cfg: TimingConfig, clock: ClockMonitor | None = None,
+            now: Callable[[], float] = time.perf_counter, start: int = 0, warmup: dict | None = None) -> "Samples":
+    """Warm up (unless `warmup` says it was done), then sample until the stop rule holds."""
+    index = start
+    if warmup is None:
+        warmup = warm_up(lambda i: timer.run(call, start + i, 1)[0], cfg, now)
+        index += warmup["calls"]
+    times: list = []
+    mhz: list = []
+    reading: list = [None]
+
+    def during():
+        reading[0] = clock.read() if clock is not None else None
+
+    t0 = now()
+    batch = cfg.min_samples
+    stop = ""
+    while True:
+        got = timer.run(call, index, batch, during)
+        index += len(got)
+        times.extend(float(t) for t in got)
+        mhz.extend([reading[0]] * len(got))
+        kept, _ = _split(times, mhz, clock.reference if clock else None, cfg.throttle)
+        elapsed = now() - t0
+        if len(times) >= cfg.max_samples:
+            stop = "max_samples"
+            break
+        if len(kept) >= cfg.min_samples:
+            if rel_ci(kept) <= cfg.rel_ci:
+                stop = "converged"
+                break
+            if elapsed >= cfg.budget_s:
+                stop = "budget"
+                break
+        elif elapsed >= 3 * cfg.budget_s:
+            stop = "budget_throttled"
+            break
+        per = elapsed / len(times) if elapsed > 0 else 0.0
+        if per > 0:
+            want = int(min(cfg.batch_s, max(cfg.budget_s - elapsed, per)) / per)
+        else:
+            want = cfg.min_samples
+        want = max(want, 1, cfg.min_samples - len(kept))
+        batch = max(1, min(want, cfg.max_samples - len(times)))
+    kept, dropped = _split(times, mhz, clock.reference if clock else None, cfg.throttle)
+    throttled_all = False
+    if len(kept) < min(3, len(times)):
+        kept, dropped, throttled_all = list(times), [], True
+    samples = Samples(kept, cfg.mode, timer.name, dropped_ms=dropped, stop=stop, warmup=warmup,
+                      clocks=clock_summary(mhz, clock, len(dropped)), requested_mode=cfg.mode,
+                      elapsed_s=now() - t0, throttled_all=throttled_all)
+    samples._next_index = index
+    return samples
+
+
+def effective_mode(mode: str, device: str) -> tuple[str, str]:
+    """(mode used, reason it differs) for a device: no graphs on the CPU."""
+    if mode == "graph" and not device.startswith("cuda"):
+        return "hot", "graph mode needs a CUDA device: timed as hot"
+    return mode, ""
+
+
+def plan_rotation(cfg: TimingConfig, mode: str, footprint_bytes: int, cache: int) -> int:
+    """Input sets to rotate over: graph mode, cases that fit in the cache, k x footprint >= 2 x cache."""
+    if cfg.rotate:
+        return max(1, int(cfg.rotate))
+    if mode != "graph" or footprint_bytes <= 0 or cache <= 0 or footprint_bytes >= cache:
+        return 1
+    return int(min(MAX_ROTATE, math.ceil(2 * cache / footprint_bytes)))
+
+
+def graph_calls(cfg: TimingConfig, call_ms: float) -> int:
+    if cfg.graph_calls:
+        return int(cfg.graph_calls)
+    if not call_ms or call_ms <= 0:
+        return 1
+    return int(min(GRAPH_MAX_CALLS, max(1, math.ceil(GRAPH_TARGET_MS / call_ms))))
+
+
+def _capture_stream_context(framework: str, stream):
+    """Make a framework launch on the capture stream: cupy through an ExternalStream."""
+    if framework == "cupy":
+        import cupy
+
+        return cupy.cuda.ExternalStream(stream.cuda_stream)
+    return nullcontext()
+
+
+def capture_graph(call, calls: int, start: int, framework: str, torch=None):
+    """(graph, None) with `calls` calls captured (indices start+2 ...), or (None, reason).
+
+    Two calls run first on the capture stream (allocator pools, library handles, cupy's pool
+    for that stream), then capture; any exception means no graph and a recorded reason.
+    """
+    if framework == "jax":
+        return None, "jax: XLA launches on its own streams, which a torch CUDA graph cannot capture: timed as hot"
+    if framework not in ("torch", "cupy"):
+        return None, f"{framework}: no CUDA graph capture for this framework: timed as hot"
+    if torch is None:
+        import torch
+    stream = torch.cuda.Stream()
+    try:
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream), _capture_stream_context(framework, stream):
+            call(start)
+            call(start + 1)
+        torch.cuda.current_stream().wait_stream(stream)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
+            with _capture_stream_context(framework, stream):
+                for i in range(calls):
+                    call(start + 2 + i)
+        torch.cuda.synchronize()
+        return graph, None
+    except Exception as exc:
+        try:
+            torch.cuda.synchronize()
+        except Exception:
+            pass
+        return None, f"graph capture failed ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}): timed as hot"
+
+
+@dataclass
+class TimedRun:
+    """A finished measurement, and how to make the one more (re-validated) call that follows it."""
+
+    samples: Samples
+    last_index: int            # index of the call whose outputs the next `final_call` leaves behind
+    final_call: Callable[[], float]
+    graph: object = None
+
+
+def time_fn(call, device: str, cfg: TimingConfig, framework: str = "torch", sync: Callable[[], None] | None = None,
+            clock: ClockMonitor | None = None, rotate: int = 1, now: Callable[[], float] = time.perf_counter,
+            capture=capture_graph, event: Callable[[], object] | None = None) -> TimedRun:
+    """Measure `call(i)` on `device` in `cfg.mode`; see the module docstring for every rule.
+
+    `capture` and `event` (a CUDA event factory) are replaceable so tests can fake the GPU.
+    """
+    mode, fallback = effective_mode(cfg.mode, device)
+    cuda = device.startswith("cuda")
+    flush = flush_for(device) if mode == "cold" else None
+    if not cuda:
+        timer = CpuTimer(sync, flush)
+    else:
+        wait = None
+        if framework == "jax" and flush is not None and event is None:
+            import torch
+
+            wait = torch.cuda.current_stream().synchronize
+        timer = EventTimer(flush, event, wait)
+    if mode != "graph":
+        samples = measure(call, timer, cfg, clock, now)
+        nxt = samples._next_index
+
+        def final_call(nxt=nxt):
+            return timer.run(call, nxt, 1)[0]
+
+        run = TimedRun(samples, nxt, final_call)
+    else:
+        eager = warm_up(lambda i: timer.run(call, i, 1)[0], cfg, now)
+        n = graph_calls(cfg, eager["last_ms"])
+        graph, reason = capture(call, n, eager["calls"], framework)
+        if graph is None:
+            mode, fallback = "hot", reason
+            samples = measure(call, timer, cfg, clock, now, start=eager["calls"] + 2, warmup=eager)
+            nxt = samples._next_index
+
+            def final_call(nxt=nxt):
+                return timer.run(call, nxt, 1)[0]
+
+            run = TimedRun(samples, nxt, final_call)
+        else:
+            gtimer = GraphTimer(graph, n, event)
+            samples = measure(None, gtimer, cfg, clock, now)
+            samples.warmup = {**samples.warmup, "eager": eager}
+            samples.calls_per_sample = n
+            run = TimedRun(samples, eager["calls"] + 2 + n - 1, lambda: gtimer.run(None, 0, 1)[0] * n, graph)
+    s = run.samples
+    s.mode, s.requested_mode, s.fallback = mode, cfg.mode, fallback
+    s.rotate = rotate
+    s.flush_bytes = getattr(flush, "nbytes", 0) if flush else 0
+    return run

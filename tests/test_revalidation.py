@@ -1,0 +1,124 @@
+"""Timed runs are re-validated: a backend that is right once and stale after must fail (harness.runner.timed_check)."""
+import numpy as np
+import pytest
+
+import planted
+from cases import Case
+from harness import runner, timing
+from harness.registry import Backend, find_impl, discover
+from oracle.binary_backward import partials
+from oracle.broadcast import sum_to_shape
+
+CASE = Case("binary_backward", "f32", {"fn": "mul", "a": [6, 8], "b": [8]})
+QUICK = timing.TimingConfig(mode="hot", rel_ci=0.05, min_samples=5, max_samples=30, budget_s=0.05,
+                            warmup_budget_s=0.05, warmup_max=10)
+
+
+def _impl(variant):
+    return planted.planted.impls[("binary_backward", variant)]
+
+
+@pytest.mark.parametrize("variant", ["stale_cache", "compute_once", "address_memo"])
+def test_stale_backend_passes_its_first_call_and_fails_revalidation(variant):
+    planted.forget()
+    first = runner.run_case(_impl(variant), CASE, "cpu", run_seed=3, oracle="numpy")
+    assert first.status == "PASS", first.report()
+    planted.forget()
+    timed = runner.run_case(_impl(variant), CASE, "cpu", run_seed=3, oracle="numpy", timed=True,
+                            timing_config=QUICK)
+    assert timed.status == "FAIL", timed.report()
+    assert timed.reason == runner.REVALIDATION
+    assert timed.repro.endswith(" --time") and timed.timing["n"] >= 5
+    text = timed.report()
+    assert "[grad_a] FAIL" in text and "stale or cached output?" in text
+    print(text)
+
+
+def test_correct_backend_passes_timed_revalidation_in_every_mode():
+    discover()
+    torch_impl = find_impl("binary_backward", "torch")
+    for mode in ("cold", "hot", "graph"):
+        r = runner.run_case(torch_impl, CASE, "cpu", run_seed=1, oracle="numpy", timed=True,
+                            timing_config=timing.TimingConfig(mode=mode, budget_s=0.02, min_samples=3,
+                                                              warmup_budget_s=0.02))
+        assert r.status == "PASS", r.report()
+        assert r.time_ms > 0 and r.timing["requested_mode"] == mode and r.timing["final_ms"] > 0
+        assert r.timing["mode"] == ("hot" if mode == "graph" else mode)
+
+
+def test_rotated_sets_are_refilled_where_the_final_call_reads():
+    """k input copies: the final call's set (whichever it is) gets the fresh values; the memo still fails."""
+    cfg = timing.TimingConfig(mode="hot", rotate=3, rel_ci=0.05, min_samples=4, max_samples=11, budget_s=0.05)
+    final = runner.prepare(CASE, 5, "numpy", variant=1)
+    timing_inputs = runner.generate(CASE, 5, variant=0)
+    planted.forget()
+    bad = runner.timed_check(_impl("address_memo"), CASE, "cpu", timing_inputs, final, cfg)
+    assert bad.status == "FAIL" and bad.samples.rotate == 3
+    discover()
+    good = runner.timed_check(find_impl("binary_backward", "torch"), CASE, "cpu", timing_inputs, final, cfg)
+    assert good.status == "PASS" and good.samples.rotate == 3
+
+
+class _FakeGraphRun:
+    """Stands in for timing.time_fn in graph mode: 'replays' re-run the captured call indices."""
+
+    def __init__(self, call, calls=4, first=10):
+        self.call, self.calls, self.first = call, calls, first
+
+    def __call__(self, call, device, cfg, framework, sync, clock, rotate):
+        graph = type("G", (), {"replay": lambda g: [call(self.first + i) for i in range(self.calls)]})()
+        for _ in range(3):
+            graph.replay()
+        samples = timing.Samples([1.0] * 5, "graph", "cuda_graph", calls_per_sample=self.calls)
+        return timing.TimedRun(samples, self.first + self.calls - 1, lambda: (graph.replay(), 1.0)[1], graph)
+
+
+def test_graph_branch_repoisons_every_set_and_judges_the_replayed_outputs(monkeypatch):
+    monkeypatch.setattr(runner.timing, "time_fn", _FakeGraphRun(None))
+    cfg = timing.TimingConfig(mode="hot", rotate=2)
+    final = runner.prepare(CASE, 2, "numpy", variant=1)
+    timing_inputs = runner.generate(CASE, 2, variant=0)
+    discover()
+    good = runner.timed_check(find_impl("binary_backward", "torch"), CASE, "cpu", timing_inputs, final, cfg)
+    assert good.status == "PASS", [o.line() for o in good.outputs]
+    planted.forget()
+    bad = runner.timed_check(_impl("compute_once"), CASE, "cpu", timing_inputs, final, cfg)
+    assert bad.status == "FAIL" and "got nan" in bad.outputs[0].message
+
+
+# ----------------------------------------------------------------------------- sampled judging
+
+holes = Backend("holes", framework="numpy", devices=("cpu",), register=False)
+
+
+@holes.impl("binary_backward", variant="one_hole", dtypes=("f32",))
+def one_hole(inputs, outs, params):
+    """Right everywhere except one element of grad_a in the middle, never written."""
+    a, b, g = (np.asarray(inputs[k], np.float64) for k in ("a", "b", "grad_out"))
+    da, db = partials(params["fn"], a, b)
+    outs["grad_a"][...] = sum_to_shape(g * da, a.shape)
+    outs["grad_b"][...] = sum_to_shape(g * db, b.shape)
+    outs["grad_a"].reshape(-1)[outs["grad_a"].size // 2 + 1] = np.nan
+
+
+def test_sampled_judging_checks_values_on_a_sample_and_nans_everywhere(monkeypatch):
+    big = Case("binary_backward", "f32", {"fn": "mul", "a": [64, 64], "b": [64]})
+    prepared = runner.prepare(big, 0, "numpy")
+    discover()
+    torch_impl = find_impl("binary_backward", "torch")
+    inputs, outs = runner.call(torch_impl, prepared, big, "cpu")
+    monkeypatch.setattr(runner, "SAMPLE_SIZE", 16)
+    reports = runner.judge(torch_impl, prepared, big, outs, sample_above=100)
+    grad_a, grad_b = reports
+    assert grad_a.passed and "sampled" in grad_a.message and grad_a.numel <= 18
+    assert grad_a.details["sampled"]["numel"] == 4096
+    assert grad_b.passed and "sampled" not in grad_b.message  # 64 elements: judged whole
+    idx = runner.sample_index(4096, 16, prepared.seed)
+    assert idx[0] == 0 and idx[-1] == 4095 and (np.diff(idx) > 0).all()
+    _, holey = runner.call(holes.impls[("binary_backward", "one_hole")], prepared, big, "cpu")
+    assert 2049 not in idx  # the hole is outside the sample...
+    reports = runner.judge(holes.impls[("binary_backward", "one_hole")], prepared, big, holey, sample_above=100)
+    assert not reports[0].passed and "NaN count 1, the oracle has 0" in reports[0].message  # ...and still found
+    wrong = {k: v * 1.5 for k, v in outs.items()}
+    reports = runner.judge(torch_impl, prepared, big, wrong, sample_above=100)
+    assert not reports[0].passed and reports[0].worst_index != () and len(reports[0].worst_index) == 2
