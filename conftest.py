@@ -136,6 +136,21 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize(("op_name", "impl", "case"), benchmark_params(metafunc.config))
 
 
+def pytest_collection_modifyitems(config, items):
+    """--op also narrows the tests parametrized by a registry case (oracle cross-checks, planted faults)."""
+    wanted = config.getoption("--op")
+    if not wanted:
+        return
+    keep, drop = [], []
+    for item in items:
+        case = getattr(item, "callspec", None) and item.callspec.params.get("case")
+        op = getattr(case, "op", None)
+        (drop if op is not None and op not in wanted else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
 @pytest.fixture(scope="session")
 def bench_session(request):
     """The benchmarks' shared state (harness.bench.BenchSession): timing rules, ceilings, baseline times."""

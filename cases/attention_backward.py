@@ -28,16 +28,25 @@ case("f32", SMOKE, 1, 5, 7, 2, 1, 4, causal=True, window=[2, 0], softmax_scale=0
 case("bf16", SMOKE, 2, 4, 4, 2, 2, 4)
 case("f16", SMOKE, 1, 2, 4, 4, 1, 8, causal=True)  # MQA
 
-# ---- every dtype, plain and causal GQA
+# ---- every dtype (smoke: each distinct shape costs ~1 s of XLA compiles on CPU, so one each)
+case("f32", SMOKE, 2, 128, 128, 4, 2, 64, causal=True)
+case("f16", SMOKE, 2, 128, 128, 4, 4, 64)
+case("bf16", SMOKE, 2, 128, 128, 4, 2, 64, causal=True)
+case("f64", SMOKE, 2, 128, 128, 4, 2, 64, causal=True)
 for dtype in ("f32", "f16", "bf16", "f64"):
-    case(dtype, SMOKE, 2, 128, 128, 4, 4, 64)
-    case(dtype, SMOKE, 2, 128, 128, 4, 2, 64, causal=True)
+    case(dtype, FULL, 2, 128, 128, 4, 4, 64)
+    case(dtype, FULL, 2, 128, 128, 4, 2, 64, causal=True)
 
 # ---- the seed's feature matrix: head dims 64, 128, 256 with causal, local window, softcap, GQA
+case("bf16", SMOKE, 1, 96, 96, 4, 2, 64, window=[16, 16])
+case("bf16", SMOKE, 1, 96, 96, 4, 2, 128, causal=True)
+case("f16", SMOKE, 1, 96, 96, 2, 1, 128, causal=True, window=[32, 0], softcap=5.0)
+case("bf16", SMOKE, 1, 96, 96, 4, 2, 256, causal=True)
+case("f16", SMOKE, 1, 96, 96, 2, 2, 256, window=[16, 16], softcap=5.0)
 for d in (64, 128, 256):
-    case("bf16", SMOKE, 1, 96, 96, 4, 2, d, causal=True)
-    case("bf16", SMOKE, 1, 96, 96, 2, 2, d, window=[16, 16])
-    case("f16", SMOKE, 1, 96, 96, 2, 1, d, causal=True, window=[32, 0], softcap=5.0)
+    case("bf16", FULL, 1, 96, 96, 4, 2, d, causal=True)
+    case("bf16", FULL, 1, 96, 96, 2, 2, d, window=[16, 16])
+    case("f16", FULL, 1, 96, 96, 2, 1, d, causal=True, window=[32, 0], softcap=5.0)
 for d, dtype in product((64, 128, 256), ("bf16", "f16")):
     case(dtype, FULL, 2, 1024, 1024, 16, 16, d)
     case(dtype, FULL, 2, 1024, 1024, 16, 4, d, causal=True)
@@ -76,9 +85,12 @@ case("bf16", FULL, 2, 1023, 1023, 32, 8, 128, causal=True)
 case("bf16", FULL, 2, 1023, 1023, 32, 8, 128, causal=True, window=[256, 0], softcap=30.0)
 case("f16", FULL, 1, 1023, 1023, 8, 8, 96, window=[100, 27])
 # head dims that are not powers of two
+case("bf16", SMOKE, 1, 77, 77, 2, 1, 40, causal=True)
+case("f32", SMOKE, 1, 50, 70, 2, 2, 80, softcap=3.0)
+case("f16", SMOKE, 1, 77, 77, 4, 2, 96, window=[8, 0])
 for d in (40, 80, 96):
-    case("bf16", SMOKE, 1, 77, 77, 2, 1, d, causal=True)
-    case("f32", SMOKE, 1, 50, 70, 2, 2, d, softcap=3.0)
+    case("bf16", FULL, 1, 77, 77, 2, 1, d, causal=True)
+    case("f32", FULL, 1, 50, 70, 2, 2, d, softcap=3.0)
     case("bf16", FULL, 2, 1023, 1023, 16, 4, d, causal=True)
     case("f16", FULL, 2, 1024, 1024, 16, 16, d)
 # windows that leave whole rows without keys (output and gradient 0 there)
@@ -90,18 +102,18 @@ case("bf16", SMOKE, 1, 64, 64, 8, 1, 64, causal=True)
 case("bf16", FULL, 2, 1024, 1024, 32, 1, 128, causal=True)
 # softcap with causal, cap engaged
 case("bf16", SMOKE, 1, 128, 128, 2, 2, 64, causal=True, softcap=5.0, score_std=4.0)
-case("f32", SMOKE, 1, 128, 128, 2, 1, 64, causal=True, softcap=2.0)
+case("f32", FULL, 1, 128, 128, 2, 1, 64, causal=True, softcap=2.0)
 # decoding-like: one query row (causal is then no mask: the row sees the whole cache)
 case("bf16", SMOKE, 1, 1, 512, 8, 2, 128)
 case("f16", SMOKE, 2, 1, 300, 4, 1, 64, causal=True)
-case("f32", SMOKE, 1, 1, 257, 4, 4, 96, window=[64, 0])
+case("f32", FULL, 1, 1, 257, 4, 4, 96, window=[64, 0])
 for dtype in ("bf16", "f16"):
     case(dtype, FULL, 4, 1, 4096, 32, 8, 128, causal=True)
 # one key: only the last query row is live when causal
 case("f32", SMOKE, 1, 16, 1, 2, 1, 64, causal=True)
-case("bf16", SMOKE, 2, 16, 1, 4, 4, 64)
+case("bf16", FULL, 2, 16, 1, 4, 4, 64)
 # peaked softmax (large scores) and a non-default scale
 case("f32", SMOKE, 1, 128, 128, 2, 2, 64, causal=True, score_std=4.0)
-case("bf16", SMOKE, 1, 128, 128, 2, 2, 64, score_std=4.0)
+case("bf16", FULL, 1, 128, 128, 2, 2, 64, score_std=4.0)
 case("f16", SMOKE, 1, 64, 64, 2, 2, 64, causal=True, softmax_scale=0.05)
 case("bf16", FULL, 2, 2048, 2048, 16, 4, 128, causal=True, score_std=6.0)

@@ -44,8 +44,10 @@ for target in [(5,), (4, 5), (3, 1, 5), (1, 4, 1), (4, 1), (1, 1, 1), ()]:
 
 # Every axis pattern of a rank-3 shape, in every dtype, both keepdims.
 for ax, dtype in product([None, (0,), (1,), (2,), (0, 1), (1, 2), (0, 2)], ("f32", "f16", "bf16", "f64")):
-    axes(R3, ax, dtype, tags=SMOKE if dtype == "f32" or ax in (None, (1,)) or (dtype, ax) == ("bf16", (0, 2))
-         else FULL)
+    # One output element in bf16/f16 (axes=all): zeros would pass by chance in a few % of seeds
+    # (|sum| below 8*u_in*s), so those stay out of the smoke set the zeros test runs on.
+    smoke = dtype == "f32" or ax in ((1,), (0, 2)) or (dtype, ax) == ("f64", None)
+    axes(R3, ax, dtype, tags=SMOKE if smoke else FULL)
     axes(R3, ax, dtype, tags=FULL, keepdim=True)
 for ax in [(-1,), (-2,), (0, -1), (-3, -2, -1)]:
     axes(R3, ax, tags=FULL)

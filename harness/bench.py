@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from harness import ceilings as _ceilings
-from harness import frameworks, runner, timing
+from harness import runner, timing
 from harness.registry import Impl, baseline_for, get_op, impls_for
 
 
@@ -199,10 +199,16 @@ def base_row(impl: Impl, case, opts: BenchOptions) -> dict:
             "repro": repro(impl, case, opts.seed, opts.device)}
 
 
-def bench_pair(impl: Impl, case, inputs: CaseInputs, opts: BenchOptions, clock=None, uploads: dict | None = None) -> dict:
-    """Time and re-validate one implementation on one case; the result row (no figures yet)."""
+_UNKNOWN = object()
+
+
+def bench_pair(impl: Impl, case, inputs: CaseInputs, opts: BenchOptions, clock=None, uploads: dict | None = None,
+               skip=_UNKNOWN) -> dict:
+    """Time and re-validate one implementation on one case; the result row (no figures yet).
+
+    skip: impl.skip_reason(case, device) if the caller has it already."""
     row = base_row(impl, case, opts)
-    reason = impl.skip_reason(case, opts.device)
+    reason = impl.skip_reason(case, opts.device) if skip is _UNKNOWN else skip
     if reason:
         row["reason"] = reason
         return row
@@ -256,19 +262,26 @@ def run(pairs: list, opts: BenchOptions, ceilings: dict | None, command: str = "
     progress = Progress(total, enabled=opts.progress)
     started = time.monotonic()
     rows: list = []
-    runnable = [(c, impls) for c, impls in pairs if any(i.skip_reason(c, opts.device) is None for i in impls)]
-    idle = [(c, impls) for c, impls in pairs if all(i.skip_reason(c, opts.device) is not None for i in impls)]
-    for case, impls in idle:
-        for impl in impls:
-            rows.append(bench_pair(impl, case, None, opts))
-            progress.update()
+    skips = {(id(c), i.id): i.skip_reason(c, opts.device) for c, impls in pairs for i in impls}
+    runnable = [(c, impls) for c, impls in pairs if any(skips[(id(c), i.id)] is None for i in impls)]
+    for case, impls in pairs:
+        if all(skips[(id(case), i.id)] is not None for i in impls):
+            for impl in impls:
+                rows.append(bench_pair(impl, case, None, opts, skip=skips[(id(case), impl.id)]))
+                progress.update()
     interrupted = ""
+    limit = opts.time_limit_s
+
+    def over_time() -> bool:
+        return limit is not None and time.monotonic() - started > limit
+
     fetch = Prefetch(runnable, lambda item: prepare_host(item[0], opts.seed, opts.oracle, opts.device), opts.prefetch)
     try:
         for (case, impls), prepared in fetch:
-            if opts.time_limit_s is not None and time.monotonic() - started > opts.time_limit_s:
-                interrupted = interrupted or f"time limit of {opts.time_limit_s:g} s reached"
-            if not interrupted and not isinstance(prepared, Exception):
+            if over_time():
+                interrupted = f"time limit of {limit:g} s reached"
+                break
+            if not isinstance(prepared, Exception):
                 try:
                     prepared = finish(case, prepared)
                 except Exception as exc:
@@ -276,34 +289,39 @@ def run(pairs: list, opts: BenchOptions, ceilings: dict | None, command: str = "
             uploads: dict = {}
             for impl in impls:
                 if interrupted:
+                    break
+                if isinstance(prepared, Exception):
                     row = base_row(impl, case, opts)
-                    row["reason"] = f"not run: {interrupted}"
-                elif isinstance(prepared, Exception):
-                    row = base_row(impl, case, opts)
-                    reason = impl.skip_reason(case, opts.device)
+                    reason = skips[(id(case), impl.id)]
                     row["status"], row["reason"] = ("SKIP", reason) if reason else \
                         ("ERROR", f"preparing the case failed: {type(prepared).__name__}: {prepared}")
                 else:
-                    row = bench_pair(impl, case, prepared, opts, clock, uploads.setdefault(impl.backend.framework, {}))
-                    if opts.time_limit_s is not None and time.monotonic() - started > opts.time_limit_s:
-                        interrupted = f"time limit of {opts.time_limit_s:g} s reached"
+                    row = bench_pair(impl, case, prepared, opts, clock, uploads.setdefault(impl.backend.framework, {}),
+                                     skips[(id(case), impl.id)])
+                    if over_time():
+                        interrupted = f"time limit of {limit:g} s reached"
                 rows.append(row)
                 t = row["timing"]["median"] if row.get("timing") else None
                 progress.update(f"{row['status']} {row['impl']} {row['case']}" + (f" {t:.4g} ms" if t else ""))
             del uploads, prepared
             _release(opts.device)
+            if interrupted:
+                break
     except KeyboardInterrupt:
         interrupted = "interrupted"
+    finally:
+        fetch.close()
+        progress.close()
+    if interrupted:  # every pair not measured is still a row, saying why
         done = {(r["op"], r["case"], r["impl"]) for r in rows}
         for case, impls in runnable:
             for impl in impls:
                 if (case.op, case.id, impl.id) not in done:
                     row = base_row(impl, case, opts)
-                    row["reason"] = "not run: interrupted"
+                    row["reason"] = skips[(id(case), impl.id)] or f"not run: {interrupted}"
                     rows.append(row)
-    finally:
-        fetch.close()
-        progress.close()
+    position = {(c.op, c.id, i.id): k for k, (c, i) in enumerate((c, i) for c, impls in pairs for i in impls)}
+    rows.sort(key=lambda r: position.get((r["op"], r["case"], r["impl"]), len(position)))
     results = {
         "schema": report.SCHEMA, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": command,
         "device": _ceilings.device_info(opts.device), "versions": _ceilings._versions(), "ceilings": ceilings,

@@ -106,15 +106,29 @@ def measure(device: str) -> dict:
     return record
 
 
+def _cuda_copy(device: str, size: int) -> dict:
+    import torch
+
+    src = torch.empty(size // 4, dtype=torch.float32, device=device).uniform_()
+    dst = torch.empty_like(src)
+    return _time(lambda: dst.copy_(src), device, 1.0, 10)
+
+
+def _cuda_matmul(device: str, dtype, n: int) -> dict:
+    import torch
+
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    c = torch.empty(n, n, device=device, dtype=dtype)
+    return _time(lambda: torch.matmul(a, b, out=c), device, 1.5, 5)
+
+
 def _measure_cuda(device: str) -> dict:
     import torch
 
     free, _ = torch.cuda.mem_get_info(device)
     size = GPU_COPY_BYTES if free >= 12 << 30 else max(free // 6, 64 << 20)
-    src = torch.empty(size // 4, dtype=torch.float32, device=device).uniform_()
-    dst = torch.empty_like(src)
-    copy = _time(lambda: dst.copy_(src), device, 1.0, 10)
-    del src, dst
+    copy = _cuda_copy(device, size)
     out = {"copy": {"gbs": 2 * size / (copy["median"] * 1e-3) / 1e9, "bytes_each": size, "counts": "read+write",
                     "method": f"torch dst.copy_(src), {size / 2**30:.2f} GiB each, 2 x size / median time",
                     "samples": _brief(copy)}, "matmul": {}}
@@ -124,13 +138,9 @@ def _measure_cuda(device: str) -> dict:
         for key, dtype, label in (("bf16", torch.bfloat16, "bf16"), ("fp32", torch.float32, "fp32 (TF32 off)")):
             if key == "fp32":
                 torch.set_float32_matmul_precision("highest")
-            a = torch.randn(n, n, device=device, dtype=dtype)
-            b = torch.randn(n, n, device=device, dtype=dtype)
-            c = torch.empty(n, n, device=device, dtype=dtype)
-            s = _time(lambda: torch.matmul(a, b, out=c), device, 1.5, 5)
+            s = _cuda_matmul(device, dtype, n)
             out["matmul"][key] = {"tflops": 2 * n**3 / (s["median"] * 1e-3) / 1e12, "n": n, "name": label,
                                   "method": f"torch.matmul {n}^3 {label}, random normal", "samples": _brief(s)}
-            del a, b, c
     finally:
         torch.set_float32_matmul_precision(previous)
         torch.cuda.empty_cache()

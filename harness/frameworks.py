@@ -162,15 +162,27 @@ class CupyAdapter:
         x.fill(np.nan)
         return x
 
+    # Through same-width unsigned views: integer gathers and bit tests need no float16 or
+    # bfloat16 kernels; the values become float64 on the host.
+    _UINT = {2: np.uint16, 4: np.uint32, 8: np.uint64}
+    _NAN_ABOVE = {2: {"float16": 0x7C00, "bfloat16": 0x7F80}, 4: 0x7F800000, 8: 0x7FF0000000000000}
+
     def gather64(self, x, flat_index: np.ndarray) -> np.ndarray:
         import cupy
 
-        return x.reshape(-1)[cupy.asarray(np.asarray(flat_index, np.int64))].astype(cupy.float64).get()
+        bits = x.reshape(-1).view(self._UINT[x.itemsize])[cupy.asarray(np.asarray(flat_index, np.int64))]
+        return bits.get().view(np.dtype(x.dtype)).astype(np.float64)
 
     def nan_count(self, x) -> int:
+        """NaN: exponent all ones and a non-zero mantissa, read off the bits."""
         import cupy
 
-        return int(cupy.isnan(x).sum())
+        above = self._NAN_ABOVE[x.itemsize]
+        if isinstance(above, dict):
+            above = above[np.dtype(x.dtype).name]
+        width = 8 * x.itemsize
+        magnitude = x.reshape(-1).view(self._UINT[x.itemsize]) & self._UINT[x.itemsize]((1 << (width - 1)) - 1)
+        return int(cupy.count_nonzero(magnitude > self._UINT[x.itemsize](above)))
 
     def to_host64(self, x) -> np.ndarray:
         return np.asarray(x.get()).astype(np.float64)

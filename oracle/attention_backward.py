@@ -61,10 +61,13 @@ model below (the P * |do*o| term and the lse term of n), and tests/test_oracles.
 checks that on every smoke case (err/tol < 0.5 with the case dtype's tolerance).
 
 Empty rows: the log of an empty sum is -inf, but the stored lse there is +inf, as
-flash-attention 2 and xformers store it: with masked scores at -inf, exp(-inf - lse)
-is then 0 for every key, while lse = -inf would make a kernel that masks by -inf
-compute exp(-inf - -inf) = NaN.  The oracle never reads lse on an empty row (any value,
-+inf, -inf or NaN, gives the zero row), nor o there (P is 0).
+flash-attention 2 stores it (`sum == 0 ? INFINITY : ...`): with masked scores at -inf,
+exp(-inf - lse) is then 0 for every key, whereas lse = -inf makes a kernel that masks by
+-inf compute exp(-inf - -inf) = NaN.  (torch's memory-efficient/xformers forward stores
+the mathematical -inf for such a row, and +inf only in the padding past Sq.)  +inf gives
+exp(s - lse) = 0 whatever s is, so a backward needs no special case for empty rows.  The
+oracle never reads lse on an empty row (any value, +inf, -inf or NaN, gives the zero
+row), nor o there.
 
 The JAX oracle (attention_backward_jax) is jax.vjp of a JAX forward -- the softmax of
 the masked, capped, scaled scores, times v -- with respect to q, k, v at cotangent do.
@@ -121,9 +124,10 @@ Semantic differences found (who is right, and why):
     a plain masked softmax (-inf fill) gives NaN, and torch warns that its lower-right
     CausalBias gives NaN when Sq > Sk.  0 is right: the attention output of an empty
     set of keys is the empty sum, and NaN would poison every dk, dv through dS^T q.
-  * flash-attention's `attention_ref` (upcast) fills masked scores with -inf, so its
-    softmax backward is NaN on empty rows; the torch baseline here fills with the
-    dtype's lowest finite value and zeroes empty rows, which is exact.
+  * flash-attention's `attention_ref` (and the torch baseline, which masks the same way)
+    softmaxes -inf rows to NaN and then zeroes them; the gradient stays exact (0), since
+    masked_fill's backward selects 0 rather than multiplying.  Its mask and softcap order
+    (cap, then mask) and its causal-with-window = window (left, 0) match this spec.
 """
 from __future__ import annotations
 

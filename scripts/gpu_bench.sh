@@ -11,15 +11,15 @@
 # $OUT gets 8 files: ceilings.json, bench{1,2}/results.json, bench{1,2}/report.md, compare.txt,
 # BENCHMARKS.md and extras.tar.gz (the plots, logs, compare.json, env.txt).
 # Knobs (environment): CASES=perf OPS="" (all; space-separated) BACKENDS="" (all) MODE=cold
-# BUDGET=0.2 (sampling s per pair) TIME_LIMIT=150 (s per run) PER_OP="" PREFETCH="" (default cores/4)
+# BUDGET=0.2 (sampling s per pair) TIME_LIMIT=130 (s per run) PER_OP="" PREFETCH="" (default cores/4)
 # DEVICE=cuda (cpu dry-runs the script's logic anywhere).
-# Whole script: about 8 minutes on an H100 with the defaults (2 x 150 s of measuring, the rest
+# Whole script: about 7 minutes on an H100 with the defaults (2 x 130 s of measuring, the rest
 # start-up, the extension build, ceilings and reports).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
 : "${OUT:?set OUT to a folder for the results}"
 CASES=${CASES:-perf} OPS=${OPS:-} BACKENDS=${BACKENDS:-} MODE=${MODE:-cold} BUDGET=${BUDGET:-0.2}
-TIME_LIMIT=${TIME_LIMIT:-150} PER_OP=${PER_OP:-} PREFETCH=${PREFETCH:-} DEVICE=${DEVICE:-cuda}
+TIME_LIMIT=${TIME_LIMIT:-130} PER_OP=${PER_OP:-} PREFETCH=${PREFETCH:-} DEVICE=${DEVICE:-cuda}
 WORK=$(mktemp -d /tmp/gradoracle-bench.XXXXXX)
 export GRADORACLE_CACHE=$WORK/cache
 mkdir -p "$OUT/bench1" "$OUT/bench2"

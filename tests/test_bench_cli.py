@@ -150,3 +150,22 @@ def test_pytest_benchmark_save_and_compare(tmp_path, cache):
                             timeout=600, env=env)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     assert "0001_one" in second.stdout + second.stderr
+
+
+def test_time_limit_records_pairs_not_run_and_interleave_covers_ops(cache):
+    from cases import select
+    from harness import bench, timing
+    from harness.registry import discover
+
+    discover()
+    smoke = select("smoke")
+    pairs = bench.plan(smoke, None, ["torch"], ["f32"], per_op=2, interleave=True)
+    ops = [c.op for c, _ in pairs]
+    assert len(set(ops)) >= 2 and ops[: len(set(ops))] == list(dict.fromkeys(ops))  # one of each op first
+    assert all(ops.count(op) <= 2 for op in set(ops))
+    opts = bench.BenchOptions("cpu", timing.TimingConfig(mode="hot", budget_s=0.01, min_samples=3),
+                              time_limit_s=0.0, progress=False)
+    res = bench.run(pairs, opts, None, "python -m harness bench")
+    assert res["interrupted"] == "time limit of 0 s reached"
+    assert len(res["rows"]) == len(pairs) and all(r["status"] == "SKIP" for r in res["rows"])
+    assert [(r["op"], r["case"]) for r in res["rows"]] == [(c.op, c.id) for c, _ in pairs]

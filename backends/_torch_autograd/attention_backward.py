@@ -9,12 +9,10 @@ It ignores the given o and lse (autograd recomputes the forward), so it computes
 exact gradient of q, k, v, not the spec's "from the stored o and lse"; the difference is
 inside the tolerance (see oracle/attention_backward.py).
 
-Masking: attention_ref fills masked scores with -inf, which makes softmax NaN on a row
-with no allowed key, and the NaN then reaches dq, dk, dv through softmax's backward even
-if the row is zeroed afterwards.  Here masked scores are the dtype's lowest finite value
-(exp underflows to exactly 0 beside any allowed key) and rows with no allowed key are
-zeroed after the softmax, whose backward then passes exactly 0: output and gradient 0,
-as the spec says.
+Masking as attention_ref: masked scores are -inf; softmax is NaN on a row with no allowed
+key, and that row is zeroed after the softmax.  The NaN never reaches a gradient:
+masked_fill's backward selects 0 at every filled position (it does not multiply), so the
+row gets output 0 and gradient 0, as the spec says.
 """
 from __future__ import annotations
 
@@ -57,7 +55,7 @@ def backward(inputs, params):
     if softcap:
         scores = softcap * torch.tanh(scores / softcap)
     allowed = allowed_mask(sq, sk, bool(params.get("causal", False)), window, xp=torch, device=q.device)
-    scores = scores.masked_fill(~allowed, torch.finfo(work).min)
+    scores = scores.masked_fill(~allowed, float("-inf"))
     probs = torch.softmax(scores, dim=-1).masked_fill(~allowed.any(dim=-1, keepdim=True), 0.0)
     out = torch.matmul(probs, vf).transpose(1, 2).to(q.dtype)
     dq, dk, dv = torch.autograd.grad(out, (q, k, v), do)
