@@ -440,10 +440,14 @@ def _vjp_jax(q, k, v, do, params):
     dtype = q.dtype
     work = jnp.promote_types(dtype, jnp.float32)
     allowed = allowed_mask(sq, sk, causal, window, xp=jnp)  # traced from iotas, not a baked constant
+    # XLA runs float32 einsums in TF32 on the GPU by default (precision DEFAULT): that is not
+    # float32 attention, and fails the float32 model (seen on the H100: err/tol ~100-230).
+    # HIGHEST asks for true float32 products, as the spec (and torch's default) means.
+    precision = jax.lax.Precision.HIGHEST
 
     def block(qb, kb, vb):
         """One kv head and its g query heads: qb (Sq, g, D), kb, vb (Sk, D) -> o (Sq, g, D)."""
-        s = jnp.einsum("qgd,kd->gqk", qb.astype(work), kb.astype(work)) * scale
+        s = jnp.einsum("qgd,kd->gqk", qb.astype(work), kb.astype(work), precision=precision) * scale
         if softcap:
             s = softcap * jnp.tanh(s / softcap)
         s = jnp.where(allowed, s, -jnp.inf)
@@ -451,7 +455,7 @@ def _vjp_jax(q, k, v, do, params):
         e = jnp.exp(s - jnp.where(jnp.isfinite(m), m, 0.0))  # masked and empty rows: exp(-inf) = 0
         l = e.sum(axis=-1, keepdims=True)
         p = e / jnp.where(l > 0, l, 1.0)
-        return jnp.einsum("gqk,kd->qgd", p, vb.astype(work)).astype(dtype)
+        return jnp.einsum("gqk,kd->qgd", p, vb.astype(work), precision=precision).astype(dtype)
 
     def forward(q, k, v):
         qb = q.reshape(b, sq, hkv, g, d).transpose(0, 2, 1, 3, 4).reshape(b * hkv, sq, g, d)
