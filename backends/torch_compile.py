@@ -19,12 +19,26 @@ torch_compile = Backend("torch_compile", framework="torch", devices=("cuda",),
 _COMPILED: dict = {}
 
 
+def _no_silent_eager_fallback(config) -> None:
+    """Past dynamo's recompile limit (8 by default) a function silently runs eager, and the
+    'torch_compile' figures would be eager ones; a case matrix recompiles far more than 8
+    times, so lift the limit, and make hitting it an error rather than a fallback."""
+    for name, value in (("recompile_limit", 1 << 16), ("cache_size_limit", 1 << 16),
+                        ("accumulated_recompile_limit", 1 << 20), ("accumulated_cache_size_limit", 1 << 20),
+                        ("fail_on_recompile_limit_hit", True), ("fail_on_cache_limit_hit", True)):
+        if hasattr(config, name):
+            setattr(config, name, value)
+
+
 def _compiled(module):
-    """One torch.compile per op; it recompiles per shape and dtype on its own (dynamic=False)."""
+    """One torch.compile per op with torch's defaults, as a user would write it: the first
+    shape compiles static, a changed shape recompiles with automatic dynamic shapes."""
     if module.OP not in _COMPILED:
         import torch
+        import torch._dynamo
 
-        _COMPILED[module.OP] = torch.compile(module.backward, dynamic=False)
+        _no_silent_eager_fallback(torch._dynamo.config)
+        _COMPILED[module.OP] = torch.compile(module.backward)
     return _COMPILED[module.OP]
 
 

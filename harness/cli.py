@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import random
 import sys
@@ -21,7 +22,8 @@ def _parse(argv):
     run.add_argument("--op", action="append", help="op name (repeatable); default: all")
     run.add_argument("--backend", action="append",
                      help="backend or backend@variant (repeatable); default: every available one")
-    run.add_argument("--cases", default="smoke", help="smoke | full | perf | stress | all | FILE.json|yaml | JSON case")
+    run.add_argument("--cases", "--case", dest="cases", default="smoke",
+                     help="smoke | full | perf | stress | all | FILE.json|yaml | JSON case (--case '<json>' too)")
     run.add_argument("--dtype", action="append", help="f32 | f16 | bf16 | f64 (repeatable)")
     run.add_argument("--device", default="auto", help="cpu | cuda | auto (cuda when a GPU is visible)")
     run.add_argument("--seed", type=int, default=None,
@@ -31,6 +33,9 @@ def _parse(argv):
     run.add_argument("--time", action="store_true",
                      help="also time each passing call (timing engine, hot mode, small budget) and re-validate it")
     run.add_argument("--json", help="write every result to this JSON file")
+    run.add_argument("--shard", metavar="K/N", help="run only cases K, K+N, K+2N, ... (0 <= K < N) of the selection")
+    run.add_argument("--resume", metavar="RESULTS.json",
+                     help="take the results of an earlier (e.g. interrupted) run and run only what it lacks")
     run.add_argument("--show-skips", action="store_true", help="print skipped rows too")
     run.add_argument("-v", "--verbose", action="store_true", help="print every output's error line")
     bench_cli.add_parsers(sub)
@@ -97,34 +102,98 @@ def cmd_run(args) -> int:
             or ops[:1]
     if args.dtype:
         cases = [c for c in cases if c.dtype in args.dtype]
-    results, started = [], time.time()
+    if args.shard:
+        cases = shard(cases, args.shard)
+    results, done = resumed(args.resume)
+    started = time.time()
     print(f"device={device} cases={args.cases} seed={args.seed} oracle={args.oracle}")
     print(f"{'status':6} {'op':16} {'impl':16} {'case':48} {'max_rel':>9} {'err/tol':>8} {'time_ms':>9}")
-    for op in ops:
-        impls = _selected_impls(op, args.backend)
-        for case in (c for c in cases if c.op == op):
-            for impl in impls:
-                r = run_case(impl, case, device, args.seed, args.oracle, timed=args.time)
-                results.append(r)
-                if r.status == "SKIP" and not args.show_skips:
-                    continue
-                worst = max(r.outputs, key=lambda o: o.worst_ratio, default=None)
-                rel = f"{max(o.max_rel for o in r.outputs):9.2e}" if r.outputs else " " * 9
-                ratio = f"{worst.worst_ratio:8.3f}" if worst else " " * 8
-                t = f"{r.time_ms:9.4f}" if r.time_ms is not None else " " * 9
-                print(f"{r.status:6} {op:16} {r.impl:16} {r.case:48} {rel} {ratio} {t}")
-                if r.status in ("FAIL", "ERROR") or args.verbose:
-                    print("\n".join("       " + line for line in r.report().splitlines()[1:]))
-    counts = {s: sum(r.status == s for r in results) for s in ("PASS", "FAIL", "ERROR", "SKIP")}
+    interrupted, saved = None, time.time()
+
+    def save(state: str | None) -> None:  # the whole file, so a killed run leaves its last checkpoint
+        if args.json:
+            write_results(args.json, results, device, args, state)
+
+    try:
+        for op in ops:
+            impls = _selected_impls(op, args.backend)
+            for case in (c for c in cases if c.op == op):
+                for impl in impls:
+                    if (impl.id, case.id) in done:
+                        continue
+                    r = run_case(impl, case, device, args.seed, args.oracle, timed=args.time)
+                    results.append(r)
+                    _print_row(r, args)
+                    if time.time() - saved > CHECKPOINT_S:
+                        save(f"checkpoint after {len(results)} results (the run did not finish)")
+                        saved = time.time()
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM (e.g. `timeout`): report and save what ran
+        interrupted = f"interrupted after {len(results)} results"
+        print(f"\n{interrupted}")
+    counts = _counts(results)
     print(f"{counts['PASS']} passed, {counts['FAIL'] + counts['ERROR']} failed, {counts['SKIP']} skipped "
           f"in {time.time() - started:.1f}s")
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps({
-            "device": device, "device_name": _device_name(device), "cases": args.cases, "seed": args.seed,
-            "oracle": args.oracle, "versions": _versions(), "counts": counts,
-            "results": [r.to_json() for r in results]}, indent=1))
-    return 1 if counts["FAIL"] or counts["ERROR"] else 0
+    save(interrupted)
+    return 1 if counts["FAIL"] or counts["ERROR"] or interrupted else 0
+
+
+CHECKPOINT_S = 20  # --json is rewritten this often during a run
+
+
+def _counts(results) -> dict:
+    return {s: sum(r.status == s for r in results) for s in ("PASS", "FAIL", "ERROR", "SKIP")}
+
+
+def write_results(path: str, results: list, device: str, args, interrupted: str | None) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(f"{path}.tmp")
+    tmp.write_text(json.dumps({
+        "device": device, "device_name": _device_name(device), "cases": args.cases, "seed": args.seed,
+        "oracle": args.oracle, "versions": _versions(), "counts": _counts(results), "interrupted": interrupted,
+        "results": [r.to_json() for r in results]}, indent=1))
+    tmp.replace(path)
+
+
+def shard(cases: list, spec: str) -> list:
+    """Every N-th case from the K-th: `--shard K/N` over the same selection covers it in N parts."""
+    try:
+        k, n = (int(x) for x in spec.split("/"))
+        if not 0 <= k < n:
+            raise ValueError
+    except ValueError:
+        raise SystemExit(f"error: --shard expects K/N with 0 <= K < N, got {spec!r}") from None
+    return cases[k::n]
+
+
+class _Stored:
+    """A result read back from a results JSON (what --resume carries over)."""
+
+    def __init__(self, row: dict):
+        self.row, self.status = row, row["status"]
+
+    def to_json(self) -> dict:
+        return self.row
+
+
+def resumed(path: str | None) -> tuple[list, set]:
+    """(results of an earlier run, the (impl, case) pairs they cover); empty without --resume."""
+    if not path:
+        return [], set()
+    raw = gzip.decompress(Path(path).read_bytes()) if path.endswith(".gz") else Path(path).read_bytes()
+    rows = json.loads(raw)["results"]
+    return [_Stored(r) for r in rows], {(r["impl"], r["case"]) for r in rows}
+
+
+def _print_row(r, args) -> None:
+    if r.status == "SKIP" and not args.show_skips:
+        return
+    worst = max(r.outputs, key=lambda o: o.worst_ratio, default=None)
+    rel = f"{max(o.max_rel for o in r.outputs):9.2e}" if r.outputs else " " * 9
+    ratio = f"{worst.worst_ratio:8.3f}" if worst else " " * 8
+    t = f"{r.time_ms:9.4f}" if r.time_ms is not None else " " * 9
+    print(f"{r.status:6} {r.op:16} {r.impl:16} {r.case:48} {rel} {ratio} {t}")
+    if r.status in ("FAIL", "ERROR") or args.verbose:
+        print("\n".join("       " + line for line in r.report().splitlines()[1:]))
 
 
 def _device_name(device: str) -> str:
@@ -149,8 +218,16 @@ def _versions() -> dict:
     return out
 
 
+def _sigterm_as_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
 def main(argv=None) -> int:
+    import signal
+
     args = _parse(argv)
+    if args.command == "run":
+        signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     frameworks.interpret_triton_without_gpu()
     if args.command == "list":
         return cmd_list()

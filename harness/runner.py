@@ -131,7 +131,7 @@ def build_prepared(case, run_seed: int = 0, oracle: str = "auto", device: str = 
 def repro_command(impl: Impl, case, run_seed: int, device: str) -> str:
     spec = json.dumps(case.to_json(), separators=(",", ":"))
     return (f"python -m harness run --op {case.op} --backend {impl.id} --device {device} "
-            f"--seed {run_seed} --cases {shlex.quote(spec)}")
+            f"--seed {run_seed} --case {shlex.quote(spec)}")
 
 
 def call(impl: Impl, prepared: Prepared, case, device: str):
@@ -283,6 +283,26 @@ def timed_check(impl: Impl, case, device: str, timing_inputs: dict, final: Prepa
     return TimedResult("PASS" if passed else "FAIL", run.samples, reports, "" if passed else REVALIDATION)
 
 
+def _stale_or_inaccurate(impl: Impl, first: Prepared, alt: Prepared, case, device: str) -> str:
+    """Why a timed re-validation failed.  One plain call on the final inputs, in fresh buffers:
+    if it matches their oracle, only the timed (reused-buffer) path is stale; if it matches
+    the first input set's oracle instead, the implementation returns a cached result; if it
+    matches neither, it is simply inaccurate on the second input set."""
+    try:
+        _, outs = call(impl, alt, case, device)
+        if all(o.passed for o in judge(impl, alt, case, outs, SAMPLE_ABOVE)):
+            return REVALIDATION + " A plain call on the same inputs passes."
+        if all(o.passed for o in judge(impl, first, case, outs, SAMPLE_ABOVE)):
+            return REVALIDATION + " A plain call on them returns the first input set's result."
+        fw = frameworks.adapter(impl.backend.framework)
+        if any(fw.nan_count(outs[k]) > alt.nan_count(k) for k in outs if outs[k] is not None):
+            return REVALIDATION + " A plain call on them leaves outputs unwritten (skipped work)."
+    except (ValueError, TypeError, NotImplementedError) as exc:
+        return f"{REVALIDATION} (a plain call on those inputs raised {type(exc).__name__}: {exc})"
+    return ("fails on a second input set (seed variant 1) in a plain, untimed call too: "
+            "an accuracy failure on those inputs, not a stale result")
+
+
 def run_case(impl: Impl, case, device: str, run_seed: int = 0, oracle: str = "auto",
              timed: bool = False, timing_config: timing.TimingConfig | None = None) -> CaseResult:
     result = CaseResult(case.op, impl.id, case.id, case.dtype, device, "SKIP",
@@ -313,4 +333,6 @@ def run_case(impl: Impl, case, device: str, run_seed: int = 0, oracle: str = "au
             result.status, result.reason = tr.status, tr.reason
             result.outputs = tr.outputs or result.outputs
             result.repro += " --time"
+            if tr.status == "FAIL":
+                result.reason = _stale_or_inaccurate(impl, prepared, alt, case, device)
     return result
