@@ -24,7 +24,9 @@ import random
 import pytest
 
 from harness.frameworks import default_device, interpret_triton_without_gpu
+from harness.multi_gpu import pin_xdist_worker, xdist_pin_report
 
+pin_xdist_worker()  # pytest -n N: worker gwK sees GPU K mod #GPUs only; before anything initialises CUDA
 interpret_triton_without_gpu()  # before any backend imports triton
 
 
@@ -45,12 +47,21 @@ def pytest_addoption(parser):
     group.addoption("--bench-mode", default=None, choices=("cold", "hot", "graph"),
                     help="timing mode of the benchmarks (default: cold when asked for, hot for the smoke benchmark)")
     group.addoption("--bench-budget", type=float, default=None, help="sampling seconds per benchmark (default 1.0)")
+    _add_fuzz_options(group)
 
 
 def pytest_configure(config):
     config.gradoracle_seed_given = config.getoption("--seed") is not None
+    shared = getattr(config, "workerinput", {}).get("gradoracle_seed")  # an xdist worker: the controller's seed
     if config.getoption("--seed") is None:
-        config.option.seed = random.SystemRandom().randrange(1 << 31)
+        config.option.seed = shared if shared is not None else random.SystemRandom().randrange(1 << 31)
+    config.pluginmanager.register(xdist_pin_report(), "gradoracle-xdist-pins")  # pytest -n N: "GPU per worker"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """pytest-xdist: every worker runs with the seed the controller printed, so `--seed` repeats the session."""
+    node.workerinput["gradoracle_seed"] = node.config.option.seed
 
 
 def pytest_report_header(config):
@@ -175,3 +186,26 @@ def run_options(request):
     """Device, seed and oracle chosen on the command line."""
     config = request.config
     return {"device": _device(config), "run_seed": config.option.seed, "oracle": config.getoption("--oracle")}
+
+
+# ----------------------------------------------------------------------------- fuzzing (tests/test_fuzz.py)
+# The fuzz tests' budget: short and derandomized in the default run (CI); larger and random
+# when asked for with `-m fuzz`, --fuzz-examples N or GRADORACLE_FUZZ_EXAMPLES=N.
+
+def _add_fuzz_options(group):
+    group.addoption("--fuzz-examples", type=int, default=None,
+                    help="hypothesis examples per fuzz test (implies the random 'deep' profile; "
+                         "default: a short derandomized budget, larger under -m fuzz)")
+
+
+@pytest.fixture(scope="session")
+def fuzz_budget(request):
+    """{'profile': 'ci' or 'deep', 'examples': N or None (None: each test's default for the profile)}."""
+    import os
+    import re
+
+    config = request.config
+    examples = config.getoption("--fuzz-examples") or int(os.environ.get("GRADORACLE_FUZZ_EXAMPLES") or 0) or None
+    asked = re.search(r"(?<!not )\bfuzz\b", config.option.markexpr or "") is not None  # -m fuzz, not -m 'not fuzz'
+    return {"profile": "deep" if examples or asked else "ci", "examples": examples}
+

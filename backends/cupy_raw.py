@@ -24,7 +24,7 @@ import numpy as np
 
 from backends import _bcast_plan, _nvrtc
 from backends._bcast_plan import Group, Plan
-from harness import dtypes
+from harness import argcheck, dtypes
 from harness.registry import Backend
 
 OP = "binary_backward"
@@ -267,7 +267,24 @@ def check_args(inputs, outs, params) -> tuple[str, str]:
             raise ValueError(f"{OP}: {name} has shape {_fmt(x.shape)}, expected {_fmt(like.shape)}")
         if not x.flags.c_contiguous:
             raise ValueError(f"{OP}: {name} must be C-contiguous, got strides {x.strides}")
+    # Outputs are written while inputs (and, across blocks, the other output) are still read.
+    arrays = {"a": a, "b": b, "grad_out": g, "grad_a": outs["grad_a"], "grad_b": outs["grad_b"]}
+    spans = {name: _byte_span(x) for name, x in arrays.items() if x.size}
+    for name in ("grad_a", "grad_b"):
+        for other in ("a", "b", "grad_out", "grad_a"):
+            if other != name and name in spans and other in spans and \
+                    spans[name][0] < spans[other][1] and spans[other][0] < spans[name][1]:
+                raise ValueError(f"{OP}: {name} shares memory with {other}, expected a buffer of its own "
+                                 "(outputs are written while inputs are read)")
     return dt, fn
+
+
+def _byte_span(x) -> tuple[int, int]:
+    """[first, end) of the bytes an array's elements occupy (cupy or numpy; strides may be negative)."""
+    start = x.data.ptr if hasattr(x.data, "ptr") else x.__array_interface__["data"][0]
+    low = sum((n - 1) * s for n, s in zip(x.shape, x.strides) if s < 0)
+    high = sum((n - 1) * s for n, s in zip(x.shape, x.strides) if s > 0)
+    return start + low, start + high + x.itemsize
 
 
 # ============================================================================= device side
@@ -435,25 +452,17 @@ cupy_backend = Backend("cupy", framework="cupy", devices=("cuda",),
                        description="raw CUDA C++ compiled with NVRTC through cupy.RawModule", check=_check)
 
 
-def _require_cupy_arrays(inputs, outs) -> None:
-    import cupy
-
-    for name, x in (*inputs.items(), *outs.items()):
-        if not isinstance(x, cupy.ndarray):
-            raise TypeError(f"{OP}: {name} is a {type(x).__module__}.{type(x).__name__}, expected a cupy.ndarray")
-
-
-@cupy_backend.impl(OP, variant="opt", dtypes=DTYPES, deterministic=True)
+# argcheck: the op's checks (names, cupy arrays, dtypes, shapes, one device); check_args then
+# repeats the few this kernel depends on and adds its own limit (contiguous outputs).
+@argcheck.register(cupy_backend, OP, variant="opt", dtypes=DTYPES, deterministic=True)
 def binary_backward_opt(inputs, outs, params):
     dt, fn = check_args(inputs, outs, params)
-    _require_cupy_arrays(inputs, outs)
     run_opt(CupyDevice(), dt, fn, inputs["a"], inputs["b"], inputs["grad_out"], outs["grad_a"], outs["grad_b"],
             _plan_of(inputs))
 
 
-@cupy_backend.impl(OP, variant="naive", dtypes=DTYPES, deterministic=False)
+@argcheck.register(cupy_backend, OP, variant="naive", dtypes=DTYPES, deterministic=False)
 def binary_backward_naive(inputs, outs, params):
     dt, fn = check_args(inputs, outs, params)
-    _require_cupy_arrays(inputs, outs)
     run_naive(CupyDevice(), dt, fn, inputs["a"], inputs["b"], inputs["grad_out"], outs["grad_a"], outs["grad_b"],
               _plan_of(inputs))

@@ -12,7 +12,9 @@ package is missing (CPU machines, CI).
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
+from harness import argcheck
 from harness.registry import Backend
 
 OP = "attention_backward"
@@ -54,11 +56,15 @@ flash_attn_backend = Backend("flash_attn", framework="torch", devices=("cuda",),
                              check=_check)
 
 
-@flash_attn_backend.impl(OP, dtypes=("f16", "bf16"), deterministic=False, supports=_supports)
+@argcheck.register(flash_attn_backend, OP, dtypes=("f16", "bf16"), deterministic=False, supports=_supports)
 def attention_backward(inputs, outs, params):
     import torch
     from flash_attn import flash_attn_func
 
+    # What the harness skips, a direct call must refuse: never run a case flash-attn would get wrong.
+    reason = _supports(SimpleNamespace(params={**params, "D": inputs["q"].shape[-1]}))
+    if reason:
+        raise ValueError(f"flash_attn {OP}: params {params} not supported: {reason}")
     q, k, v = (inputs[n].detach().requires_grad_() for n in ("q", "k", "v"))
     scale = params.get("softmax_scale")
     kwargs = {"dropout_p": 0.0, "softmax_scale": 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale),

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import inspect
 
+from harness import argcheck
 from harness.registry import Backend
 
 DTYPES = ("f32", "f16", "bf16")
@@ -40,11 +41,24 @@ liger = Backend("liger", framework="torch", devices=("cuda",),
                 description="Liger-Kernel Triton layer norm / RMS norm backward", check=_check)
 
 
-@liger.impl("layernorm_backward", dtypes=DTYPES, deterministic=False)
+def _no_rows(inputs, outs) -> bool:
+    """M = 0 rows (a size-0 leading dim): dx is empty and the row sums are 0, without a launch
+    (Liger would launch an empty grid)."""
+    if inputs["x"].numel():
+        return False
+    for name, out in outs.items():
+        if name != "dx":
+            out.zero_()
+    return True
+
+
+@argcheck.register(liger, "layernorm_backward", dtypes=DTYPES, deterministic=False)
 def layernorm_backward(inputs, outs, params):
     import torch
     from liger_kernel.ops.layer_norm import layer_norm_backward
 
+    if _no_rows(inputs, outs):
+        return
     dy, x = inputs["dy"].contiguous(), inputs["x"].contiguous()
     n = x.shape[-1]
     weight = inputs.get("weight")
@@ -60,11 +74,13 @@ def layernorm_backward(inputs, outs, params):
         outs["dbias"].copy_(db)
 
 
-@liger.impl("rmsnorm_backward", dtypes=DTYPES, deterministic=False)
+@argcheck.register(liger, "rmsnorm_backward", dtypes=DTYPES, deterministic=False)
 def rmsnorm_backward(inputs, outs, params):
     from liger_kernel.ops import rms_norm as lr
     from liger_kernel.ops.utils import calculate_settings
 
+    if _no_rows(inputs, outs):
+        return
     dy, x = inputs["dy"].contiguous(), inputs["x"].contiguous()
     n = x.shape[-1]
     block, warps = calculate_settings(n)

@@ -34,7 +34,9 @@ import math
 import warnings
 from functools import partial
 
-from harness import dtypes as _dtypes
+from types import SimpleNamespace
+
+from harness import argcheck, dtypes as _dtypes
 from harness.registry import Backend
 from oracle.attention_backward import allowed_mask, key_bounds, pair_counts
 
@@ -170,9 +172,17 @@ def _run(kind: str, inputs, outs, params):
 
     q, k, v, do = (inputs[n] for n in ("q", "k", "v", "do"))
     sq, hq, sk, hkv = q.shape[1], q.shape[2], k.shape[1], k.shape[2]
+    # The geometry comes from the tensors (argcheck made the params agree where they state it),
+    # and what the harness skips a direct call must refuse: SDPA would silently drop a softcap.
+    params = {**params, "Sq": sq, "Sk": sk, "D": q.shape[-1]}
+    reason = _static_reason(kind, SimpleNamespace(params=params, dtype=_dtypes.from_any(q.dtype)))
+    if reason:
+        raise ValueError(f"{kind} {OP}: params {params} not supported: {reason}")
     scale, causal, window, _, _, how = _geometry(params)
     mask = allowed_mask(sq, sk, causal, window, xp=torch, device=q.device) if how == "mask" else None
     extra = {"enable_gqa": True} if hq != hkv else {}
+    # SDPA's fused kernels want a unit stride along D: copy only a view that lacks one.
+    q, k, v, do = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v, do))
     qt, kt, vt = (x.detach().transpose(1, 2).requires_grad_() for x in (q, k, v))
     try:
         with sdpa_kernel(getattr(SDPBackend, KINDS[kind][0])):
@@ -189,5 +199,5 @@ BACKENDS = {}
 for _kind, (_member, _fn, _dts, _mask, _desc) in KINDS.items():
     BACKENDS[_kind] = Backend(_kind, framework="torch", devices=("cuda",), description=_desc,
                               check=partial(_check, _kind))
-    BACKENDS[_kind].impl(OP, dtypes=_dts, deterministic=False, supports=partial(_supports, _kind))(
+    argcheck.register(BACKENDS[_kind], OP, dtypes=_dts, deterministic=False, supports=partial(_supports, _kind))(
         partial(_run, _kind))

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from backends import _torch_autograd
 from backends.torch_eager import check_torch, copy_into
+from harness import argcheck
 from harness.registry import Backend
 
 
@@ -13,8 +14,18 @@ def _check(device: str) -> str | None:
 
 # CUDA only: the baseline a GPU kernel competes with.  (Inductor's CPU code is another
 # product, and compiling it per shape would take CI many minutes.)
+def _fresh() -> None:
+    """Before a benchmark: forget every compiled graph.  With torch's automatic dynamic shapes
+    the kernels a shape gets depend on the shapes compiled before it (the second shape
+    recompiles dynamic); a fresh start compiles each benchmarked case static, for its shape."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+
+
 torch_compile = Backend("torch_compile", framework="torch", devices=("cuda",),
-                        description="torch.compile of the eager autograd code", check=_check)
+                        description="torch.compile of the eager autograd code", check=_check,
+                        before_timing=_fresh)
 
 _COMPILED: dict = {}
 
@@ -43,7 +54,7 @@ def _compiled(module):
 
 
 for _module in _torch_autograd.modules():
-    @torch_compile.impl(_module.OP, deterministic=False,
+    @argcheck.register(torch_compile, _module.OP, deterministic=False,
                         dtypes=getattr(_module, "DTYPES", ("f32", "f16", "bf16", "f64")),
                         supports=getattr(_module, "supports", None))
     def _run(inputs, outs, params, _module=_module):

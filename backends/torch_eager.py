@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from backends import _torch_autograd
+from harness import argcheck
 from harness.registry import Backend
 
 
@@ -25,7 +26,7 @@ torch_backend = Backend("torch", framework="torch", devices=("cpu", "cuda"),
 
 for _module in _torch_autograd.modules():
     # Not declared deterministic: on CUDA torch's reductions may use atomics for some shapes.
-    @torch_backend.impl(_module.OP, baseline=True, deterministic=False,
+    @argcheck.register(torch_backend, _module.OP, baseline=True, deterministic=False,
                         dtypes=getattr(_module, "DTYPES", ("f32", "f16", "bf16", "f64")),
                         supports=getattr(_module, "supports", None))
     def _eager(inputs, outs, params, _backward=_module.backward):

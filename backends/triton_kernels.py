@@ -24,7 +24,8 @@ import os
 from dataclasses import dataclass, replace
 
 from backends import _bcast_plan
-from harness.registry import Backend
+from harness import argcheck
+from harness.registry import DEFAULT_VARIANT, Backend
 
 try:  # guarded: listing backends must work on machines without triton
     import triton
@@ -547,7 +548,7 @@ def _validate(inputs, outs, params) -> tuple:
         for name in names:
             x = group.get(name) if isinstance(group, dict) else None
             if not isinstance(x, torch.Tensor):
-                _fail(TypeError, name, "a torch.Tensor", type(x).__name__)
+                _fail(TypeError, name, "a torch.Tensor", type(x).__name__ + (" (missing)" if x is None else ""))
             tensors[name] = x
     a, b, g, ga, gb = tensors.values()
     allowed = {torch.float32, torch.float16, torch.bfloat16, torch.float64}
@@ -571,7 +572,25 @@ def _validate(inputs, outs, params) -> tuple:
             _fail(ValueError, f"{name}.shape", tuple(shape), tuple(x.shape))
         if not x.is_contiguous():
             _fail(ValueError, name, "a contiguous tensor", f"strides {x.stride()}")
+    # Outputs are written while inputs (and, across programs, the other output) are still read.
+    spans = {name: _byte_span(x) for name, x in tensors.items() if x.numel()}
+    for name in ("grad_a", "grad_b"):
+        for other in ("a", "b", "grad_out", "grad_a"):
+            if other != name and name in spans and other in spans and _overlap(spans[name], spans[other]):
+                _fail(ValueError, name, "a buffer of its own (outputs are written while inputs are read)",
+                      f"memory shared with {other}")
     return fn, a, b, g, ga, gb
+
+
+def _byte_span(x) -> tuple[int, int]:
+    """[first, end) of the bytes a tensor's elements occupy (torch strides are never negative)."""
+    item = x.element_size()
+    start = x.data_ptr()
+    return start, start + item + sum((n - 1) * s * item for n, s in zip(x.shape, x.stride()))
+
+
+def _overlap(p: tuple[int, int], q: tuple[int, int]) -> bool:
+    return p[0] < q[1] and q[0] < p[1]
 
 
 # ============================================================================= registration
@@ -606,7 +625,10 @@ triton_backend = Backend("triton", framework="torch", devices=("cuda", "cpu"),
 
 def run(inputs, outs, params, cfg: Config | None = None) -> None:
     """binary_backward with explicit launch sizing (`cfg`); tests use it to force every path."""
-    fn, a, b, g, ga, gb = _validate(inputs, outs, params)
+    _launch_checked(*_validate(inputs, outs, params), cfg)
+
+
+def _launch_checked(fn, a, b, g, ga, gb, cfg: Config | None) -> None:
     if _IMPORT_ERROR is not None:
         raise RuntimeError(f"triton {OP}: triton is not importable ({_IMPORT_ERROR})")
     if a.device.type == "cpu":
@@ -620,4 +642,8 @@ def run(inputs, outs, params, cfg: Config | None = None) -> None:
 
 @triton_backend.impl(OP, dtypes=DTYPES, deterministic=True)
 def binary_backward(inputs, outs, params):
-    run(inputs, outs, params)
+    # The kernel's own checks first (their messages are pinned by tests/test_triton_interpret.py),
+    # then the op's shared ones (unexpected names, the params' shapes).
+    checked = _validate(inputs, outs, params)
+    argcheck.check_impl(triton_backend.impls[(OP, DEFAULT_VARIANT)], inputs, outs, params)
+    _launch_checked(*checked, None)

@@ -21,7 +21,9 @@ import os
 import sys
 import time
 from collections import OrderedDict, deque
+import threading
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -133,17 +135,46 @@ def finish(case, inputs: CaseInputs) -> CaseInputs:
 
 
 class Prefetch:
-    """Yields (item, result or exception) in order, computing up to `depth` items ahead in threads."""
+    """Yields (item, result or exception) in order, computing up to `depth` items ahead in threads.
+
+    `quiet()` is a context in which no preparation runs: it waits for running ones to end and
+    holds new ones back.  A measurement whose samples include host time (JAX) runs inside it,
+    so prefetch threads cannot take the GIL or the cores from it.
+    """
 
     def __init__(self, items, fn, depth: int):
         self.items, self.fn, self.depth = list(items), fn, depth
         self._pool = None
+        self._cond = threading.Condition()
+        self._busy = 0
+        self._quiet = False
 
     def _safe(self, item):
+        with self._cond:
+            while self._quiet:
+                self._cond.wait()
+            self._busy += 1
         try:
             return self.fn(item)
         except Exception as exc:  # reported as that case's error, never fatal to the run
             return exc
+        finally:
+            with self._cond:
+                self._busy -= 1
+                self._cond.notify_all()
+
+    @contextmanager
+    def quiet(self):
+        with self._cond:
+            self._quiet = True
+            while self._busy and self._pool is not None:
+                self._cond.wait()
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._quiet = False
+                self._cond.notify_all()
 
     def __iter__(self):
         if self.depth <= 0:
@@ -221,6 +252,8 @@ def bench_pair(impl: Impl, case, inputs: CaseInputs, opts: BenchOptions, clock=N
         row["status"], row["reason"] = "ERROR", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         return row
     row["status"], row["reason"] = tr.status, tr.reason
+    if tr.status == "FAIL" and tr.reason == runner.REVALIDATION:  # stale, or just inaccurate on these inputs?
+        row["reason"] = runner.diagnose_revalidation(impl, None, inputs.final, case, opts.device, inputs.timing)
     row["outputs"] = [o.to_json() for o in tr.outputs]
     row["timing"] = tr.samples.to_json() if tr.samples is not None else None
     return row
@@ -296,8 +329,11 @@ def run(pairs: list, opts: BenchOptions, ceilings: dict | None, command: str = "
                     row["status"], row["reason"] = ("SKIP", reason) if reason else \
                         ("ERROR", f"preparing the case failed: {type(prepared).__name__}: {prepared}")
                 else:
-                    row = bench_pair(impl, case, prepared, opts, clock, uploads.setdefault(impl.backend.framework, {}),
-                                     skips[(id(case), impl.id)])
+                    if impl.backend.before_timing and skips[(id(case), impl.id)] is None:
+                        impl.backend.before_timing()
+                    with fetch.quiet() if impl.backend.framework == "jax" else nullcontext():
+                        row = bench_pair(impl, case, prepared, opts, clock,
+                                         uploads.setdefault(impl.backend.framework, {}), skips[(id(case), impl.id)])
                     if over_time():
                         interrupted = f"time limit of {limit:g} s reached"
                 rows.append(row)

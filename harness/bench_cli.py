@@ -34,6 +34,8 @@ def add_parsers(sub) -> None:
     b.add_argument("--warmup-budget", type=float, default=0.5, help="warm-up seconds after the first call (0.5)")
     b.add_argument("--rotate", type=int, default=0, help="input sets to rotate over (0: auto, graph mode)")
     b.add_argument("--graph-calls", type=int, default=0, help="calls per graph replay (0: auto)")
+    b.add_argument("--no-hold", action="store_true",
+                   help="no GPU spin before each sample: times include the host's launch latency (harness/timing.py)")
     b.add_argument("--full-validation", action="store_true",
                    help="judge every output element of the final call (default: a 1M sample above 4M elements)")
     b.add_argument("--prefetch", type=int, default=None, help="threads preparing later cases (default: cores/4, <= 4)")
@@ -44,6 +46,7 @@ def add_parsers(sub) -> None:
                    help="seconds; pairs not started by then are recorded as not run")
     b.add_argument("--report", help="write DIR/results.json, DIR/report.md, DIR/plots/*.png")
     b.add_argument("--benchmarks-md", help="regenerate this BENCHMARKS.md from the results")
+    b.add_argument("--plots-link", help="with --benchmarks-md: link the PNGs in this folder from it")
     b.add_argument("--from", dest="from_json", help="no measuring: regenerate reports from this results.json")
     b.add_argument("--no-plots", action="store_true")
     b.add_argument("--refresh-ceilings", action="store_true", help="measure the device's ceilings again")
@@ -90,7 +93,7 @@ def cmd_bench(args, argv=None) -> int:
         cfg = timing.TimingConfig(mode=args.mode, rel_ci=args.rel_ci, min_samples=args.min_samples,
                                   max_samples=args.max_samples, budget_s=args.budget,
                                   warmup_budget_s=args.warmup_budget, rotate=args.rotate,
-                                  graph_calls=args.graph_calls)
+                                  graph_calls=args.graph_calls, hold=not args.no_hold)
         opts = bench.BenchOptions(device, cfg, args.seed, args.oracle,
                                   None if args.full_validation else bench.runner.SAMPLE_ABOVE,
                                   bench.default_prefetch() if args.prefetch is None else args.prefetch,
@@ -107,7 +110,7 @@ def cmd_bench(args, argv=None) -> int:
         out = report.write(results, args.report, plots=not args.no_plots)
         written += [str(out["results"]), str(out["report"])] + [str(p) for p in out["plots"]]
     if args.benchmarks_md:
-        written.append(str(report.update_benchmarks_md(results, args.benchmarks_md)))
+        written.append(str(report.update_benchmarks_md(results, args.benchmarks_md, args.plots_link)))
     rows = results["rows"]
     counts = {s: sum(r["status"] == s for r in rows) for s in ("PASS", "FAIL", "ERROR", "SKIP")}
     for r in rows:

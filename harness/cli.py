@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import gzip
 import json
 import random
@@ -32,12 +33,28 @@ def _parse(argv):
                      help="auto (default): numpy, or JAX (jit, x64) on the GPU for cases over 1 GiB")
     run.add_argument("--time", action="store_true",
                      help="also time each passing call (timing engine, hot mode, small budget) and re-validate it")
+    run.add_argument("--repeat", type=int, default=None, metavar="N",
+                     help="call each implementation N times on the same inputs: bitwise equal if deterministic, "
+                          "else the spread is reported (default: 2 for cases up to 64 MiB, else 1; harness/runner.py)")
     run.add_argument("--json", help="write every result to this JSON file")
     run.add_argument("--shard", metavar="K/N", help="run only cases K, K+N, K+2N, ... (0 <= K < N) of the selection")
     run.add_argument("--resume", metavar="RESULTS.json",
                      help="take the results of an earlier (e.g. interrupted) run and run only what it lacks")
+    run.add_argument("--isolate", action="store_true",
+                     help="run each case in a worker subprocess (reused, replaced when it dies): a crash or hang "
+                          "marks that case CRASH or TIMEOUT and the run goes on")
+    run.add_argument("--case-timeout", type=float, default=None, metavar="S",
+                     help="with --isolate: seconds a case may run before it is TIMEOUT (default 300); "
+                          "with --sanitize: seconds per backend (default 900)")
+    run.add_argument("--sanitize", choices=("memcheck", "racecheck", "initcheck", "synccheck"),
+                     help="run each CUDA backend's cases (default: smoke) under NVIDIA compute-sanitizer with this "
+                          "tool, one process per backend; report clean or its errors (harness/sanitize.py)")
+    run.add_argument("--gpus", type=int, default=None, metavar="N",
+                     help="spread the cases over N worker processes, one per GPU (CUDA_VISIBLE_DEVICES; N CPU "
+                          "workers with --device cpu), and merge their results (harness/multi_gpu.py)")
     run.add_argument("--show-skips", action="store_true", help="print skipped rows too")
     run.add_argument("-v", "--verbose", action="store_true", help="print every output's error line")
+    run.set_defaults(run_parser=run)  # --gpus rebuilds its workers' command lines from it
     bench_cli.add_parsers(sub)
     return parser.parse_args(argv)
 
@@ -89,8 +106,24 @@ def _selected_impls(op: str, wanted: list[str] | None):
 
 def cmd_run(args) -> int:
     from cases import select
-    from harness.runner import run_case
+    from harness import isolate
 
+    if args.repeat is not None:  # run_case reads it from the environment, so --isolate/--gpus workers see it too
+        import os
+
+        from harness.runner import REPEAT_ENV
+
+        if args.repeat < 1:
+            raise SystemExit(f"error: --repeat expects N >= 1, got {args.repeat}")
+        os.environ[REPEAT_ENV] = str(args.repeat)
+    if args.sanitize:
+        from harness import sanitize
+
+        return sanitize.cmd_sanitize(args)
+    if args.gpus:
+        from harness import multi_gpu
+
+        return multi_gpu.cmd_gpus(args)
     discover()
     device = frameworks.default_device() if args.device == "auto" else args.device
     if args.seed is None:
@@ -114,6 +147,9 @@ def cmd_run(args) -> int:
         if args.json:
             write_results(args.json, results, device, args, state)
 
+    if args.json:
+        _device_name(device)  # now, while CUDA is sure to answer
+    runner, stopped = isolate.make_runner(args, device), False  # in this process, or --isolate workers
     try:
         for op in ops:
             impls = _selected_impls(op, args.backend)
@@ -121,27 +157,43 @@ def cmd_run(args) -> int:
                 for impl in impls:
                     if (impl.id, case.id) in done:
                         continue
-                    r = run_case(impl, case, device, args.seed, args.oracle, timed=args.time)
+                    r = runner.run(impl, case)
                     results.append(r)
                     _print_row(r, args)
+                    if runner.lost:  # a sticky CUDA error: nothing more can run in this process
+                        raise isolate.RunStopped(runner.lost)
                     if time.time() - saved > CHECKPOINT_S:
                         save(f"checkpoint after {len(results)} results (the run did not finish)")
                         saved = time.time()
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM (e.g. `timeout`): report and save what ran
         interrupted = f"interrupted after {len(results)} results"
         print(f"\n{interrupted}")
+    except isolate.RunStopped as stop:
+        interrupted, stopped = f"stopped after {len(results)} results: {stop}", True
+        print(f"\nSTOPPED: {stop}", file=sys.stderr)
+    except Exception:  # an unexpected error: keep what ran, then let it propagate
+        save(f"stopped by an exception after {len(results)} results")
+        raise
+    finally:
+        runner.close()
     counts = _counts(results)
-    print(f"{counts['PASS']} passed, {counts['FAIL'] + counts['ERROR']} failed, {counts['SKIP']} skipped "
+    crashed = f" ({counts['CRASH']} crashed, {counts['TIMEOUT']} timed out)" if counts["CRASH"] + counts["TIMEOUT"] else ""
+    print(f"{counts['PASS']} passed, {sum(counts[s] for s in FAILED)} failed{crashed}, {counts['SKIP']} skipped "
           f"in {time.time() - started:.1f}s")
     save(interrupted)
-    return 1 if counts["FAIL"] or counts["ERROR"] or interrupted else 0
+    if stopped:
+        return isolate.STICKY_EXIT
+    return 1 if any(counts[s] for s in FAILED) or interrupted else 0
 
 
 CHECKPOINT_S = 20  # --json is rewritten this often during a run
 
 
+FAILED = ("FAIL", "ERROR", "CRASH", "TIMEOUT")  # statuses that fail a run (CRASH, TIMEOUT: harness/isolate.py)
+
+
 def _counts(results) -> dict:
-    return {s: sum(r.status == s for r in results) for s in ("PASS", "FAIL", "ERROR", "SKIP")}
+    return {s: sum(r.status == s for r in results) for s in ("PASS", "FAIL", "ERROR", "SKIP", "CRASH", "TIMEOUT")}
 
 
 def write_results(path: str, results: list, device: str, args, interrupted: str | None) -> None:
@@ -192,15 +244,20 @@ def _print_row(r, args) -> None:
     ratio = f"{worst.worst_ratio:8.3f}" if worst else " " * 8
     t = f"{r.time_ms:9.4f}" if r.time_ms is not None else " " * 9
     print(f"{r.status:6} {r.op:16} {r.impl:16} {r.case:48} {rel} {ratio} {t}")
-    if r.status in ("FAIL", "ERROR") or args.verbose:
+    if r.status in FAILED or args.verbose:
         print("\n".join("       " + line for line in r.report().splitlines()[1:]))
 
 
+@functools.lru_cache(maxsize=None)
 def _device_name(device: str) -> str:
+    """Cached: cmd_run asks before its first case, since after a lost CUDA context torch cannot answer."""
     if device.startswith("cuda"):
-        import torch
+        try:
+            import torch
 
-        return torch.cuda.get_device_name()
+            return torch.cuda.get_device_name()
+        except Exception as exc:  # noqa: BLE001 - the results must still be saved
+            return f"unknown ({type(exc).__name__})"
     import platform
 
     return platform.processor() or platform.machine()

@@ -9,6 +9,12 @@ fresh values before the final, re-validated call), re-poisons outputs (`fill_nan
 reads a sample of an output back (`gather64`, `nan_count`) so huge outputs are checked
 without copying them whole.  Backends name their framework;
 the harness does the conversion, so no backend sees numpy unless it asks for it.
+
+The correctness path (harness/guards.py) also asks for outputs inside canary guard bands
+(`guarded`: a flat buffer [canary band | NaN output | canary band] and the contiguous output
+view of its middle), reads a band's bits back (`bits_host`) and finds the first element at
+which two arrays differ bit for bit (`first_difference`: input snapshots, repeated calls).
+Bit patterns go through same-width integer views, so NaN == NaN and -0 != +0 there.
 """
 from __future__ import annotations
 
@@ -18,6 +24,19 @@ import numpy as np
 
 from harness import dtypes
 from harness.tensors import HostTensor
+
+_UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+_INT = {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}
+
+
+def _signed(bits: int, itemsize: int) -> int:
+    """An unsigned bit pattern as the signed integer of the same width (torch has no wide unsigned fills)."""
+    return int(np.array([bits], dtype=_UINT[itemsize]).view(_INT[itemsize])[0])
+
+
+def _first_true(flags: np.ndarray) -> tuple[int, int] | None:
+    count = int(np.count_nonzero(flags))
+    return None if not count else (int(np.argmax(flags)), count)
 
 
 class NumpyAdapter:
@@ -46,6 +65,21 @@ class NumpyAdapter:
     def fill_nan(self, x):
         x[...] = np.nan
         return x
+
+    def guarded(self, shape, dtype: str, device: str, guard: int, canary: int):
+        n = prod(shape)
+        flat = np.full(n + 2 * guard, np.nan, dtype=dtypes.numpy_dtype(dtype))
+        bits = flat.view(_UINT[flat.itemsize])
+        bits[:guard] = canary
+        bits[guard + n:] = canary
+        return flat, flat[guard:guard + n].reshape(shape)
+
+    def bits_host(self, flat, start: int, stop: int) -> np.ndarray:
+        return np.ascontiguousarray(flat[start:stop]).view(_UINT[flat.itemsize]).copy()
+
+    def first_difference(self, x, y) -> tuple[int, int] | None:
+        x, y = np.ascontiguousarray(x).reshape(-1), np.ascontiguousarray(y).reshape(-1)
+        return _first_true(x.view(_UINT[x.itemsize]) != y.view(_UINT[y.itemsize]))
 
     def gather64(self, x, flat_index: np.ndarray) -> np.ndarray:
         return np.asarray(x).reshape(-1)[flat_index].astype(np.float64)
@@ -102,6 +136,34 @@ class TorchAdapter:
 
     def fill_nan(self, x):
         return x.fill_(float("nan"))
+
+    def _int(self, itemsize: int):
+        import torch
+
+        return {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[itemsize]
+
+    def guarded(self, shape, dtype: str, device: str, guard: int, canary: int):
+        import torch
+
+        n = prod(shape)
+        flat = torch.full((n + 2 * guard,), float("nan"), dtype=self._dtype(dtype), device=device)
+        bits = flat.view(self._int(flat.element_size()))
+        bits[:guard] = _signed(canary, flat.element_size())
+        bits[guard + n:] = _signed(canary, flat.element_size())
+        return flat, flat[guard:guard + n].view(tuple(shape))
+
+    def bits_host(self, flat, start: int, stop: int) -> np.ndarray:
+        item = flat.element_size()
+        return flat[start:stop].view(self._int(item)).cpu().numpy().view(_UINT[item])
+
+    def first_difference(self, x, y) -> tuple[int, int] | None:
+        import torch
+
+        xb = x.detach().contiguous().reshape(-1).view(self._int(x.element_size()))
+        yb = y.detach().contiguous().reshape(-1).view(self._int(y.element_size()))
+        differ = xb != yb
+        count = int(differ.sum())
+        return None if not count else (int(torch.argmax(differ.to(torch.uint8))), count)
 
     def gather64(self, x, flat_index: np.ndarray) -> np.ndarray:
         import torch
@@ -161,6 +223,28 @@ class CupyAdapter:
     def fill_nan(self, x):
         x.fill(np.nan)
         return x
+
+    def guarded(self, shape, dtype: str, device: str, guard: int, canary: int):
+        import cupy
+
+        n = prod(shape)
+        flat = cupy.full(n + 2 * guard, np.nan, dtype=dtypes.numpy_dtype(dtype))
+        bits = flat.view(_UINT[flat.itemsize])
+        bits[:guard] = canary
+        bits[guard + n:] = canary
+        return flat, flat[guard:guard + n].reshape(tuple(shape))
+
+    def bits_host(self, flat, start: int, stop: int) -> np.ndarray:
+        return flat[start:stop].view(_UINT[flat.itemsize]).get()
+
+    def first_difference(self, x, y) -> tuple[int, int] | None:
+        import cupy
+
+        xb = cupy.ascontiguousarray(x).reshape(-1).view(_UINT[x.itemsize])
+        yb = cupy.ascontiguousarray(y).reshape(-1).view(_UINT[y.itemsize])
+        differ = xb != yb
+        count = int(cupy.count_nonzero(differ))
+        return None if not count else (int(cupy.argmax(differ.astype(cupy.uint8))), count)
 
     # Through same-width unsigned views: integer gathers and bit tests need no float16 or
     # bfloat16 kernels; the values become float64 on the host.
@@ -223,6 +307,17 @@ class JaxAdapter:
 
     def fill_nan(self, x):
         return None
+
+    def guarded(self, shape, dtype: str, device: str, guard: int, canary: int):
+        """No buffer to guard: JAX implementations return new arrays, they cannot write out of bounds."""
+        return None, None
+
+    def bits_host(self, flat, start: int, stop: int) -> np.ndarray:
+        a = np.asarray(flat)[start:stop]
+        return np.ascontiguousarray(a).view(_UINT[a.itemsize]).copy()
+
+    def first_difference(self, x, y) -> tuple[int, int] | None:
+        return NumpyAdapter().first_difference(np.asarray(x), np.asarray(y))
 
     def gather64(self, x, flat_index: np.ndarray) -> np.ndarray:
         return np.asarray(x.reshape(-1)[np.asarray(flat_index, np.int64)]).astype(np.float64)

@@ -6,7 +6,12 @@ tolerances use and the cost model that the benchmarks use.
 
 A backend is a module that makes a `Backend` and registers one function per op
 (and per variant) with the `Backend.impl` decorator.  Backends are found in the
-`backends` package and in the `gradoracle.backends` entry-point group.
+`backends` package, in the `gradoracle.backends` entry-point group, and in the modules
+named by the environment variable GRADORACLE_BACKENDS (comma-separated importable module
+names, e.g. `GRADORACLE_BACKENDS=planted_crash PYTHONPATH=tests`): every `Backend` such a
+module defines is registered, including those made with `register=False` (test fixtures
+kept out of the registry when merely imported).  Subprocesses inherit the variable, so
+`run --isolate` and `run --gpus N` workers find the same backends.
 """
 from __future__ import annotations
 
@@ -145,6 +150,9 @@ class Backend:
     framework: the array type its functions take and return ('torch', 'cupy', 'jax' or 'numpy').
     devices: where it can run ('cpu', 'cuda').
     check(device) -> None if usable on that device, else the reason it is not (e.g. "cupy: no CUDA device").
+    before_timing() -> None, optional: called by `bench` before each timed case, so the figure does not
+    depend on the cases timed before it (torch_compile resets dynamo: every case compiles fresh,
+    for its own shape, as a training run with fixed shapes would).
     """
 
     name: str
@@ -155,6 +163,7 @@ class Backend:
     impls: dict[tuple[str, str], Impl] = field(default_factory=dict)
     origin: str = ""  # the module or entry point that registered it
     register: bool = True  # False keeps it out of the global registry (test fixtures)
+    before_timing: Callable[[], None] | None = None
     _reasons: dict[str, str | None] = field(default_factory=dict, repr=False)
 
     def __post_init__(self):
@@ -211,18 +220,33 @@ def register_backend(backend: Backend) -> Backend:
     return backend
 
 
-def _import_backend(module_name: str, label: str) -> None:
+def _import_backend(module_name: str, label: str, adopt: bool = False) -> None:
     try:
         before = set(BACKENDS)
         module = importlib.import_module(module_name)
+        if adopt:  # GRADORACLE_BACKENDS: its Backend objects, registered or not
+            for obj in vars(module).values():
+                if isinstance(obj, Backend) and BACKENDS.get(obj.name) is not obj:
+                    register_backend(obj)
         for name in set(BACKENDS) - before:
             BACKENDS[name].origin = getattr(module, "__name__", module_name)
     except Exception as exc:
         BROKEN[label] = f"import of {module_name} failed: {type(exc).__name__}: {exc}"
 
 
+ENV_BACKENDS = "GRADORACLE_BACKENDS"
+
+
+def env_backend_modules() -> list[str]:
+    """The module names in $GRADORACLE_BACKENDS (comma-separated), in order."""
+    import os
+
+    return [m.strip() for m in os.environ.get(ENV_BACKENDS, "").split(",") if m.strip()]
+
+
 def discover() -> dict[str, Backend]:
-    """Import every module of the `backends` package and every `gradoracle.backends` entry point."""
+    """Import every module of the `backends` package, every `gradoracle.backends` entry point and
+    every module in $GRADORACLE_BACKENDS."""
     global _discovered
     if _discovered:
         return BACKENDS
@@ -235,6 +259,8 @@ def discover() -> dict[str, Backend]:
             _import_backend(f"backends.{info.name}", info.name)
     for ep in importlib.metadata.entry_points(group="gradoracle.backends"):
         _import_backend(ep.value.split(":")[0], ep.name)
+    for module_name in env_backend_modules():
+        _import_backend(module_name, module_name, adopt=True)
     return BACKENDS
 
 
@@ -251,6 +277,14 @@ def find_impl(op: str, impl_id: str) -> Impl:
             return impl
     known = ", ".join(i.id for i in impls_for(op)) or "none"
     raise KeyError(f"no implementation {impl_id!r} of {op}: registered are {known}")
+
+
+def timed_callable(impl: Impl) -> Callable:
+    """What timed loops call: `impl.fn` without its argument checks (harness.argcheck.register keeps
+    the raw function as `fn.unchecked`), so their 10-25 us of Python stay out of the timings; `impl.fn`
+    itself when it has none.  Call `impl.fn` at least once on the same buffers first: the checks must
+    have passed before they are skipped."""
+    return getattr(impl.fn, "unchecked", impl.fn)
 
 
 def baseline_for(op: str) -> Impl | None:

@@ -1,8 +1,36 @@
-"""Run one implementation on one case and judge it against the float64 oracle."""
+"""Run one implementation on one case and judge it against the float64 oracle.
+
+`run_case` is the correctness path.  On top of the oracle comparison of the first call it
+runs the guards of harness/guards.py on every call (unwritten outputs, out-of-bounds writes
+and reads, mutated inputs) and two more checks:
+
+- **repeats** (races, non-determinism): the implementation is called `repeats` times on the
+  same inputs, fresh poisoned outputs each time.  A deterministic implementation
+  (`Impl.deterministic`, the default) must give the same bits every time; a non-deterministic
+  one must pass the oracle every time, and the result records its run-to-run spread
+  (`CaseResult.spread`: max |call i - call 1| over the tolerance).  Default: 2 calls for cases
+  whose buffers total at most REPEAT_MAX_BYTES, 1 above (a second call costs about as much as
+  the first; the oracle, the expensive part on the CPU, is not repeated).  `run --repeat N`
+  (or $GRADORACLE_REPEAT) asks for N calls everywhere.
+- **stale output** (caches, skipped work): after the checked calls the input buffers are
+  refilled in place with a second input set of the case (seed variant 1: same addresses,
+  same view objects), the outputs re-poisoned in place, and one more call is made.  When the
+  case's oracle is cheap (its variant-0 preparation took at most RECHECK_ORACLE_S) that call is
+  judged against the second set's own oracle (`recheck="oracle"`); otherwise, to bound the
+  cost, no second oracle runs and the call fails if an output is left all NaN or comes back
+  bit-for-bit unchanged although the inputs changed (`recheck="changed"`).  The bound is on
+  measured time because oracle cost does not follow size (a small conv weight-gradient oracle
+  takes seconds, a large elementwise one milliseconds); the tier that ran is in the result.
+  The second oracle is computed once per case and shared by every implementation (`prepare`
+  caches it); on an unloaded CPU core every smoke case is under the bound.  Timed runs skip the
+  check: `timed_check` re-validates the final timed call against the second set's oracle anyway.
+"""
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import time
 import zlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -10,9 +38,9 @@ from math import prod
 
 import numpy as np
 
-from harness import dtypes, frameworks, timing
-from harness.compare import OutputReport, compare
-from harness.registry import Impl, get_op
+from harness import dtypes, frameworks, guards, stress, timing
+from harness.compare import OutputReport, compare, tolerance
+from harness.registry import ENV_BACKENDS, Impl, env_backend_modules, get_op, timed_callable
 
 # Outputs with more elements than this are judged on a sample (see `judge`) when the caller asks.
 SAMPLE_ABOVE = 1 << 22
@@ -30,11 +58,18 @@ class Prepared:
     oracle: str  # which oracle judged: numpy, jax, or jax@cuda
     seed: int
     nan_counts: dict = field(default_factory=dict)  # output name -> NaNs in the oracle's value (lazy)
+    oracle_s: float = 0.0  # seconds the preparation took (inputs, oracle, error scale): bounds the stale check
+    # output name -> (flat indices, oracle values, error scales) there: a huge case's outputs whose
+    # oracle exists only at a sample (harness/stress.py; `ref` then holds a shape-only placeholder)
+    samples: dict = field(default_factory=dict)
 
     def nan_count(self, name: str) -> int:
         if name not in self.nan_counts:
             self.nan_counts[name] = int(np.isnan(self.ref[name]).sum())
         return self.nan_counts[name]
+
+
+REPRO_STATUSES = ("FAIL", "ERROR", "CRASH", "TIMEOUT")  # the rows whose report ends with the repro command
 
 
 @dataclass
@@ -44,7 +79,7 @@ class CaseResult:
     case: str
     dtype: str
     device: str
-    status: str  # PASS, FAIL, SKIP or ERROR
+    status: str  # PASS, FAIL, SKIP or ERROR; CRASH or TIMEOUT from harness/isolate.py
     outputs: list[OutputReport] = field(default_factory=list)
     reason: str = ""
     time_ms: float | None = None
@@ -52,6 +87,9 @@ class CaseResult:
     seed: int = 0
     repro: str = ""
     timing: dict | None = None  # the sample set of a timed run (timing.Samples.to_json())
+    calls: int = 0  # implementation calls behind the verdict (repeats, then the stale check)
+    spread: float | None = None  # run-to-run max |call i - call 1| / tolerance over the repeats; None: one call
+    recheck: str = ""  # the stale-output check that ran: "oracle", "changed", or "" (none)
 
     @property
     def passed(self) -> bool:
@@ -60,9 +98,12 @@ class CaseResult:
     def report(self) -> str:
         head = f"{self.op} {self.impl} {self.case} [{self.device}, oracle={self.oracle}, seed={self.seed}]: {self.status}"
         lines = [head] + [f"  {o.line()}" for o in self.outputs]
+        if self.spread:
+            lines.append(f"  run-to-run spread over {self.calls if self.recheck == '' else self.calls - 1} calls "
+                         f"on the same inputs: {self.spread:.3g} x tolerance")
         if self.reason:
             lines.append(f"  {self.reason}")
-        if self.status in ("FAIL", "ERROR") and self.repro:
+        if self.status in REPRO_STATUSES and self.repro:
             lines.append(f"  reproduce: {self.repro}")
         return "\n".join(lines)
 
@@ -70,7 +111,7 @@ class CaseResult:
         return {"op": self.op, "impl": self.impl, "case": self.case, "dtype": self.dtype, "device": self.device,
                 "status": self.status, "reason": self.reason, "time_ms": self.time_ms, "oracle": self.oracle,
                 "seed": self.seed, "outputs": [o.to_json() for o in self.outputs], "repro": self.repro,
-                "timing": self.timing}
+                "timing": self.timing, "calls": self.calls, "spread": self.spread, "recheck": self.recheck}
 
 
 _PREPARED: OrderedDict = OrderedDict()
@@ -98,6 +139,8 @@ def input_seed(case, run_seed: int = 0, variant: int = 0) -> int:
 
 def generate(case, run_seed: int = 0, variant: int = 0) -> dict:
     """The case's inputs (HostTensors) for a seed variant, without an oracle."""
+    if stress.applies(case):
+        return stress.generate(case, input_seed(case, run_seed, variant))
     return get_op(case.op).generate(case, np.random.default_rng(input_seed(case, run_seed, variant)))
 
 
@@ -106,6 +149,9 @@ def prepare(case, run_seed: int = 0, oracle: str = "auto", device: str = "cpu", 
     if key in _PREPARED:
         _PREPARED.move_to_end(key)
         return _PREPARED[key]
+    if stress.applies(case):  # a huge case holds GBs of inputs: drop the other huge ones first
+        for k in [k for k, p in _PREPARED.items() if p.oracle.endswith(stress.ORACLE_SUFFIX)]:
+            del _PREPARED[k]
     prepared = build_prepared(case, run_seed, oracle, device, variant)
     _PREPARED[key] = prepared
     while len(_PREPARED) > _PREPARED_MAX:
@@ -115,6 +161,9 @@ def prepare(case, run_seed: int = 0, oracle: str = "auto", device: str = "cpu", 
 
 def build_prepared(case, run_seed: int = 0, oracle: str = "auto", device: str = "cpu", variant: int = 0) -> Prepared:
     """Inputs (seed variant `variant`) and the oracle's verdict, uncached: the bench prepares ahead in threads."""
+    if stress.applies(case):  # over HUGE_NUMEL elements: row chunks and a sampled oracle
+        return stress.build_prepared(case, input_seed(case, run_seed, variant), oracle)
+    started = time.perf_counter()
     spec = get_op(case.op)
     seed = input_seed(case, run_seed, variant)
     inputs = spec.generate(case, np.random.default_rng(seed))
@@ -125,25 +174,30 @@ def build_prepared(case, run_seed: int = 0, oracle: str = "auto", device: str = 
     else:
         ref = spec.numpy_oracle(inputs64, case.params)
     label = oracle if where == "cpu" else f"{oracle}@{where}"
-    return Prepared(inputs, inputs64, ref, spec.error_scale(inputs64, case.params), label, seed)
+    scale = spec.error_scale(inputs64, case.params)
+    return Prepared(inputs, inputs64, ref, scale, label, seed, oracle_s=time.perf_counter() - started)
+
+
+def env_prefix(impl: Impl) -> str:
+    """'GRADORACLE_BACKENDS=<module> ' when `impl`'s backend was registered from a module named in
+    $GRADORACLE_BACKENDS (registry.discover), else '': without it the command would not find the backend."""
+    module = impl.backend.origin or getattr(impl.fn, "__module__", "") or ""
+    return f"{ENV_BACKENDS}={shlex.quote(module)} " if module and module in env_backend_modules() else ""
 
 
 def repro_command(impl: Impl, case, run_seed: int, device: str) -> str:
+    """The one-line shell command that reruns `impl` on `case` alone (with its env prefix, if any)."""
     spec = json.dumps(case.to_json(), separators=(",", ":"))
-    return (f"python -m harness run --op {case.op} --backend {impl.id} --device {device} "
+    return (f"{env_prefix(impl)}python -m harness run --op {case.op} --backend {impl.id} --device {device} "
             f"--seed {run_seed} --case {shlex.quote(spec)}")
 
 
 def call(impl: Impl, prepared: Prepared, case, device: str):
-    """Move inputs to the device, poison the outputs, call the implementation; return its outputs."""
-    spec = get_op(case.op)
-    fw = frameworks.adapter(impl.backend.framework)
-    shapes = spec.shapes(case)
-    inputs = {k: fw.to_device(v, device) for k, v in prepared.inputs.items()}
-    outs = {k: fw.poisoned(shapes[k], case.dtype, device) for k in spec.outputs_of(case)}
-    returned = impl.fn(inputs, outs, case.params)
-    fw.sync(device)
-    return inputs, (outs if returned is None else returned)
+    """Move inputs to the device, poison the outputs (inside guard bands), call the implementation;
+    return (its input views, its outputs).  The guards' findings are dropped: run_case keeps them."""
+    guarded = guards.GuardedCall(impl, case, device, prepared.inputs)
+    outs, _ = guarded.call()
+    return guarded.views, outs
 
 
 def judge(impl: Impl, prepared: Prepared, case, outs: dict, sample_above: int | None = None) -> list[OutputReport]:
@@ -162,11 +216,17 @@ def judge(impl: Impl, prepared: Prepared, case, outs: dict, sample_above: int | 
             reports.append(OutputReport(name, False, message="not returned"))
             continue
         scale, n = prepared.scale[name]
-        if sample_above is not None and prod(prepared.ref[name].shape) > sample_above:
+        if name in prepared.samples or (sample_above is not None and prod(prepared.ref[name].shape) > sample_above):
             reports.append(_sampled_compare(fw, name, outs[name], prepared, n, case.dtype))
             continue
-        reports.append(compare(name, fw.to_host64(outs[name]), prepared.ref[name], scale, n, case.dtype,
-                               fw.dtype_name(outs[name])))
+        got = fw.to_host64(outs[name])
+        report = compare(name, got, prepared.ref[name], scale, n, case.dtype, fw.dtype_name(outs[name]))
+        if not report.passed and report.numel:  # say so when the wrong output is a trivial one
+            in_dtypes = {k: dtypes.from_any(t.dtype) for k, t in prepared.inputs.items()}
+            why = guards.trivial(got, prepared.inputs64, in_dtypes, fw.dtype_name(outs[name]))
+            if why:
+                report.message, report.details["trivial"] = f"{why}; {report.message}", why
+        reports.append(report)
     return reports
 
 
@@ -183,8 +243,12 @@ def _sampled_compare(fw, name: str, x, prepared: Prepared, n: int, dtype: str) -
     if fw.dtype_name(x) != dtype:
         return OutputReport(name, False, message=f"dtype {fw.dtype_name(x)}, expected {dtype}")
     numel = prod(ref.shape)
-    idx = sample_index(numel, SAMPLE_SIZE, prepared.seed)
-    report = compare(name, fw.gather64(x, idx), ref.reshape(-1)[idx], scale.reshape(-1)[idx], n, dtype)
+    if name in prepared.samples:  # the oracle of a huge case exists only at its sample
+        idx, ref_at, scale_at = prepared.samples[name]
+    else:
+        idx = sample_index(numel, SAMPLE_SIZE, prepared.seed)
+        ref_at, scale_at = ref.reshape(-1)[idx], scale.reshape(-1)[idx]
+    report = compare(name, fw.gather64(x, idx), ref_at, scale_at, n, dtype)
     for attr in ("max_abs_index", "worst_index"):
         flat = getattr(report, attr)
         if flat:
@@ -216,11 +280,11 @@ REVALIDATION = ("timed re-validation: the final timed call (inputs refilled in p
 
 
 def footprint_bytes(case, inputs: dict) -> int:
-    """Device bytes one call touches: its input buffers (gaps included) and its outputs."""
+    """Device bytes one call touches: its input buffers (gaps included, guard bands not) and its outputs."""
     spec = get_op(case.op)
     shapes = spec.shapes(case)
     item = dtypes.numpy_dtype(case.dtype).itemsize
-    return sum(t.base.nbytes for t in inputs.values()) + sum(prod(shapes[o]) * item for o in spec.outputs_of(case))
+    return sum(t.span_nbytes for t in inputs.values()) + sum(prod(shapes[o]) * item for o in spec.outputs_of(case))
 
 
 def timed_check(impl: Impl, case, device: str, timing_inputs: dict, final: Prepared,
@@ -234,6 +298,11 @@ def timed_check(impl: Impl, case, device: str, timing_inputs: dict, final: Prepa
     NaN (every set's in graph mode), the final call runs (a graph replay in graph mode) and its
     outputs are judged against `final`'s oracle.  A backend that skips work it believes done,
     returns a cached result, or keys a cache on buffer addresses fails here.
+
+    The first call (a warm-up call, never a sample) goes through `impl.fn` and its argument
+    checks; once it has passed them every later call, the final one included, goes through
+    `registry.timed_callable(impl)` (the k sets are alike: same shapes, dtypes, layouts and
+    device), so the checks' microseconds of Python stay out of the timings.
 
     uploads: a dict shared by the implementations of one framework on one case: both input
     sets go to the device once and are cloned there for each implementation.
@@ -256,10 +325,12 @@ def timed_check(impl: Impl, case, device: str, timing_inputs: dict, final: Prepa
         outs = {o: fw.poisoned(shapes[o], case.dtype, device) for o in outputs}
         sets.append((flats, views, outs))
     results: dict = {}
+    fns = [impl.fn, timed_callable(impl)]  # the first call with the argument checks, the rest without
 
     def call(i):
         _, views, outs = sets[i % rotate]
-        returned = impl.fn(views, outs, case.params)
+        returned = fns[0](views, outs, case.params)
+        fns[0] = fns[-1]  # reached only once the checks passed
         results[i % rotate] = outs if returned is None else returned
 
     try:
@@ -283,18 +354,25 @@ def timed_check(impl: Impl, case, device: str, timing_inputs: dict, final: Prepa
     return TimedResult("PASS" if passed else "FAIL", run.samples, reports, "" if passed else REVALIDATION)
 
 
-def _stale_or_inaccurate(impl: Impl, first: Prepared, alt: Prepared, case, device: str) -> str:
+def diagnose_revalidation(impl: Impl, first: Prepared | None, alt: Prepared, case, device: str,
+                          other_inputs: dict | None = None) -> str:
     """Why a timed re-validation failed.  One plain call on the final inputs, in fresh buffers:
     if it matches their oracle, only the timed (reused-buffer) path is stale; if it matches
-    the first input set's oracle instead, the implementation returns a cached result; if it
-    matches neither, it is simply inaccurate on the second input set."""
+    the first input set's oracle instead (when there is one: `bench` times on inputs with no
+    oracle), the implementation returns a cached result; if it matches neither, it is simply
+    inaccurate on the second input set."""
     try:
         _, outs = call(impl, alt, case, device)
         if all(o.passed for o in judge(impl, alt, case, outs, SAMPLE_ABOVE)):
             return REVALIDATION + " A plain call on the same inputs passes."
-        if all(o.passed for o in judge(impl, first, case, outs, SAMPLE_ABOVE)):
+        if first is not None and all(o.passed for o in judge(impl, first, case, outs, SAMPLE_ABOVE)):
             return REVALIDATION + " A plain call on them returns the first input set's result."
         fw = frameworks.adapter(impl.backend.framework)
+        if first is None and other_inputs is not None:  # no oracle for the other set: compare the outputs
+            _, other = call(impl, Prepared(other_inputs, {}, {}, {}, "", 0), case, device)
+            if all(outs.get(k) is not None and other.get(k) is not None
+                   and np.array_equal(fw.to_host64(outs[k]), fw.to_host64(other[k]), equal_nan=True) for k in outs):
+                return REVALIDATION + " Plain calls on two different input sets return the same bits: a cached result."
         if any(fw.nan_count(outs[k]) > alt.nan_count(k) for k in outs if outs[k] is not None):
             return REVALIDATION + " A plain call on them leaves outputs unwritten (skipped work)."
     except (ValueError, TypeError, NotImplementedError) as exc:
@@ -303,27 +381,171 @@ def _stale_or_inaccurate(impl: Impl, first: Prepared, alt: Prepared, case, devic
             "an accuracy failure on those inputs, not a stale result")
 
 
+REPEAT_ENV = "GRADORACLE_REPEAT"  # `run --repeat N` sets it, so --isolate and --gpus workers see it too
+DEFAULT_REPEATS = 2
+REPEAT_MAX_BYTES = 64 << 20  # footprint above which the default is one call
+RECHECK_ORACLE_S = 0.5  # a case prepared faster than this gets the second oracle in its stale check
+
+STALE = ("stale-output check: the input buffers were refilled in place with a second input set (seed variant 1, "
+         "same addresses) and the outputs re-poisoned; the next call")
+
+
+def repeat_count(repeats: int | None, case, inputs: dict) -> tuple[int, bool]:
+    """(calls on the same inputs, whether they were asked for): `repeats`, else $GRADORACLE_REPEAT,
+    else DEFAULT_REPEATS when the case's footprint is at most REPEAT_MAX_BYTES and 1 above."""
+    asked = repeats is not None or bool(os.environ.get(REPEAT_ENV))
+    if repeats is None and asked:
+        try:
+            repeats = int(os.environ[REPEAT_ENV])
+        except ValueError:
+            raise ValueError(f"run_case: ${REPEAT_ENV} must be an integer >= 1, "
+                             f"got {os.environ[REPEAT_ENV]!r}") from None
+    if repeats is None:
+        repeats = DEFAULT_REPEATS if footprint_bytes(case, inputs) <= REPEAT_MAX_BYTES else 1
+    if repeats < 1:
+        raise ValueError(f"run_case: repeats must be >= 1, got {repeats}")
+    return repeats, asked
+
+
+def _passed(reports) -> bool:
+    return all(o.passed for o in reports)
+
+
+def _spread(fw, prepared: Prepared, case, first: dict, again: dict) -> float:
+    """Max over outputs of |again - first| / tolerance (inf where only one of them is NaN)."""
+    worst = 0.0
+    for name, ref in prepared.ref.items():
+        if first.get(name) is None or again.get(name) is None or name in prepared.samples:
+            continue  # (a sampled output has no whole oracle to scale by; its calls were compared bitwise or judged)
+        a, b = fw.to_host64(first[name]), fw.to_host64(again[name])
+        if a.shape != ref.shape or b.shape != ref.shape or not a.size:
+            continue
+        scale, n = prepared.scale[name]
+        with np.errstate(invalid="ignore", over="ignore"):
+            d = np.where((a == b) | (np.isnan(a) & np.isnan(b)), 0.0, np.abs(a - b))
+            ratio = np.where(np.isnan(d), np.inf, d / tolerance(ref, scale, n, case.dtype))
+        worst = max(worst, float(ratio.max()))
+    return worst
+
+
+def _repeat(result: CaseResult, impl: Impl, prepared: Prepared, case, guarded, first: dict, calls: int) -> None:
+    """Calls 2..calls on the same inputs, fresh outputs: bitwise equal to call 1 if deterministic,
+    else each judged against the oracle; the spread goes into result.spread."""
+    fw, result.spread = guarded.fw, 0.0
+    for i in range(2, calls + 1):
+        again, found = guarded.call()
+        result.calls = i
+        if impl.deterministic:
+            found = [f for f in (guards.compare_calls(fw, k, first.get(k), again.get(k), i)
+                                 for k in guarded.output_names) if f] + found
+            reports = []
+        else:
+            reports = judge(impl, prepared, case, again)
+        if found or not _passed(reports):
+            result.spread = _spread(fw, prepared, case, first, again)
+            result.status = "FAIL"
+            result.outputs = (reports or list(result.outputs)) + found
+            result.reason = (f"call {i} of {calls} on the same inputs (fresh poisoned outputs) "
+                             + ("differs from call 1" if impl.deterministic else "fails the oracle; call 1 passed")
+                             + ": a race, or state carried between calls?")
+            return
+        if not impl.deterministic:
+            result.spread = max(result.spread, _spread(fw, prepared, case, first, again))
+
+
+def _recheck(result: CaseResult, impl: Impl, prepared: Prepared, case, device: str, run_seed: int, oracle: str,
+             guarded) -> None:
+    """The stale-output check (module docstring): refill the inputs in place, re-poison, call, judge."""
+    fw = guarded.fw
+    full = prepared.oracle_s <= RECHECK_ORACLE_S
+    alt = prepare(case, run_seed, oracle, device, variant=1) if full else None
+    host = alt.inputs if full else generate(case, run_seed, variant=1)
+    before = None if full else {k: fw.clone(v) for k, v in guarded.last.items() if v is not None}
+    guarded.refill(host)
+    got, found = guarded.call(fresh=False)
+    result.calls += 1
+    result.recheck = "oracle" if full else "changed"
+    reports = judge(impl, alt, case, got) if full else _unchanged(fw, before, got)
+    if _passed(reports) and not found:
+        return
+    result.status = "FAIL"
+    result.outputs = (reports if full else result.outputs + reports) + found
+    if not _passed(reports):
+        result.reason = _stale_reason(impl, prepared, alt, case, device, got) if full else \
+            f"{STALE} returns outputs that did not change (or were not written): stale or cached output?"
+
+
+def _unchanged(fw, before: dict, got: dict) -> list[OutputReport]:
+    """Without a second oracle: outputs left all NaN, or bitwise equal to the previous input set's."""
+    found = []
+    for name, old in before.items():
+        new = got.get(name)
+        if new is None or not prod(new.shape):
+            continue
+        if fw.nan_count(new) == prod(new.shape) and fw.nan_count(old) < prod(old.shape):
+            found.append(guards.finding(name, "stale", "not written after the inputs changed (still NaN-poisoned)"))
+        elif tuple(old.shape) == tuple(new.shape) and fw.dtype_name(old) == fw.dtype_name(new) and \
+                fw.first_difference(old, new) is None and np.any(fw.to_host64(old)):  # all-zero: may be right
+            found.append(guards.finding(name, "stale", "unchanged after the inputs changed: bitwise equal to the "
+                                                       "output for the previous input set"))
+    return found
+
+
+def _stale_reason(impl: Impl, first: Prepared, alt: Prepared, case, device: str, got: dict) -> str:
+    """Why the stale-output check failed: a cached result, skipped work, a buffer-keyed cache, or
+    plain inaccuracy on the second input set (a call on fresh buffers fails too)."""
+    if _passed(judge(impl, first, case, got)):
+        return f"{STALE} returns the first input set's result: stale or cached output."
+    fw = frameworks.adapter(impl.backend.framework)
+    if any(got.get(k) is not None and fw.nan_count(got[k]) > alt.nan_count(k) for k in alt.ref):
+        return f"{STALE} leaves outputs unwritten: skipped work it believed done?"
+    try:
+        fresh, _ = guards.GuardedCall(impl, case, device, alt.inputs).call()
+        if _passed(judge(impl, alt, case, fresh)):
+            return (f"{STALE} is wrong, while a call on fresh buffers holding the same values passes: "
+                    "state keyed on the buffers (addresses)?")
+    except (ValueError, TypeError, NotImplementedError) as exc:
+        return f"{STALE} is wrong (and a call on fresh buffers raised {type(exc).__name__}: {exc})"
+    return ("fails on a second input set (seed variant 1) in fresh buffers too: an accuracy failure on those "
+            "inputs, not a stale result")
+
+
 def run_case(impl: Impl, case, device: str, run_seed: int = 0, oracle: str = "auto",
-             timed: bool = False, timing_config: timing.TimingConfig | None = None) -> CaseResult:
+             timed: bool = False, timing_config: timing.TimingConfig | None = None,
+             repeats: int | None = None, recheck: bool = True) -> CaseResult:
+    """Check `impl` on `case`: one guarded call judged against the oracle, the repeats, the
+    stale-output check (`recheck`; untimed runs only), then, when `timed` and still passing,
+    the timed run and its re-validation.  See the module docstring for the defaults."""
     result = CaseResult(case.op, impl.id, case.id, case.dtype, device, "SKIP",
                         repro=repro_command(impl, case, run_seed, device))
     reason = impl.skip_reason(case, device)
     if reason:
         result.reason = reason
         return result
+    if stress.applies(case):  # the last implementation's cached device memory (torch, cupy) back first
+        stress.release(device)
     prepared = prepare(case, run_seed, oracle, device)
     result.oracle, result.seed = prepared.oracle, prepared.seed
+    calls, asked = repeat_count(repeats, case, prepared.inputs)
+    if asked:
+        result.repro += f" --repeat {calls}"
     try:
-        inputs, outs = call(impl, prepared, case, device)
+        guarded = guards.GuardedCall(impl, case, device, prepared.inputs)
+        outs, found = guarded.call()
+        result.calls = 1
+        result.outputs = judge(impl, prepared, case, outs) + found
+        result.status = "PASS" if _passed(result.outputs) else "FAIL"
+        if result.status == "PASS" and calls > 1:
+            _repeat(result, impl, prepared, case, guarded, outs, calls)
+        if result.status == "PASS" and recheck and not timed:
+            _recheck(result, impl, prepared, case, device, run_seed, oracle, guarded)
     except (ValueError, TypeError, NotImplementedError) as exc:
         result.status, result.reason = "ERROR", f"{type(exc).__name__}: {exc}"
         return result
-    result.outputs = judge(impl, prepared, case, outs)
-    result.status = "PASS" if all(o.passed for o in result.outputs) else "FAIL"
     if timed and result.status == "PASS":
         # Timed on the inputs just checked; the final call gets another input set (variant 1).
         alt = prepare(case, run_seed, oracle, device, variant=1)
-        del inputs, outs
+        del guarded, outs
         tr = timed_check(impl, case, device, prepared.inputs, alt, timing_config or timing.TimingConfig.quick(),
                          sample_above=SAMPLE_ABOVE)
         if tr.samples is not None:
@@ -334,5 +556,5 @@ def run_case(impl: Impl, case, device: str, run_seed: int = 0, oracle: str = "au
             result.outputs = tr.outputs or result.outputs
             result.repro += " --time"
             if tr.status == "FAIL":
-                result.reason = _stale_or_inaccurate(impl, prepared, alt, case, device)
+                result.reason = diagnose_revalidation(impl, prepared, alt, case, device)
     return result

@@ -6,7 +6,18 @@
 
 Timers.  On CUDA each sample is bracketed by two CUDA events recorded on the current
 stream (`cuda_event`); samples are queued in batches and read after one synchronize, so
-the host stays ahead of the GPU.  On the CPU, `time.perf_counter` around the call and the
+the host stays ahead of the GPU.
+
+Hold.  Before each sample's start event the GPU is kept busy by a spin kernel
+(`torch.cuda._sleep`) for `GpuHold.ms`: 1.5 x the median host time of the recent calls
+(what Python, the framework and the launches take to queue one call) plus 20 us, at most
+HOLD_MAX_MS.  The host therefore has the whole call queued before the start event fires,
+and the sample is the call's device time: kernels plus the gaps between them on the GPU,
+not the host's launch latency, which varies with whatever else the host is doing.  The
+host time per call is recorded beside (`Samples.host_ms`): when it exceeds the device
+time, the call is launch-bound in a loop (graph mode removes that).  Torch, Triton and
+cupy launch on the current stream, which the hold orders; JAX blocks inside its call on
+streams of its own, so JAX is timed without a hold (wall time, dispatch included).  On the CPU, `time.perf_counter` around the call and the
 framework's sync (`perf_counter`).  Graph mode times replays of a captured CUDA graph
 (`cuda_graph`).  (A JAX implementation blocks on its results inside the call and runs on
 XLA's own streams: its event-timed samples are its wall time, dispatch included, and in
@@ -81,6 +92,7 @@ class TimingConfig:
     graph_calls: int = 0          # calls per graph replay; 0: auto
     rotate: int = 0               # input sets to rotate over; 0: auto (graph mode, cases that fit in L2)
     batch_s: float = 0.02         # wall time of one batch of samples after the first
+    hold: bool = True             # CUDA, cold/hot: spin the GPU while the host queues each sample (GpuHold)
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -151,6 +163,8 @@ class Samples:
     elapsed_s: float = 0.0
     throttled_all: bool = False
     final_ms: float | None = None  # the re-validated final call (not in the statistics)
+    host_ms: float | None = None   # median host time to queue one call (sampling phase)
+    hold_ms: float = 0.0           # the GPU hold before each sample's start event (0: none)
 
     @property
     def n(self) -> int:
@@ -173,7 +187,8 @@ class Samples:
                    timer=self.timer, stop=self.stop, warmup=self.warmup, clocks=self.clocks,
                    calls_per_sample=self.calls_per_sample, rotate=self.rotate, flush_bytes=self.flush_bytes,
                    fallback=self.fallback, elapsed_s=round(self.elapsed_s, 4), throttled_all=self.throttled_all,
-                   final_ms=self.final_ms, samples_ms=[float(f"{t:.6g}") for t in self.times_ms],
+                   final_ms=self.final_ms, host_ms=self.host_ms, hold_ms=round(self.hold_ms, 4),
+                   samples_ms=[float(f"{t:.6g}") for t in self.times_ms],
                    dropped_ms=[float(f"{t:.6g}") for t in self.dropped_ms])
         return out
 
@@ -184,7 +199,8 @@ class Samples:
                    clocks=d.get("clocks"), calls_per_sample=d.get("calls_per_sample", 1), rotate=d.get("rotate", 1),
                    flush_bytes=d.get("flush_bytes", 0), requested_mode=d.get("requested_mode", ""),
                    fallback=d.get("fallback", ""), elapsed_s=d.get("elapsed_s", 0.0),
-                   throttled_all=d.get("throttled_all", False), final_ms=d.get("final_ms"))
+                   throttled_all=d.get("throttled_all", False), final_ms=d.get("final_ms"),
+                   host_ms=d.get("host_ms"), hold_ms=d.get("hold_ms", 0.0))
 
 
 # ----------------------------------------------------------------------------- clocks
@@ -295,35 +311,87 @@ class CpuTimer:
         return out
 
 
+class GpuHold:
+    """A spin kernel on the current stream before each sample (see Hold in the module docstring).
+
+    `sleep(cycles)` queues the spin; `cycles_per_ms` converts (calibrated once per process by
+    timing a long spin with events).  `adapt` sets the length from the host times of recent calls.
+    """
+
+    def __init__(self, sleep: Callable[[int], None], cycles_per_ms: float):
+        self.sleep, self.cycles_per_ms = sleep, float(cycles_per_ms)
+        self.ms = 0.0
+        self.recent: list = []
+
+    def __call__(self):
+        if self.ms > 0:
+            self.sleep(int(self.ms * self.cycles_per_ms))
+
+    def adapt(self, host_ms: list) -> None:
+        self.recent = (self.recent + list(host_ms))[-HOLD_WINDOW:]
+        self.ms = min(HOLD_MAX_MS, HOLD_FACTOR * float(np.median(self.recent)) + HOLD_PAD_MS)
+
+    @classmethod
+    def for_cuda(cls) -> "GpuHold":
+        import torch
+
+        if "cuda" not in _HOLD_RATE:
+            torch.cuda._sleep(1000)  # load the kernel
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            cycles = 5_000_000
+            begin.record()
+            torch.cuda._sleep(cycles)
+            end.record()
+            end.synchronize()
+            _HOLD_RATE["cuda"] = cycles / max(begin.elapsed_time(end), 1e-3)
+        return cls(torch.cuda._sleep, _HOLD_RATE["cuda"])
+
+
+HOLD_FACTOR, HOLD_PAD_MS, HOLD_MAX_MS, HOLD_WINDOW = 1.5, 0.02, 2.0, 16
+_HOLD_RATE: dict = {}
+
+
 class EventTimer:
     """CUDA events around each call, a batch queued and then read after one synchronize.
 
     `during` runs after the batch is queued, while the GPU works through it (the clock read).
     `wait` (JAX) runs after each flush: a framework launching on streams of its own would
     otherwise overlap the flush, which only orders work on the current stream.
+    `hold` (a GpuHold) spins the GPU before each start event while the host queues the call;
+    the host time of every call is kept in `host_ms`.
     """
 
     name = "cuda_event"
 
     def __init__(self, flush: Callable[[], None] | None = None, event: Callable[[], object] | None = None,
-                 wait: Callable[[], None] | None = None):
+                 wait: Callable[[], None] | None = None, hold: GpuHold | None = None,
+                 clock: Callable[[], float] = time.perf_counter):
         if event is None:
             import torch
 
             def event():
                 return torch.cuda.Event(enable_timing=True)
-        self.flush, self._event, self.wait = flush, event, wait
+        self.flush, self._event, self.wait, self.hold, self._clock = flush, event, wait, hold, clock
+        self.host_ms: list = []
 
     def run(self, call, start: int, count: int, during=None) -> list:
         pairs = [(self._event(), self._event()) for _ in range(count)]
+        host = []
         for j, (begin, end) in enumerate(pairs):
             if self.flush:
                 self.flush()
                 if self.wait:
                     self.wait()
+            if self.hold:
+                self.hold()
             begin.record()
+            t0 = self._clock()
             call(start + j)
+            host.append((self._clock() - t0) * 1e3)
             end.record()
+        self.host_ms.extend(host)
+        if self.hold:
+            self.hold.adapt(host)
         if during:
             during()
         pairs[-1][1].synchronize()
@@ -494,6 +562,11 @@ def measure(call, timer, cfg: TimingConfig, clock: ClockMonitor | None = None,
     samples = Samples(kept, cfg.mode, timer.name, dropped_ms=dropped, stop=stop, warmup=warmup,
                       clocks=clock_summary(mhz, clock, len(dropped)), requested_mode=cfg.mode,
                       elapsed_s=now() - t0, throttled_all=throttled_all)
+    host = getattr(timer, "host_ms", None)
+    if host:
+        samples.host_ms = float(np.median(host[-len(times):]))
+    hold = getattr(timer, "hold", None)
+    samples.hold_ms = float(hold.ms) if hold else 0.0
     samples._next_index = index
     return samples
 
@@ -578,10 +651,13 @@ class TimedRun:
 
 def time_fn(call, device: str, cfg: TimingConfig, framework: str = "torch", sync: Callable[[], None] | None = None,
             clock: ClockMonitor | None = None, rotate: int = 1, now: Callable[[], float] = time.perf_counter,
-            capture=capture_graph, event: Callable[[], object] | None = None) -> TimedRun:
+            capture=capture_graph, event: Callable[[], object] | None = None,
+            hold: GpuHold | None = None) -> TimedRun:
     """Measure `call(i)` on `device` in `cfg.mode`; see the module docstring for every rule.
 
-    `capture` and `event` (a CUDA event factory) are replaceable so tests can fake the GPU.
+    `capture`, `event` (a CUDA event factory) and `hold` are replaceable so tests can fake the
+    GPU; by default the hold is the real spin kernel when `cfg.hold` and the framework queues
+    on the current stream (not JAX).
     """
     mode, fallback = effective_mode(cfg.mode, device)
     cuda = device.startswith("cuda")
@@ -594,7 +670,9 @@ def time_fn(call, device: str, cfg: TimingConfig, framework: str = "torch", sync
             import torch
 
             wait = torch.cuda.current_stream().synchronize
-        timer = EventTimer(flush, event, wait)
+        if hold is None and cfg.hold and framework != "jax" and event is None:
+            hold = GpuHold.for_cuda()
+        timer = EventTimer(flush, event, wait, hold if framework != "jax" else None)
     if mode != "graph":
         samples = measure(call, timer, cfg, clock, now)
         nxt = samples._next_index

@@ -38,7 +38,7 @@ import numpy as np
 
 from harness import dtypes
 from harness.registry import Cost, OpSpec, register_op
-from harness.tensors import from_grid, from_values, nonzero_uniform
+from harness.tensors import from_grid, from_values, layout_error, nonzero_uniform
 from oracle.broadcast import broadcast_shape, sum_to_shape
 
 FNS = ("add", "sub", "mul", "div", "pow", "maximum", "minimum")
@@ -174,14 +174,35 @@ def _case_id(case):
     return f"{p['fn']}[{','.join([case.dtype, 'A=' + _fmt(p['a']), 'B=' + _fmt(p['b'])] + extra)}]"
 
 
+_LAYOUT_KEYS = {"a_layout": "a", "b_layout": "b", "g_layout": "grad_out"}  # param -> the tensor it lays out
+_KNOWN = ("fn", "a", "b", *_LAYOUT_KEYS)
+
+
 def _validate(case):
     p = case.params
+    where = "binary_backward case"
     for key in ("fn", "a", "b"):
         if key not in p:
-            raise ValueError(f"binary_backward case: missing param {key!r} in {p}")
+            raise ValueError(f"{where}: missing param {key!r} in {p}")
+    unknown = sorted(set(p) - set(_KNOWN))
+    if unknown:
+        raise ValueError(f"{where}: unknown param {unknown[0]!r}: expected one of {', '.join(_KNOWN)}")
     if p["fn"] not in FNS:
-        raise ValueError(f"binary_backward case: fn {p['fn']!r} is not one of {', '.join(FNS)}")
-    broadcast_shape(p["a"], p["b"])
+        raise ValueError(f"{where}: param fn {p['fn']!r} is not one of {', '.join(FNS)}")
+    for key in ("a", "b"):
+        shape = p[key]
+        if not isinstance(shape, (list, tuple)) or any(
+                isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0 for n in shape):
+            raise ValueError(f"{where}: param {key!r}: expected a shape (a list of non-negative ints), got {shape!r}")
+    try:
+        ranks = {"a": len(p["a"]), "b": len(p["b"]), "grad_out": len(broadcast_shape(p["a"], p["b"]))}
+    except ValueError:
+        raise ValueError(f"{where}: params 'a' and 'b': expected shapes that broadcast (NumPy rules), "
+                         f"got {list(p['a'])} and {list(p['b'])}, which do not broadcast") from None
+    for key, tensor in _LAYOUT_KEYS.items():
+        why = layout_error(p.get(key, "contig"), ranks[tensor])
+        if why:
+            raise ValueError(f"{where}: param {key!r} ({tensor} has rank {ranks[tensor]}): {why}")
 
 
 SPEC = register_op(OpSpec(

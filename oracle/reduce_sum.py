@@ -206,7 +206,8 @@ def _validate(case):
     if layout not in LAYOUTS:
         raise ValueError(f"{where}: param 'x_layout' must be one of {', '.join(LAYOUTS)}, got {layout!r}")
     if layout != "contig" and len(shape) < (2 if layout == "transposed" else 1):
-        raise ValueError(f"{where}: param 'x_layout' {layout!r} needs a rank >= 2 shape, got {list(shape)}")
+        raise ValueError(f"{where}: param 'x_layout' {layout!r} needs a rank >= "
+                         f"{2 if layout == 'transposed' else 1} shape, got {list(shape)}")
 
 
 SPEC = register_op(OpSpec(

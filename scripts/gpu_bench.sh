@@ -12,6 +12,7 @@
 # BENCHMARKS.md and extras.tar.gz (the plots, logs, compare.json, env.txt).
 # Knobs (environment): CASES=perf OPS="" (all; space-separated) BACKENDS="" (all) MODE=cold
 # BUDGET=0.2 (sampling s per pair) TIME_LIMIT=130 (s per run) PER_OP="" PREFETCH="" (default cores/4)
+# RESULTS_DIR=results/h100/bench (the plots BENCHMARKS.md links; the 2026-11-23 run: PER_OP=3 TIME_LIMIT=185 BUDGET=0.25)
 # DEVICE=cuda (cpu dry-runs the script's logic anywhere).
 # Whole script: about 7 minutes on an H100 with the defaults (2 x 130 s of measuring, the rest
 # start-up, the extension build, ceilings and reports).
@@ -20,6 +21,7 @@ export PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} TORCH_CUDA_ARC
 : "${OUT:?set OUT to a folder for the results}"
 CASES=${CASES:-perf} OPS=${OPS:-} BACKENDS=${BACKENDS:-} MODE=${MODE:-cold} BUDGET=${BUDGET:-0.2}
 TIME_LIMIT=${TIME_LIMIT:-130} PER_OP=${PER_OP:-} PREFETCH=${PREFETCH:-} DEVICE=${DEVICE:-cuda}
+RESULTS_DIR=${RESULTS_DIR:-results/h100/bench}  # where BENCHMARKS.md's plots live (commit them with it)
 WORK=$(mktemp -d /tmp/gradoracle-bench.XXXXXX)
 export GRADORACLE_CACHE=$WORK/cache
 mkdir -p "$OUT/bench1" "$OUT/bench2"
@@ -68,7 +70,9 @@ grep -E "^(FASTER|SLOWER)" "$OUT/compare.txt" | head -10
 tail -2 "$OUT/compare.txt"
 
 stamp "== BENCHMARKS.md"
-python3 -m harness bench --from "$WORK/bench2/results.json" --benchmarks-md BENCHMARKS.md | tail -1
+mkdir -p "$RESULTS_DIR/plots" && rm -f "$RESULTS_DIR"/plots/*.png && cp "$WORK"/bench2/plots/*.png "$RESULTS_DIR/plots/" 2>/dev/null
+python3 -m harness bench --from "$WORK/bench2/results.json" --benchmarks-md BENCHMARKS.md \
+  --plots-link "$RESULTS_DIR/plots" | tail -1
 cp BENCHMARKS.md "$OUT/"
 
 tar czf "$OUT/extras.tar.gz" -C "$WORK" env.txt list.txt compare.json bench1.log bench1.err bench2.log bench2.err \

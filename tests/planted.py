@@ -109,3 +109,118 @@ def address_memo(inputs, outs, params):
         _MEMORY[key] = _correct(inputs, params)
     for k, v in _MEMORY[key].items():
         outs[k][...] = v
+
+
+# ----------------------------------------------------------------------------- memory and repeat faults
+# Each is right in value where the harness looks only at the outputs; the guards of
+# harness/guards.py must catch them.  Pointer-style access: as_strided from a view's first
+# element reaches memory around it, as a raw kernel's out-of-range index would.
+
+
+def _at(x, i):
+    """A 1-element writable view of the element `i` places from x's first element (i may be -1 or past the end)."""
+    item = x.itemsize
+    return np.lib.stride_tricks.as_strided(x, (abs(i) + 1,), (item if i >= 0 else -item,))[abs(i):]
+
+
+def _end(x) -> int:
+    """Elements from x's first element to one past its last (its memory span)."""
+    return sum((n - 1) * s for n, s in zip(x.shape, x.strides)) // x.itemsize + 1 if x.size else 0
+
+
+def _write_correct(inputs, outs, params):
+    for k, v in _correct(inputs, params).items():
+        outs[k][...] = v
+
+
+@planted.impl("binary_backward", variant="oob_write_after", dtypes=ALL)
+def oob_write_after(inputs, outs, params):
+    """Right values, then a 0 stored one element past the end of grad_b (an off-by-one bound)."""
+    _write_correct(inputs, outs, params)
+    _at(outs["grad_b"], _end(outs["grad_b"]))[0] = 0
+
+
+@planted.impl("binary_backward", variant="oob_write_before", dtypes=ALL)
+def oob_write_before(inputs, outs, params):
+    """Right values, then NaN stored one element before the start of grad_a (index -1)."""
+    _write_correct(inputs, outs, params)
+    _at(outs["grad_a"], -1)[0] = np.nan
+
+
+@planted.impl("binary_backward", variant="oob_read_after", dtypes=ALL)
+def oob_read_after(inputs, outs, params):
+    """Loads one element past the end of grad_out and masks it with a multiply by 0 (load before
+    the bound test): harmless on finite memory, NaN from a NaN guard band."""
+    _write_correct(inputs, outs, params)
+    g = inputs["grad_out"]
+    outs["grad_a"].reshape(-1)[-1] += 0 * _at(g, _end(g))[0]
+
+
+@planted.impl("binary_backward", variant="oob_read_before", dtypes=ALL)
+def oob_read_before(inputs, outs, params):
+    """Loads the element before a (index -1) and masks it with a multiply by 0."""
+    _write_correct(inputs, outs, params)
+    outs["grad_b"].reshape(-1)[0] += 0 * _at(inputs["a"], -1)[0]
+
+
+@planted.impl("binary_backward", variant="mutates_input", dtypes=ALL)
+def mutates_input(inputs, outs, params):
+    """Right values, but uses grad_out as scratch: it leaves grad_out * da there."""
+    a, b, ta, tb = _grads(inputs, params)
+    _write_correct(inputs, outs, params)
+    g = inputs["grad_out"]
+    g[...] = ta.astype(g.dtype)
+
+
+_ORDERS = iter(range(1 << 62))  # a new summation order on every call, reproducibly
+
+
+def _shuffled_sum(inputs, outs, params):
+    """grad_b (B broadcast over leading dims) summed in float32 in a new random row order each call:
+    within tolerance every time, not the same bits."""
+    a, b, ta, tb = _grads(inputs, params)
+    outs["grad_a"][...] = sum_to_shape(ta, a.shape)
+    rows = tb.reshape(-1, *b.shape) if b.ndim else tb.reshape(-1, 1)
+    acc = np.zeros(rows.shape[1:], np.float32)
+    for r in np.random.default_rng(next(_ORDERS)).permutation(len(rows)):
+        acc += rows[r].astype(np.float32)
+    outs["grad_b"][...] = acc.reshape(b.shape)
+
+
+planted.impl("binary_backward", variant="racy_sum", dtypes=("f32",))(_shuffled_sum)
+planted.impl("binary_backward", variant="racy_sum_declared", dtypes=("f32",), deterministic=False)(_shuffled_sum)
+
+
+# The same faults through the torch adapter (its guarded views carry a storage offset).
+planted_torch = Backend("planted_torch", framework="torch", devices=("cpu", "cuda"), register=False,
+                        description="wrong torch kernels the harness must catch")
+
+
+def _torch_correct(inputs, outs):
+    g = inputs["grad_out"]
+    outs["grad_a"].copy_((g * inputs["b"]).sum_to_size(outs["grad_a"].shape))
+    outs["grad_b"].copy_((g * inputs["a"]).sum_to_size(outs["grad_b"].shape))
+
+
+def _mul_only(case):
+    return None if case.params["fn"] == "mul" else "planted_torch: mul only"
+
+
+@planted_torch.impl("binary_backward", variant="ok", dtypes=ALL, supports=_mul_only)
+def torch_ok(inputs, outs, params):
+    _torch_correct(inputs, outs)
+
+
+@planted_torch.impl("binary_backward", variant="oob_write_after", dtypes=ALL, supports=_mul_only)
+def torch_oob_write_after(inputs, outs, params):
+    """Right values, then 0 stored one element past the end of grad_b, through its storage."""
+    _torch_correct(inputs, outs)
+    out = outs["grad_b"]
+    out.as_strided((out.numel() + 1,), (1,), out.storage_offset())[-1] = 0
+
+
+@planted_torch.impl("binary_backward", variant="mutates_input", dtypes=ALL, supports=_mul_only)
+def torch_mutates_input(inputs, outs, params):
+    """Right values, then negates b in place."""
+    _torch_correct(inputs, outs)
+    inputs["b"].neg_()

@@ -80,6 +80,7 @@ def test_bench_exits_nonzero_on_a_revalidation_failure(tmp_path, cache, capsys):
                          cwd=ROOT, capture_output=True, text=True, timeout=600, env=os.environ.copy())
     assert out.returncode == 1, out.stdout + out.stderr
     assert "FAIL binary_backward planted@stale_cache mul[f32,A=16x64,B=64]: timed re-validation" in out.stdout
+    assert "a cached result" in out.stdout
     assert "reproduce: python -m harness run --op binary_backward --backend planted@stale_cache" in out.stdout
     assert "1 timed, 1 failed" in out.stdout
     assert "[" in out.stderr and "2/2 100%" in out.stderr  # the progress bar, on stderr
@@ -132,7 +133,9 @@ def test_pytest_benchmark_save_and_compare(tmp_path, cache):
     args = [sys.executable, "-m", "pytest", "tests/test_benchmark.py", "-p", "no:cacheprovider", "-q",
             "--op", "binary_backward", "--backend", "torch", "--backend", "torch_ext",
             f"--benchmark-storage=file://{storage}"]
-    env = {**os.environ, "GRADORACLE_CACHE": str(cache.parent)}
+    # Drop xdist worker variables: under `pytest -n` the inner pytest must not think it is a worker.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env["GRADORACLE_CACHE"] = str(cache.parent)
     first = subprocess.run(args + ["--benchmark-save=one", f"--benchmark-json={tmp_path / 'b.json'}"], cwd=ROOT,
                            capture_output=True, text=True, timeout=600, env=env)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]

@@ -204,3 +204,35 @@ def test_prefetch_keeps_order_and_reports_errors(depth):
     got = list(Prefetch(range(6), work, depth))
     assert [i for i, _ in got] == list(range(6))
     assert [r for i, r in got if i != 3] == [0, 10, 20, 40, 50] and isinstance(got[3][1], MemoryError)
+
+
+def test_prefetch_quiet_runs_no_preparation_inside():
+    import threading
+    import time as _time
+
+    log = []
+    lock = threading.Lock()
+
+    def work(x):
+        with lock:
+            log.append(("start", x, _time.monotonic()))
+        _time.sleep(0.05)
+        with lock:
+            log.append(("end", x, _time.monotonic()))
+        return x
+
+    fetch = Prefetch(range(8), work, 3)
+    windows = []
+    for i, _ in fetch:
+        with fetch.quiet():
+            t0 = _time.monotonic()
+            _time.sleep(0.03)  # "timing": no preparation may start or run meanwhile
+            windows.append((t0, _time.monotonic()))
+    for t0, t1 in windows:
+        for kind, _x, t in log:
+            assert not (t0 < t < t1), (kind, t0, t, t1)
+    # and nothing was running across a window: every start/end pair lies on one side of it
+    starts = {x: t for k, x, t in log if k == "start"}
+    ends = {x: t for k, x, t in log if k == "end"}
+    for t0, t1 in windows:
+        assert all(ends[x] <= t0 or starts[x] >= t1 for x in starts)

@@ -21,12 +21,15 @@ def _impl(variant):
 @pytest.mark.parametrize("variant", ["stale_cache", "compute_once", "address_memo"])
 def test_stale_backend_passes_its_first_call_and_fails_revalidation(variant):
     planted.forget()
-    first = runner.run_case(_impl(variant), CASE, "cpu", run_seed=3, oracle="numpy")
+    # One call, no repeats or stale-output check (run_case's own checks fail these: test_planted_faults.py).
+    first = runner.run_case(_impl(variant), CASE, "cpu", run_seed=3, oracle="numpy", repeats=1, recheck=False)
     assert first.status == "PASS", first.report()
     planted.forget()
     timed = runner.run_case(_impl(variant), CASE, "cpu", run_seed=3, oracle="numpy", timed=True,
-                            timing_config=QUICK)
+                            timing_config=QUICK, repeats=1)
     assert timed.status == "FAIL", timed.report()
+    # Its one untimed call passed (no repeat, no stale check): the timed path is what failed it.
+    assert (timed.calls, timed.recheck) == (1, ""), timed.report()
     assert timed.reason.startswith(runner.REVALIDATION), timed.reason
     assert timed.repro.endswith(" --time") and timed.timing["n"] >= 5
     text = timed.report()
@@ -155,9 +158,22 @@ def test_failed_revalidation_says_stale_or_inaccurate():
     a cached one stale (the cached variants above), so a precision failure on the second input
     set is not reported as caching."""
     first, alt = runner.prepare(CASE, 3, "numpy"), runner.prepare(CASE, 3, "numpy", variant=1)
-    why = runner._stale_or_inaccurate(planted.planted.impls[("binary_backward", "zeros")], first, alt, CASE, "cpu")
+    why = runner.diagnose_revalidation(planted.planted.impls[("binary_backward", "zeros")], first, alt, CASE, "cpu")
     assert why.startswith("fails on a second input set"), why
     planted.forget()
     runner.call(_impl("stale_cache"), first, CASE, "cpu")
-    why = runner._stale_or_inaccurate(_impl("stale_cache"), first, alt, CASE, "cpu")
+    why = runner.diagnose_revalidation(_impl("stale_cache"), first, alt, CASE, "cpu")
     assert why.endswith("returns the first input set's result."), why
+
+
+def test_bench_row_says_inaccurate_not_stale_for_a_wrong_kernel():
+    """bench's timed inputs have no oracle: its diagnosis runs without the first set and must
+    still call a kernel that is wrong on every input set inaccurate, not stale (a cached one is
+    told apart by returning the same bits on both sets: test_bench_cli)."""
+    from harness import bench, timing
+
+    impl = planted.planted.impls[("binary_backward", "copy_input")]  # wrong, but follows its inputs
+    opts = bench.BenchOptions("cpu", timing.TimingConfig(mode="hot", budget_s=0.01, min_samples=3), progress=False)
+    inputs = bench.finish(CASE, bench.prepare_host(CASE, 0, "numpy", "cpu"))
+    row = bench.bench_pair(impl, CASE, inputs, opts)
+    assert row["status"] == "FAIL" and row["reason"].startswith("fails on a second input set"), row["reason"]

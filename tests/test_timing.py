@@ -242,6 +242,43 @@ def test_event_timer_flushes_before_each_sample_and_reads_clock_before_sync():
     assert ("sync",) not in seen[0] and gpu.syncs == 1  # clock read while the batch is queued
 
 
+def test_gpu_hold_spins_before_each_start_event_and_follows_host_time():
+    gpu = FakeGPU(lambda i: 2.0)
+    host = iter([0.001, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1] + [0.1] * 100)  # seconds between clock reads
+    t = [0.0]
+
+    def clock():  # advances by the next host time on every second read (the end of a call)
+        t[0] += next(host) if len(reads) % 2 else 0.0
+        reads.append(t[0])
+        return t[0]
+
+    reads: list = []
+    hold = timing.GpuHold(lambda cycles: gpu.log.append(("hold", cycles)), cycles_per_ms=1000.0)
+    timer = timing.EventTimer(gpu.flush, gpu.event, hold=hold, clock=clock)
+    timer.run(gpu.call, 0, 1)
+    assert ("hold", 0) not in gpu.log and gpu.log[:2] == [("flush",), ("call", 0)]  # no hold before any host time
+    assert hold.ms == pytest.approx(1.5 * 1.0 + 0.02)  # 1 ms of host time for the first call
+    timer.run(gpu.call, 1, 6)
+    holds = [e for e in gpu.log if e[0] == "hold"]
+    assert len(holds) == 6 and holds[0] == ("hold", int((1.5 * 1.0 + 0.02) * 1000))
+    # order per sample: flush, hold, then the call (between the events)
+    k = gpu.log.index(("call", 1))
+    assert gpu.log[k - 2:k] == [("flush",), holds[0]]
+    assert hold.ms == timing.HOLD_MAX_MS  # 100 ms host times: capped
+    assert timer.host_ms[0] == pytest.approx(1.0) and len(timer.host_ms) == 7
+
+
+def test_samples_record_host_time_and_hold():
+    clock = Clock()
+    timer = ScriptedTimer(lambda i: 1.0, clock)
+    timer.host_ms = [0.5] * 100
+    timer.hold = types.SimpleNamespace(ms=0.77)
+    s = measure(None, timer, quick(min_samples=5, max_samples=5), now=clock)
+    assert s.host_ms == 0.5 and s.hold_ms == 0.77
+    j = s.to_json()
+    assert j["host_ms"] == 0.5 and j["hold_ms"] == 0.77 and timing.Samples.from_json(j).hold_ms == 0.77
+
+
 def test_time_fn_cold_mode_on_a_fake_gpu(monkeypatch):
     gpu = FakeGPU(lambda i: 1.5)
     monkeypatch.setattr(timing, "flush_for", lambda device: _Flush(gpu, 100 << 20))

@@ -12,6 +12,9 @@ spec's float32-accumulation rule (err/tol ~4-5 at 4096 rows in bf16).  So on CPU
 dtypes run the same kernel on float32 copies and round the results once, as the spec
 asks.  On CUDA torch keeps mean/rstd in float32 and accumulates in float32: the half
 dtypes call the kernel as they are.
+
+mean and rstd are made contiguous first: torch 2.13's CPU native_layer_norm_backward reads a
+strided (e.g. sliced) mean/rstd as if it were dense, and returns NaN or wrong rows.
 """
 OP = "layernorm_backward"
 
@@ -21,7 +24,8 @@ def backward(inputs, params):
 
     dy, x, weight = inputs["dy"], inputs["x"], inputs.get("weight")
     dtype, n = x.dtype, x.shape[-1]
-    mean, rstd = inputs["mean"].unsqueeze(-1), inputs["rstd"].unsqueeze(-1)
+    # contiguous(): torch's CPU kernel reads strided mean/rstd as if dense (a silent wrong answer).
+    mean, rstd = inputs["mean"].contiguous().unsqueeze(-1), inputs["rstd"].contiguous().unsqueeze(-1)
     if x.device.type == "cpu" and dtype in (torch.float16, torch.bfloat16):
         dy, x = dy.float(), x.float()
         weight = weight.float() if weight is not None else None

@@ -15,8 +15,8 @@ def backward(inputs, params):
     dy, x, weight = inputs["dy"], inputs["x"], inputs["weight"]
     n = x.shape[-1]
     if x.device.type == "cuda" and hasattr(torch.ops.aten, "_fused_rms_norm_backward"):
-        dx, dweight = torch.ops.aten._fused_rms_norm_backward(dy, x, [n], inputs["rstd"].unsqueeze(-1), weight,
-                                                              [True, True])
+        rstd = inputs["rstd"].contiguous().unsqueeze(-1)  # as for layernorm: never trust a strided rstd
+        dx, dweight = torch.ops.aten._fused_rms_norm_backward(dy, x, [n], rstd, weight, [True, True])
         return {"dx": dx, "dweight": dweight}
     x = x.detach().requires_grad_()
     weight = weight.detach().requires_grad_()

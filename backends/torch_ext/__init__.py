@@ -10,6 +10,12 @@ Ops (see ops.cpp):
     gradoracle::binary_backward(Tensor a, Tensor b, Tensor grad_out, str fn) -> (Tensor, Tensor)
     gradoracle::binary_backward.out(..., *, Tensor(a!) grad_a, Tensor(b!) grad_b) -> (Tensor(a!), Tensor(b!))
 
+Both ops have a fake (meta) implementation that runs harness.argcheck's checks, so meta
+tensors and torch.compile's fake tensors get shapes, and bad arguments clear errors, as real
+ones do; a call mixing meta with real tensors (the dispatcher picks Meta for it) is a
+ValueError naming the argument.  (In Python, not as a C++ Meta kernel: its checks would have
+to be SymInt-aware for dynamic shapes.)
+
 Importing this module is cheap and never raises: torch is imported only when needed.
 """
 from __future__ import annotations
@@ -20,6 +26,7 @@ import re
 import threading
 from pathlib import Path
 
+from harness import argcheck
 from harness.registry import Backend
 
 _HERE = Path(__file__).resolve().parent
@@ -91,10 +98,21 @@ def _first_error_line(text: str) -> str:
 def _register_fakes() -> None:
     import torch
 
+    def check(a, b, grad_out, fn, grad_a=None, grad_b=None):
+        # Any device here (meta included); only their agreement is checked.
+        argcheck.check("binary_backward", {"a": a, "b": b, "grad_out": grad_out},
+                       {"grad_a": grad_a, "grad_b": grad_b}, {"fn": fn}, who="torch_ext", framework="torch")
+
     @torch.library.register_fake("gradoracle::binary_backward")
     def _binary_backward_fake(a, b, grad_out, fn):
+        check(a, b, grad_out, fn)
         # Outputs are contiguous, shaped like a and b, in a's dtype (as ops.cpp allocates them).
         return a.new_empty(a.shape), a.new_empty(b.shape)
+
+    @torch.library.register_fake("gradoracle::binary_backward.out")
+    def _binary_backward_out_fake(a, b, grad_out, fn, *, grad_a, grad_b):
+        check(a, b, grad_out, fn, grad_a, grad_b)
+        return grad_a, grad_b
 
 
 def _load() -> str | None:
@@ -143,12 +161,42 @@ torch_ext = Backend("torch_ext", framework="torch", devices=("cpu", "cuda"),
                     check=_check)
 
 
-@torch_ext.impl("binary_backward", dtypes=("f32", "f16", "bf16", "f64"), deterministic=True)
+_MAX_RANK = 8  # kMaxDims in bcast_plan.h
+
+
+def _kernel_limits(inputs, outs) -> None:
+    """The kernel's own limits, checked before the op so that the harness path never depends on
+    an exception thrown in C++: grad_out's rank, contiguous outputs, no output sharing memory
+    with an input or the other output.  (ops.cpp checks the same for direct callers.)"""
+    rank = inputs["grad_out"].dim()
+    if rank > _MAX_RANK:
+        raise ValueError(f"torch_ext binary_backward: argument 'grad_out' has {rank} dims, expected at most "
+                         f"{_MAX_RANK} (the kernels unravel at most {_MAX_RANK})")
+    for name in ("grad_a", "grad_b"):
+        out = outs[name]
+        if not out.is_contiguous():
+            raise ValueError(f"torch_ext binary_backward: argument {name!r} has strides {tuple(out.stride())} for "
+                             f"shape {tuple(out.shape)}, expected a contiguous tensor (the kernel writes it densely)")
+        if not out.numel():
+            continue
+        ptr = out.untyped_storage().data_ptr()
+        for other in ("a", "b", "grad_out", "grad_b" if name == "grad_a" else None):
+            x = outs[other] if other == "grad_b" else inputs.get(other)
+            if x is not None and x.numel() and x.untyped_storage().data_ptr() == ptr:
+                raise ValueError(f"torch_ext binary_backward: argument {name!r} shares memory with {other!r}, "
+                                 "expected a separate tensor (outputs are written while inputs are read)")
+
+
+@argcheck.register(torch_ext, "binary_backward", dtypes=("f32", "f16", "bf16", "f64"), deterministic=True)
 def _binary_backward_impl(inputs, outs, params):
-    """Writes outs['grad_a'], outs['grad_b'] in place through the .out op."""
+    """Writes outs['grad_a'], outs['grad_b'] in place through the .out op.
+
+    argcheck validates the call first, then `_kernel_limits`; the op validates again in C++
+    (ops.cpp), for callers of torch.ops.gradoracle.binary_backward that come without this wrapper."""
     import torch
 
     _require()
+    _kernel_limits(inputs, outs)
     torch.ops.gradoracle.binary_backward.out(inputs["a"], inputs["b"], inputs["grad_out"], params["fn"],
                                              grad_a=outs["grad_a"], grad_b=outs["grad_b"])
 
