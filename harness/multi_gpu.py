@@ -45,6 +45,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 STATUSES = ("PASS", "FAIL", "ERROR", "SKIP", "CRASH", "TIMEOUT")
@@ -347,7 +348,7 @@ def row_key(row: dict) -> tuple:
 
 
 def _figures(row: dict) -> list:
-    """A row's error figures (per output: passed, max_rel, worst_ratio): equal when the same inputs gave the same bits."""
+    """Per output: passed, max_rel, worst_ratio; equal when the same inputs gave the same bits."""
     return [(o.get("name"), o.get("passed"), o.get("max_rel"), o.get("worst_ratio")) for o in row.get("outputs") or []]
 
 
@@ -358,8 +359,6 @@ def compare_runs(one: dict, two: dict, wall_one: float | None = None, wall_two: 
     same set of (op, impl, case, dtype) rows, no row twice, the same status on every row, and
     every worker of `two` holding rows (on a GPU: as many distinct GPUs as workers)."""
     rows1, rows2 = one.get("results", []), two.get("results", [])
-    from collections import Counter
-
     dup1, dup2 = ([k for k, n in Counter(map(row_key, rows)).items() if n > 1] for rows in (rows1, rows2))
     by1, by2 = {row_key(r): r for r in rows1}, {row_key(r): r for r in rows2}
     common = [k for k in by1 if k in by2]
@@ -387,6 +386,8 @@ def compare_runs(one: dict, two: dict, wall_one: float | None = None, wall_two: 
                    if w.get("exit_code") not in (0, 1)]
     identical = not differ and not dup1 and not dup2 and set(by1) == set(by2)
     speedup = wall_one / wall_two if wall_one and wall_two else None
+    # one cut short, two complete: one would have taken longer, so the speedup is at least this
+    lower_bound = bool(speedup and one.get("interrupted") and not two.get("interrupted"))
     return {
         "ok": identical and split and not incomplete,
         "identical": identical, "split": split, "incomplete": incomplete,
@@ -401,7 +402,7 @@ def compare_runs(one: dict, two: dict, wall_one: float | None = None, wall_two: 
         "device_name": [one.get("device_name"), two.get("device_name")],
         "workers": n_workers, "gpus_used": gpus_used, "per_gpu": per_gpu, "per_worker": per_worker,
         "worker_exit": [w.get("exit_code") for w in workers],
-        "wall_one_s": wall_one, "wall_two_s": wall_two, "speedup": speedup,
+        "wall_one_s": wall_one, "wall_two_s": wall_two, "speedup": speedup, "speedup_is_lower_bound": lower_bound,
     }
 
 
@@ -421,7 +422,8 @@ def format_comparison(c: dict, show: int = 20) -> str:
         lines.append(f"  {field.replace('_', ' ')}: " + "; ".join(
             f"{at}: {v['rows']} rows, {v['cases']} cases" for at, v in c[field].items()))
     if c["wall_one_s"] and c["wall_two_s"]:
-        lines.append(f"wall: one {c['wall_one_s']:.1f}s, two {c['wall_two_s']:.1f}s, speedup {c['speedup']:.2f}x")
+        lines.append(f"wall: one {c['wall_one_s']:.1f}s, two {c['wall_two_s']:.1f}s, speedup "
+                     f"{'at least ' if c.get('speedup_is_lower_bound') else ''}{c['speedup']:.2f}x")
     for note in c["incomplete"]:
         lines.append(f"INCOMPLETE {note}")
     for label, key in (("status differs", "status_differs"), ("only in one", "only_in_one"),

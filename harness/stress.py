@@ -114,8 +114,11 @@ def _make_plan(case) -> RowPlan | None:
     if any(k.endswith("_layout") and v != "contig" for k, v in case.params.items()):
         return None  # chunks are stacked as contiguous rows
     spec = get_op(case.op)
-    shapes = {k: tuple(v) for k, v in spec.shapes(case).items()}
-    big = max(shapes, key=lambda k: prod(shapes[k]))
+    try:
+        shapes = {k: tuple(v) for k, v in spec.shapes(case).items()}
+        big = max(shapes, key=lambda k: prod(shapes[k]))
+    except (ValueError, TypeError, KeyError):  # a malformed case: the ordinary path reports it
+        return None
     if prod(shapes[big]) <= HUGE_NUMEL or not shapes[big]:
         return None
     rows = shapes[big][0]
