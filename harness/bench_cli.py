@@ -32,7 +32,9 @@ def add_parsers(sub) -> None:
     b.add_argument("--max-samples", type=int, default=500)
     b.add_argument("--budget", type=float, default=1.0, help="sampling seconds per implementation and case (1.0)")
     b.add_argument("--warmup-budget", type=float, default=0.5, help="warm-up seconds after the first call (0.5)")
-    b.add_argument("--rotate", type=int, default=0, help="input sets to rotate over (0: auto, graph mode)")
+    b.add_argument("--rotate", type=int, default=0, help="input sets to rotate over (0: auto; see --cold-sets)")
+    b.add_argument("--cold-sets", type=int, default=16,
+                   help="cold mode: rotate over up to this many input allocations, 512 MiB in all (16)")
     b.add_argument("--graph-calls", type=int, default=0, help="calls per graph replay (0: auto)")
     b.add_argument("--no-hold", action="store_true",
                    help="no GPU spin before each sample: times include the host's launch latency (harness/timing.py)")
@@ -92,7 +94,7 @@ def cmd_bench(args, argv=None) -> int:
         device = frameworks.default_device() if args.device == "auto" else args.device
         cfg = timing.TimingConfig(mode=args.mode, rel_ci=args.rel_ci, min_samples=args.min_samples,
                                   max_samples=args.max_samples, budget_s=args.budget,
-                                  warmup_budget_s=args.warmup_budget, rotate=args.rotate,
+                                  warmup_budget_s=args.warmup_budget, rotate=args.rotate, cold_sets=args.cold_sets,
                                   graph_calls=args.graph_calls, hold=not args.no_hold)
         opts = bench.BenchOptions(device, cfg, args.seed, args.oracle,
                                   None if args.full_validation else bench.runner.SAMPLE_ABOVE,

@@ -183,8 +183,11 @@ def timing_line(results: dict) -> str:
             f"warm-up until two calls agree within {100 * cfg.get('warmup_rtol', 0):.2g}%; "
             f"samples under {100 * cfg.get('throttle', 0):.0f}% of the top SM clock dropped")
     if cfg.get("hold", False) and (results.get("device") or {}).get("kind") == "cuda":
-        text += ("; device time: the GPU spins before each start event until the host has queued the call "
-                 "(not JAX, which is wall time); host = time to queue one call, ! where it exceeds the device time")
+        text += ("; device time: the GPU spins before each sample's flush until the host has queued the call; "
+                 "JAX (own streams and threads): its GPU busy time from CUPTI, kernels of the call only; "
+                 "host = time to queue one call (JAX: wall time of the blocking call), ! where it exceeds the device time")
+    if cfg.get("mode") == "cold" and cfg.get("cold_sets", 1) > 1:
+        text += f"; samples rotate over up to {cfg['cold_sets']} input allocations (at most 512 MiB in all)"
     above = cfg.get("sample_above")
     text += ("; the final timed call re-validated against the oracle"
              + (f" (outputs over {above} elements on a 1M-element sample + a full NaN count)" if above else ""))

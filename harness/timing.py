@@ -8,20 +8,34 @@ Timers.  On CUDA each sample is bracketed by two CUDA events recorded on the cur
 stream (`cuda_event`); samples are queued in batches and read after one synchronize, so
 the host stays ahead of the GPU.
 
-Hold.  Before each sample's start event the GPU is kept busy by a spin kernel
-(`torch.cuda._sleep`) for `GpuHold.ms`: 1.5 x the median host time of the recent calls
-(what Python, the framework and the launches take to queue one call) plus 20 us, at most
-HOLD_MAX_MS.  The host therefore has the whole call queued before the start event fires,
+Hold.  Before each sample the GPU is kept busy by a spin kernel (`torch.cuda._sleep`)
+for `GpuHold.ms`: 1.5 x the median host time of the recent calls (what Python, the
+framework and the launches take to queue one call) plus 20 us, at most HOLD_MAX_MS.  The
+spin comes before the cold flush, so the call follows the flush at once rather than after
+an idle memory system of a length that follows the host's speed (H100, a 23 us dgrad,
+spins of 0.2 and 0.8 ms, two repeats: flush-spin-call medians 22.7-24.1 us,
+spin-flush-call 23.8-24.1 us; scripts/diag/timing_repro.py).  The host therefore has the
+whole call queued before the start event fires,
 and the sample is the call's device time: kernels plus the gaps between them on the GPU,
 not the host's launch latency, which varies with whatever else the host is doing.  The
 host time per call is recorded beside (`Samples.host_ms`): when it exceeds the device
 time, the call is launch-bound in a loop (graph mode removes that).  Torch, Triton and
-cupy launch on the current stream, which the hold orders; JAX blocks inside its call on
-streams of its own, so JAX is timed without a hold (wall time, dispatch included).  On the CPU, `time.perf_counter` around the call and the
-framework's sync (`perf_counter`).  Graph mode times replays of a captured CUDA graph
-(`cuda_graph`).  (A JAX implementation blocks on its results inside the call and runs on
-XLA's own streams: its event-timed samples are its wall time, dispatch included, and in
-cold mode the host waits for the flush before calling it.)
+cupy launch on the current stream, which the hold orders.  On the CPU, `time.perf_counter`
+around the call and the framework's sync (`perf_counter`).  Graph mode times replays of a
+captured CUDA graph (`cuda_graph`).
+
+JAX (`cupti_busy`).  XLA launches from threads and onto streams of its own, and the JAX
+implementation blocks on its results inside the call, so neither events on the current
+stream nor a hold can bracket its work, and its wall time is mostly dispatch and the
+host's wake-up (measured on the H100: 0.18-0.29 ms of wall time around 22 us of kernels,
+the medians of two runs 20-37% apart).  Its samples are therefore its device busy time
+from CUPTI (through torch.profiler, which records every kernel, copy and memset of the
+process, XLA's included): per call, the length of the union of the intervals of the GPU
+activities it ran, found between two marker kernels (a short spin) queued before the call
+and after the flush.  Gaps between its kernels are not counted (for torch they are, a
+microsecond or two per kernel boundary); the wall time per call is `host_ms`.  Without
+CUPTI (no kineto CUDA activity), JAX falls back to the wall time, with the reason in
+`Samples.fallback`.
 
 Warm-up rule.  Call repeatedly, each call timed alone, until two consecutive calls agree
 within `warmup_rtol` (5%) after at least `warmup_min` calls; or `warmup_max` calls; or
@@ -41,6 +55,12 @@ Modes.
          timed call finds none of its data in L2.  Reading, not writing: a zero-filled
          flush leaves dirty lines whose write-back the timed call would pay for.  On the
          CPU the flush reads 2 x the last-level cache (sysconf; 32 MiB if unknown).
+         The samples rotate over several input sets, each its own allocation
+         (`plan_rotation`: up to `cold_sets`, 16, while their total stays under
+         COLD_SETS_BYTES, 512 MiB): a 20-60 us kernel's median moves by up to 5% with
+         where its buffers sit (measured on the H100 over 5 fresh allocations: 0.4-4.9%),
+         so one allocation per measurement made two runs disagree; a median over 16 does not
+         hang on any one.
   hot    no flush: back-to-back calls on the same inputs, L2 warm where they fit.
   graph  capture N calls in one torch.cuda.CUDAGraph and time replays / N, which removes
          the launch gaps that dominate small cases (N auto: replays of about 2 ms, at most
@@ -70,6 +90,8 @@ import numpy as np
 MODES = ("cold", "hot", "graph")
 Z95 = 1.959964
 MAX_ROTATE = 64
+COLD_SETS_BYTES = 512 << 20
+MARKER_CYCLES = 2000  # the CUPTI timer's marker spin: about a microsecond
 GRAPH_TARGET_MS = 2.0
 GRAPH_MAX_CALLS = 200
 
@@ -93,6 +115,7 @@ class TimingConfig:
     rotate: int = 0               # input sets to rotate over; 0: auto (graph mode, cases that fit in L2)
     batch_s: float = 0.02         # wall time of one batch of samples after the first
     hold: bool = True             # CUDA, cold/hot: spin the GPU while the host queues each sample (GpuHold)
+    cold_sets: int = 16           # cold mode: input sets (allocations) to rotate over, within COLD_SETS_BYTES
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -378,12 +401,12 @@ class EventTimer:
         pairs = [(self._event(), self._event()) for _ in range(count)]
         host = []
         for j, (begin, end) in enumerate(pairs):
+            if self.hold:  # before the flush: the call starts right after it, with DRAM awake
+                self.hold()
             if self.flush:
                 self.flush()
                 if self.wait:
                     self.wait()
-            if self.hold:
-                self.hold()
             begin.record()
             t0 = self._clock()
             call(start + j)
@@ -396,6 +419,110 @@ class EventTimer:
             during()
         pairs[-1][1].synchronize()
         return [begin.elapsed_time(end) for begin, end in pairs]
+
+
+def busy_per_call(activities, count: int, marker: str = "spin_kernel") -> list:
+    """Per call, the ms its GPU activities kept the device busy (the union of their intervals).
+
+    `activities`: (name, start_us, end_us) of every GPU activity of a CupTimer batch, in any
+    order.  The batch queued, per call, marker, flush, marker, call, and one marker at the end:
+    call j's activities lie between markers 2j+1 and 2j+2 (the flush between 2j and 2j+1).
+    """
+    acts = sorted(activities, key=lambda a: (a[1], a[2]))
+    at = [i for i, a in enumerate(acts) if marker in a[0]]
+    if len(at) != 2 * count + 1:
+        raise RuntimeError(f"CUPTI timer: expected {2 * count + 1} marker kernels, saw {len(at)}")
+    out = []
+    for j in range(count):
+        inside = sorted((a[1], a[2]) for a in acts[at[2 * j + 1] + 1:at[2 * j + 2]])
+        busy, end = 0.0, -math.inf
+        for lo, hi in inside:  # union of intervals: concurrent streams count once
+            if hi > end:
+                busy += hi - max(lo, end)
+                end = hi
+        out.append(busy / 1e3)
+    return out
+
+
+def torch_cuda_activities(body) -> list:
+    """Run `body` under torch.profiler (CUPTI) and return every GPU activity as (name, start_us, end_us)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        body()
+    cuda = torch.autograd.DeviceType.CUDA
+    return [(e.name, float(e.time_range.start), float(e.time_range.end)) for e in prof.events()
+            if e.device_type == cuda]
+
+
+class CuptiTimer:
+    """Device busy time of calls that launch on streams of their own (JAX); see the module docstring.
+
+    `marker()` queues the marker kernel, `sync()` waits for the whole device, `profile(body)`
+    runs body and returns its GPU activities; all replaceable so tests fake the GPU.
+    """
+
+    name = "cupti_busy"
+    min_batch = 10  # a profiler session per batch costs milliseconds: amortise it
+
+    def __init__(self, flush: Callable[[], None] | None = None, marker: Callable[[], None] | None = None,
+                 sync: Callable[[], None] | None = None, profile: Callable | None = None,
+                 clock: Callable[[], float] = time.perf_counter):
+        if marker is None or sync is None:
+            import torch
+
+            marker = marker or (lambda: torch.cuda._sleep(MARKER_CYCLES))
+            sync = sync or torch.cuda.synchronize
+        self.flush, self.marker, self.sync = flush, marker, sync
+        self.profile = profile or torch_cuda_activities
+        self._clock = clock
+        self.host_ms: list = []
+
+    def run(self, call, start: int, count: int, during=None) -> list:
+        host = []
+
+        def body():
+            for j in range(count):
+                self.marker()
+                if self.flush:
+                    self.flush()
+                self.marker()
+                self.sync()  # the flush is over before the call's first kernel
+                t0 = self._clock()
+                call(start + j)
+                self.sync()
+                host.append((self._clock() - t0) * 1e3)
+            self.marker()
+            if during:
+                during()
+            self.sync()
+
+        times = busy_per_call(self.profile(body), count)
+        self.host_ms.extend(host)
+        return times
+
+
+_CUPTI: dict = {}
+
+
+def cupti_timer(flush) -> CuptiTimer:
+    """The CUPTI timer on the real GPU (a function, so tests can replace it)."""
+    return CuptiTimer(flush)
+
+
+def cupti_works() -> str:
+    """'' when torch.profiler sees GPU activities here (checked once per process), else why not."""
+    if "reason" not in _CUPTI:
+        try:
+            import torch
+
+            acts = torch_cuda_activities(lambda: (torch.cuda._sleep(MARKER_CYCLES), torch.cuda.synchronize()))
+            _CUPTI["reason"] = "" if any("spin_kernel" in a[0] for a in acts) else \
+                "torch.profiler recorded no CUDA activity (no CUPTI)"
+        except Exception as exc:  # no kineto, no CUPTI, a profiler already running
+            _CUPTI["reason"] = f"torch.profiler unusable ({type(exc).__name__}: {exc})"
+    return _CUPTI["reason"]
 
 
 class GraphTimer:
@@ -553,7 +680,7 @@ def measure(call, timer, cfg: TimingConfig, clock: ClockMonitor | None = None,
             want = int(min(cfg.batch_s, max(cfg.budget_s - elapsed, per)) / per)
         else:
             want = cfg.min_samples
-        want = max(want, 1, cfg.min_samples - len(kept))
+        want = max(want, 1, cfg.min_samples - len(kept), getattr(timer, "min_batch", 1))
         batch = max(1, min(want, cfg.max_samples - len(times)))
     kept, dropped = _split(times, mhz, clock.reference if clock else None, cfg.throttle)
     throttled_all = False
@@ -579,9 +706,12 @@ def effective_mode(mode: str, device: str) -> tuple[str, str]:
 
 
 def plan_rotation(cfg: TimingConfig, mode: str, footprint_bytes: int, cache: int) -> int:
-    """Input sets to rotate over: graph mode, cases that fit in the cache, k x footprint >= 2 x cache."""
+    """Input sets to rotate over.  graph: cases that fit in the cache, k x footprint >= 2 x cache.
+    cold: `cfg.cold_sets` allocations while k x footprint <= COLD_SETS_BYTES (see Modes)."""
     if cfg.rotate:
         return max(1, int(cfg.rotate))
+    if mode == "cold" and footprint_bytes > 0:
+        return int(max(1, min(cfg.cold_sets, COLD_SETS_BYTES // footprint_bytes)))
     if mode != "graph" or footprint_bytes <= 0 or cache <= 0 or footprint_bytes >= cache:
         return 1
     return int(min(MAX_ROTATE, math.ceil(2 * cache / footprint_bytes)))
@@ -662,14 +792,19 @@ def time_fn(call, device: str, cfg: TimingConfig, framework: str = "torch", sync
     mode, fallback = effective_mode(cfg.mode, device)
     cuda = device.startswith("cuda")
     flush = flush_for(device) if mode == "cold" else None
+    timer_note = ""
     if not cuda:
         timer = CpuTimer(sync, flush)
+    elif framework == "jax" and event is None and not (timer_note := cupti_works()):
+        timer = cupti_timer(flush)
     else:
+        if timer_note:
+            timer_note = f"jax timed by wall time: {timer_note}"
         wait = None
         if framework == "jax" and flush is not None and event is None:
             import torch
 
-            wait = torch.cuda.current_stream().synchronize
+            wait = torch.cuda.current_stream().synchronize  # wall time: the flush must be over first
         if hold is None and cfg.hold and framework != "jax" and event is None:
             hold = GpuHold.for_cuda()
         timer = EventTimer(flush, event, wait, hold if framework != "jax" else None)
@@ -701,7 +836,8 @@ def time_fn(call, device: str, cfg: TimingConfig, framework: str = "torch", sync
             samples.calls_per_sample = n
             run = TimedRun(samples, eager["calls"] + 2 + n - 1, lambda: gtimer.run(None, 0, 1)[0] * n, graph)
     s = run.samples
-    s.mode, s.requested_mode, s.fallback = mode, cfg.mode, fallback
+    s.mode, s.requested_mode = mode, cfg.mode
+    s.fallback = "; ".join(r for r in (fallback, timer_note) if r)
     s.rotate = rotate
     s.flush_bytes = getattr(flush, "nbytes", 0) if flush else 0
     return run

@@ -29,6 +29,11 @@ For a < 0 with non-integer b the result is NaN, as in IEEE pow.
 dtypes: the inputs are in the case dtype; implementations compute the partials in at
 least float32, accumulate the sums in at least float32, and write grad_a, grad_b in
 the input dtype.
+
+Peers that disagree: JAX misses the bf16 model on long broadcast reductions (e.g. grad_b of
+mul[bf16,A=8x2048x4096,B=8x1x4096]) because XLA keeps part of a bf16 reduce_sum in bf16.
+That is JAX's type rule, and the float32-accumulation rule above excludes it, so the oracle
+is right (results/h100/baselines-full/FAILURES.md, class A).
 """
 from __future__ import annotations
 

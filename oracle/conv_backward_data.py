@@ -54,6 +54,10 @@ Where torch and JAX differ, and who is right:
     the convolution is linear in x, so the vjp does not depend on the primal's values).
   * Neither library accepts a 1D channels-last memory format; for NWC cases the torch baseline
     passes NCW views with channel stride 1, which torch handles as general strided input.
+
+Peers that disagree: where no (o, k) reaches an input position (e.g. s=4 > k=3), dx is
+exactly 0. XLA's transposed convolution writes float32 rounding noise (up to ~5e-6) there while
+torch writes 0. The oracle's 0 is right (results/h100/baselines-full/FAILURES.md, class B).
 """
 from __future__ import annotations
 

@@ -42,6 +42,11 @@ dtypes: dy and x in the case dtype; accumulate in at least float32; dw in the ca
 Where torch and JAX differ, and who is right: as for conv_backward_data (TF32 on the GPU is
 off in both baselines because it is not float32; torch's padding is symmetric and the JAX
 oracle passes (p, p); the vjp is taken at a zero weight, the convolution being linear in w).
+
+Peers that disagree: on a few f32 cases torch, torch_compile and jax return bitwise-equal dw up to
+1.8x over tolerance, all from one cuDNN wgrad engine (torch's cudnn.deterministic pick, 10-40x the
+default engine's error). The default engine, ATen native and the CPU pass, so the oracle is right
+(results/h100/baselines-full/FAILURES.md, class C).
 """
 from __future__ import annotations
 

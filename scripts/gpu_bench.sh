@@ -11,7 +11,7 @@
 # $OUT gets 8 files: ceilings.json, bench{1,2}/results.json, bench{1,2}/report.md, compare.txt,
 # BENCHMARKS.md and extras.tar.gz (the plots, logs, compare.json, env.txt).
 # Knobs (environment): CASES=perf OPS="" (all; space-separated) BACKENDS="" (all) MODE=cold
-# BUDGET=0.2 (sampling s per pair) TIME_LIMIT=130 (s per run) PER_OP="" PREFETCH="" (default cores/4)
+# BUDGET=0.3 (sampling s per pair) TIME_LIMIT=130 (s per run) PER_OP="" PREFETCH="" (default cores/4)
 # RESULTS_DIR=results/h100/bench (the plots BENCHMARKS.md links; the 2026-11-23 run: PER_OP=3 TIME_LIMIT=185 BUDGET=0.25)
 # DEVICE=cuda (cpu dry-runs the script's logic anywhere).
 # Whole script: about 7 minutes on an H100 with the defaults (2 x 130 s of measuring, the rest
@@ -19,7 +19,7 @@
 set -uo pipefail
 export PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
 : "${OUT:?set OUT to a folder for the results}"
-CASES=${CASES:-perf} OPS=${OPS:-} BACKENDS=${BACKENDS:-} MODE=${MODE:-cold} BUDGET=${BUDGET:-0.2}
+CASES=${CASES:-perf} OPS=${OPS:-} BACKENDS=${BACKENDS:-} MODE=${MODE:-cold} BUDGET=${BUDGET:-0.3}
 TIME_LIMIT=${TIME_LIMIT:-130} PER_OP=${PER_OP:-} PREFETCH=${PREFETCH:-} DEVICE=${DEVICE:-cuda}
 RESULTS_DIR=${RESULTS_DIR:-results/h100/bench}  # where BENCHMARKS.md's plots live (commit them with it)
 WORK=$(mktemp -d /tmp/gradoracle-bench.XXXXXX)
@@ -45,7 +45,7 @@ stamp "== ceilings"
 python3 -m harness ceilings --device "$DEVICE" --refresh --json "$OUT/ceilings.json" 2>&1 | tail -3
 
 args=(--device "$DEVICE" --cases "$CASES" --mode "$MODE" --budget "$BUDGET" --warmup-budget 0.2 --min-samples 10
-      --max-samples 300 --rel-ci 0.005 --interleave --time-limit "$TIME_LIMIT")
+      --max-samples 1000 --rel-ci 0.005 --interleave --time-limit "$TIME_LIMIT")
 for op in $OPS; do args+=(--op "$op"); done
 for b in $BACKENDS; do args+=(--backend "$b"); done
 [ -n "$PER_OP" ] && args+=(--per-op "$PER_OP")

@@ -261,9 +261,9 @@ def test_gpu_hold_spins_before_each_start_event_and_follows_host_time():
     timer.run(gpu.call, 1, 6)
     holds = [e for e in gpu.log if e[0] == "hold"]
     assert len(holds) == 6 and holds[0] == ("hold", int((1.5 * 1.0 + 0.02) * 1000))
-    # order per sample: flush, hold, then the call (between the events)
+    # order per sample: hold, flush, then the call (between the events)
     k = gpu.log.index(("call", 1))
-    assert gpu.log[k - 2:k] == [("flush",), holds[0]]
+    assert gpu.log[k - 2:k] == [holds[0], ("flush",)]
     assert hold.ms == timing.HOLD_MAX_MS  # 100 ms host times: capped
     assert timer.host_ms[0] == pytest.approx(1.0) and len(timer.host_ms) == 7
 
@@ -384,7 +384,10 @@ def test_rotation_and_graph_size_plans():
     assert timing.plan_rotation(cfg, "graph", 1 << 20, l2) == 64  # 100 sets would do: capped
     assert timing.plan_rotation(cfg, "graph", 10 << 20, l2) == 10
     assert timing.plan_rotation(cfg, "graph", 60 << 20, l2) == 1  # does not fit in L2 anyway
-    assert timing.plan_rotation(cfg, "cold", 1 << 20, l2) == 1  # the flush does it
+    assert timing.plan_rotation(cfg, "cold", 1 << 20, l2) == 16  # 16 allocations: the median hangs on none
+    assert timing.plan_rotation(cfg, "cold", 100 << 20, l2) == 5  # 512 MiB of sets at most
+    assert timing.plan_rotation(cfg, "cold", 400 << 20, l2) == 1
+    assert timing.plan_rotation(quick(cold_sets=1), "cold", 1 << 20, l2) == 1
     assert timing.plan_rotation(quick(rotate=3), "hot", 1 << 20, l2) == 3
     assert timing.graph_calls(cfg, 0.5) == 4 and timing.graph_calls(cfg, 0.001) == 200
     assert timing.graph_calls(quick(graph_calls=7), 0.5) == 7
@@ -452,3 +455,83 @@ def test_cuda_events_flush_and_graph_on_the_device():
         assert s.mode == mode and not s.fallback and 0 < s.median < 10
         assert s.clocks is None or s.clocks["readings"] >= 1
     assert run.graph is not None and run.samples.calls_per_sample > 1
+
+
+# ----------------------------------------------------------------------------- the CUPTI timer (JAX)
+
+
+def test_busy_per_call_takes_the_union_between_markers():
+    acts = [("spin_kernel", 0, 1), ("flush", 1, 40), ("spin_kernel", 40, 41),
+            ("a", 50, 60), ("b", 55, 70), ("c", 80, 90),        # call 0: union 20 + 10 = 30 us
+            ("spin_kernel", 100, 101), ("flush", 101, 140), ("spin_kernel", 140, 141),
+            ("a", 150, 155),                                      # call 1: 5 us
+            ("spin_kernel", 160, 161)]
+    assert timing.busy_per_call(list(reversed(acts)), 2) == pytest.approx([0.030, 0.005])
+    with pytest.raises(RuntimeError, match="expected 5 marker kernels, saw 4"):
+        timing.busy_per_call(acts[:-1], 2)
+
+
+class FakeCupti:
+    """Activities on a fake device timeline: markers, a flush, and a call made of two overlapping kernels."""
+
+    def __init__(self, kernels_us):
+        self.t, self.acts, self.kernels_us, self.log = 0.0, [], kernels_us, []
+
+    def _act(self, name, us):
+        self.acts.append((name, self.t, self.t + us))
+        self.t += us
+
+    def marker(self):
+        self.log.append("marker")
+        self._act("at::cuda::spin_kernel(long)", 1.0)
+
+    def flush(self):
+        self.log.append("flush")
+        self._act("reduce_kernel (flush)", 35.0)
+
+    def sync(self):
+        self.log.append("sync")
+        self.t += 3.0  # idle gaps are not busy time
+
+    def call(self, i):
+        self.log.append(("call", i))
+        start = self.t + 50.0  # dispatch latency: not busy time either
+        for k, us in enumerate(self.kernels_us(i)):
+            self.acts.append((f"fusion_{k}", start, start + us))
+            start += us * 0.5  # the next kernel overlaps half of this one (two streams)
+        self.t = start + 100.0
+
+    def profile(self, body):
+        self.acts = []
+        body()
+        return list(self.acts)
+
+
+def test_cupti_timer_measures_busy_time_and_wall_beside():
+    gpu = FakeCupti(lambda i: [10.0, 10.0])  # two 10 us kernels overlapping by 5: 15 us busy
+    clock = Clock()
+    timer = timing.CuptiTimer(flush=gpu.flush, marker=gpu.marker, sync=gpu.sync, profile=gpu.profile, clock=clock)
+    got = timer.run(gpu.call, 7, 3)
+    assert got == pytest.approx([0.015] * 3)
+    assert gpu.log[:5] == ["marker", "flush", "marker", "sync", ("call", 7)]
+    assert len(timer.host_ms) == 3
+
+
+def test_time_fn_times_jax_by_cupti_and_falls_back_with_the_reason(monkeypatch):
+    gpu = FakeCupti(lambda i: [20.0] if i > 0 else [5000.0])  # a compile-like first call
+    monkeypatch.setattr(timing, "cupti_works", lambda: "")
+    monkeypatch.setattr(timing, "cupti_timer", lambda flush: timing.CuptiTimer(
+        flush=flush, marker=gpu.marker, sync=gpu.sync, profile=gpu.profile))
+    run = timing.time_fn(gpu.call, "cuda", quick(min_samples=10, max_samples=40), framework="jax")
+    s = run.samples
+    assert s.timer == "cupti_busy" and s.median == pytest.approx(0.020) and s.fallback == ""
+    assert s.n >= 10 and s.host_ms is not None
+    assert run.final_call() == pytest.approx(0.020)
+
+    monkeypatch.setattr(timing, "cupti_works", lambda: "torch.profiler recorded no CUDA activity (no CUPTI)")
+    fake = FakeGPU(lambda i: 2.0)
+    run = timing.time_fn(fake.call, "cuda", quick(), framework="jax", event=fake.event)
+    assert run.samples.timer == "cuda_event"  # the fake event path: no CUPTI asked for
+    monkeypatch.setattr(timing, "EventTimer", lambda *a, **k: timing.CpuTimer())
+    run = timing.time_fn(lambda i: None, "cuda", quick(), framework="jax")
+    assert run.samples.fallback == "jax timed by wall time: torch.profiler recorded no CUDA activity (no CUPTI)"

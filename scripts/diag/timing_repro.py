@@ -133,13 +133,50 @@ def jax_timings(out):
     print("torch span", out["torch_span"], flush=True)
 
 
+def hold_order(out):
+    """Median of a 23 us kernel (cold) against the spin's place and length: flush-spin-call or spin-flush-call."""
+    case = case_by_id(SMALL[0][1])
+    impl = find_impl(case.op, "torch")
+    prep = prepare(case, 0, "auto", "cuda")
+    fw = frameworks.adapter("torch")
+    inputs = {k: fw.view(fw.upload(t, "cuda"), t) for k, t in prep.inputs.items()}
+    outs = {"dx": fw.poisoned(get_op(case.op).shapes(case)["dx"], case.dtype, "cuda")}
+    impl.fn(inputs, outs, case.params)
+    raw = timed_callable(impl)
+    flush = timing.flush_for("cuda")
+    rate = timing.GpuHold.for_cuda().cycles_per_ms
+    rows = []
+    for rep in range(2):
+        for order in ("flush-spin", "spin-flush"):
+            for hold_ms in (0.05, 0.2, 0.8):
+                pairs = []
+                for i in range(300):
+                    b, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    if order == "flush-spin":
+                        flush()
+                        torch.cuda._sleep(int(hold_ms * rate))
+                    else:
+                        torch.cuda._sleep(int(hold_ms * rate))
+                        flush()
+                    b.record()
+                    raw(inputs, outs, case.params)
+                    e.record()
+                    pairs.append((b, e))
+                torch.cuda.synchronize()
+                med = float(np.median([b.elapsed_time(e) for b, e in pairs])) * 1e3
+                rows.append({"rep": rep, "order": order, "hold_ms": hold_ms, "median_us": med})
+                print("hold", rep, order, hold_ms, "%.2f us" % med, flush=True)
+    out["hold_order"] = rows
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
+    ap.add_argument("--parts", default="jax_timings,small_kernels,hold_order")
     args = ap.parse_args()
     discover()
     out = {"device": torch.cuda.get_device_name()}
-    for part in (jax_timings, small_kernels):
+    for part in [globals()[name] for name in args.parts.split(",")]:
         try:
             part(out)
         except Exception as exc:  # one part failing must not lose the other
