@@ -54,7 +54,7 @@ from math import prod
 import numpy as np
 
 from harness.registry import get_op
-from harness.tensors import HostTensor
+from harness.tensors import HostTensor, contiguous_strides
 
 ROW_SEPARABLE = ("binary_backward", "reduce_sum", "layernorm_backward", "rmsnorm_backward")
 # A case whose largest tensor has more elements takes this path ($GRADORACLE_HUGE_NUMEL lowers it
@@ -163,14 +163,6 @@ def _threads() -> int:
         return max(1, min(32, os.cpu_count() or 1))
 
 
-def _contiguous_strides(shape) -> tuple[int, ...]:
-    out, acc = [], 1
-    for n in reversed(shape):
-        out.append(acc)
-        acc *= max(n, 1)
-    return tuple(reversed(out))
-
-
 def _check_chunk_tensor(name: str, t: HostTensor) -> None:
     if t.layout != "contig" or t.offset != t.guard or t.base.size != prod(t.shape) + 2 * t.guard:
         raise ValueError(f"stress: input {name!r} of a row chunk is not a contiguous buffer with guard bands")
@@ -182,7 +174,7 @@ def _full_buffer(t: HostTensor, shape) -> HostTensor:
     base = np.empty(n + 2 * g, dtype=t.base.dtype)
     base[:g] = t.base[:g]
     base[g + n:] = t.base[t.base.size - g:]
-    return HostTensor(base, tuple(shape), _contiguous_strides(shape), g, "contig", g)
+    return HostTensor(base, tuple(shape), contiguous_strides(shape), g, "contig", g)
 
 
 class _Build:

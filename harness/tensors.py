@@ -101,7 +101,7 @@ def _with_guards(inner: np.ndarray, shape, strides, offset: int, layout: str) ->
                       layout, g)
 
 
-def _contiguous_strides(shape) -> tuple[int, ...]:
+def contiguous_strides(shape) -> tuple[int, ...]:
     out, acc = [], 1
     for n in reversed(shape):
         out.append(acc)
@@ -127,16 +127,16 @@ def from_values(values: np.ndarray, dtype: str, layout: str = "contig") -> HostT
         raise ValueError(f"{why} (shape {shape})")
     if layout == "contig":
         base = np.ascontiguousarray(values.astype(npdt)).reshape(-1)
-        return _with_guards(base, shape, _contiguous_strides(shape), 0, "contig")
+        return _with_guards(base, shape, contiguous_strides(shape), 0, "contig")
     if layout == "transposed":
         stored = np.ascontiguousarray(np.swapaxes(values, -1, -2).astype(npdt))
-        strides = list(_contiguous_strides(stored.shape))
+        strides = list(contiguous_strides(stored.shape))
         strides[-1], strides[-2] = strides[-2], strides[-1]
         return _with_guards(stored, shape, strides, 0, layout)
     if layout == "sliced":
         wide = np.full(shape[:-1] + (2 * shape[-1] + 1,), np.nan).astype(npdt)
         wide[..., 1::2][..., : shape[-1]] = values.astype(npdt)
-        strides = list(_contiguous_strides(wide.shape))
+        strides = list(contiguous_strides(wide.shape))
         strides[-1] = 2
         return _with_guards(wide, shape, strides, 1, layout)
     raise AssertionError(f"layout {layout!r} has no builder")  # layout_error knows every name above
