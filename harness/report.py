@@ -36,6 +36,7 @@ from collections import OrderedDict
 from pathlib import Path
 
 from harness import ceilings as _ceilings
+from harness.timing import COLD_SETS_BYTES
 
 SCHEMA = "gradoracle-bench/1"
 REF_NAMES = ("naive", "ref", "reference", "baseline", "default")
@@ -187,7 +188,8 @@ def timing_line(results: dict) -> str:
                  "JAX (own streams and threads): its GPU busy time from CUPTI, kernels of the call only; "
                  "host = time to queue one call (JAX: wall time of the blocking call), ! where it exceeds the device time")
     if cfg.get("mode") == "cold" and cfg.get("cold_sets", 1) > 1:
-        text += f"; samples rotate over up to {cfg['cold_sets']} input allocations (at most 512 MiB in all)"
+        text += (f"; samples rotate over up to {cfg['cold_sets']} input allocations "
+                 f"(at most {COLD_SETS_BYTES >> 20} MiB in all)")
     above = cfg.get("sample_above")
     text += ("; the final timed call re-validated against the oracle"
              + (f" (outputs over {above} elements on a 1M-element sample + a full NaN count)" if above else ""))

@@ -27,8 +27,9 @@ captured CUDA graph (`cuda_graph`).
 JAX (`cupti_busy`).  XLA launches from threads and onto streams of its own, and the JAX
 implementation blocks on its results inside the call, so neither events on the current
 stream nor a hold can bracket its work, and its wall time is mostly dispatch and the
-host's wake-up (measured on the H100: 0.18-0.29 ms of wall time around 22 us of kernels,
-the medians of two runs 20-37% apart).  Its samples are therefore its device busy time
+host's wake-up (measured on the H100: 0.27-0.29 ms of wall time around 22 us of kernels
+for a 1024x2048 layernorm; timed that way, 14 of 20 JAX medians of two runs were more than
+2% apart, up to 38%).  Its samples are therefore its device busy time
 from CUPTI (through torch.profiler, which records every kernel, copy and memset of the
 process, XLA's included): per call, the length of the union of the intervals of the GPU
 activities it ran, found between two marker kernels (a short spin) queued before the call
@@ -92,6 +93,7 @@ Z95 = 1.959964
 MAX_ROTATE = 64
 COLD_SETS_BYTES = 512 << 20
 MARKER_CYCLES = 2000  # the CUPTI timer's marker spin: about a microsecond
+MARKER_NAME = "spin_kernel"  # torch.cuda._sleep's kernel, as CUPTI names it
 GRAPH_TARGET_MS = 2.0
 GRAPH_MAX_CALLS = 200
 
@@ -421,10 +423,10 @@ class EventTimer:
         return [begin.elapsed_time(end) for begin, end in pairs]
 
 
-def busy_per_call(activities, count: int, marker: str = "spin_kernel") -> list:
+def busy_per_call(activities, count: int, marker: str = MARKER_NAME) -> list:
     """Per call, the ms its GPU activities kept the device busy (the union of their intervals).
 
-    `activities`: (name, start_us, end_us) of every GPU activity of a CupTimer batch, in any
+    `activities`: (name, start_us, end_us) of every GPU activity of a CuptiTimer batch, in any
     order.  The batch queued, per call, marker, flush, marker, call, and one marker at the end:
     call j's activities lie between markers 2j+1 and 2j+2 (the flush between 2j and 2j+1).
     """
@@ -518,7 +520,7 @@ def cupti_works() -> str:
             import torch
 
             acts = torch_cuda_activities(lambda: (torch.cuda._sleep(MARKER_CYCLES), torch.cuda.synchronize()))
-            _CUPTI["reason"] = "" if any("spin_kernel" in a[0] for a in acts) else \
+            _CUPTI["reason"] = "" if any(MARKER_NAME in a[0] for a in acts) else \
                 "torch.profiler recorded no CUDA activity (no CUPTI)"
         except Exception as exc:  # no kineto, no CUPTI, a profiler already running
             _CUPTI["reason"] = f"torch.profiler unusable ({type(exc).__name__}: {exc})"
