@@ -1,6 +1,7 @@
 """`jax`: each op's jax.vjp derivation, jitted by XLA, in the case dtype on the device."""
 from __future__ import annotations
 
+from backends import _deviations
 from harness import argcheck
 from harness.registry import Backend, load_ops
 
@@ -36,7 +37,7 @@ def _jitted(spec, params):
 
 
 for _spec in load_ops().values():
-    @argcheck.register(jax_backend, _spec.name, deterministic=False)
+    @argcheck.register(jax_backend, _spec.name, deterministic=False, deviations=_deviations.JAX)
     def _run(inputs, outs, params, _spec=_spec):
         results = _jitted(_spec, params)(inputs)
         for value in results.values():

@@ -1,7 +1,7 @@
 """`torch_compile`: the same autograd code as `torch`, under torch.compile (Inductor)."""
 from __future__ import annotations
 
-from backends import _torch_autograd
+from backends import _deviations, _torch_autograd
 from backends.torch_eager import check_torch, copy_into
 from harness import argcheck
 from harness.registry import Backend
@@ -56,6 +56,6 @@ def _compiled(module):
 for _module in _torch_autograd.modules():
     @argcheck.register(torch_compile, _module.OP, deterministic=False,
                         dtypes=getattr(_module, "DTYPES", ("f32", "f16", "bf16", "f64")),
-                        supports=getattr(_module, "supports", None))
+                        supports=getattr(_module, "supports", None), deviations=_deviations.TORCH)
     def _run(inputs, outs, params, _module=_module):
         copy_into(outs, _compiled(_module)(inputs, dict(params)))

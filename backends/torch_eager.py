@@ -1,7 +1,7 @@
 """`torch`: eager autograd, the baseline a user would otherwise pick (CPU and CUDA)."""
 from __future__ import annotations
 
-from backends import _torch_autograd
+from backends import _deviations, _torch_autograd
 from harness import argcheck
 from harness.registry import Backend
 
@@ -28,6 +28,6 @@ for _module in _torch_autograd.modules():
     # Not declared deterministic: on CUDA torch's reductions may use atomics for some shapes.
     @argcheck.register(torch_backend, _module.OP, baseline=True, deterministic=False,
                         dtypes=getattr(_module, "DTYPES", ("f32", "f16", "bf16", "f64")),
-                        supports=getattr(_module, "supports", None))
+                        supports=getattr(_module, "supports", None), deviations=_deviations.TORCH)
     def _eager(inputs, outs, params, _backward=_module.backward):
         copy_into(outs, _backward(inputs, params))

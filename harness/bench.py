@@ -254,6 +254,8 @@ def bench_pair(impl: Impl, case, inputs: CaseInputs, opts: BenchOptions, clock=N
     row["status"], row["reason"] = tr.status, tr.reason
     if tr.status == "FAIL" and tr.reason == runner.REVALIDATION:  # stale, or just inaccurate on these inputs?
         row["reason"] = runner.diagnose_revalidation(impl, None, inputs.final, case, opts.device, inputs.timing)
+    row["status"], row["reason"] = runner.known_status(impl, case, opts.device, row["status"], row["reason"],
+                                                       tr.outputs)
     row["outputs"] = [o.to_json() for o in tr.outputs]
     row["timing"] = tr.samples.to_json() if tr.samples is not None else None
     return row

@@ -13,7 +13,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from harness import frameworks, timing
+from harness import frameworks, status, timing
 
 
 def add_parsers(sub) -> None:
@@ -114,11 +114,13 @@ def cmd_bench(args, argv=None) -> int:
     if args.benchmarks_md:
         written.append(str(report.update_benchmarks_md(results, args.benchmarks_md, args.plots_link)))
     rows = results["rows"]
-    counts = {s: sum(r["status"] == s for r in rows) for s in ("PASS", "FAIL", "ERROR", "SKIP")}
+    counts = status.counts(r["status"] for r in rows)
     for r in rows:
-        if r["status"] in ("FAIL", "ERROR"):
+        if r["status"] in ("FAIL", "ERROR", "XFAIL"):
             print(f"{r['status']} {r['op']} {r['impl']} {r['case']}: {r['reason']}\n  reproduce: {r.get('repro', '')}")
-    print(f"{counts['PASS']} timed, {counts['FAIL'] + counts['ERROR']} failed, {counts['SKIP']} skipped"
+    known = "".join(f", {counts[s]} {s.lower()}ed" for s in ("XFAIL", "XPASS") if counts[s])
+    print(f"{counts['PASS'] + counts['XPASS']} timed, {counts['FAIL'] + counts['ERROR']} failed, {counts['SKIP']} skipped"
+          + known
           + (f" in {results.get('elapsed_s')}s" if results.get("elapsed_s") is not None else "")
           + (f" ({results['interrupted']})" if results.get("interrupted") else ""))
     for w in written:

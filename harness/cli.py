@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from harness import bench_cli, frameworks
+from harness import bench_cli, frameworks, status
 from harness.registry import BACKENDS, BROKEN, discover, impls_for, load_ops
 
 
@@ -177,9 +177,7 @@ def cmd_run(args) -> int:
     finally:
         runner.close()
     counts = _counts(results)
-    crashed = f" ({counts['CRASH']} crashed, {counts['TIMEOUT']} timed out)" if counts["CRASH"] + counts["TIMEOUT"] else ""
-    print(f"{counts['PASS']} passed, {sum(counts[s] for s in FAILED)} failed{crashed}, {counts['SKIP']} skipped "
-          f"in {time.time() - started:.1f}s")
+    print(status.summary(counts, time.time() - started))
     save(interrupted)
     if stopped:
         return isolate.STICKY_EXIT
@@ -189,11 +187,11 @@ def cmd_run(args) -> int:
 CHECKPOINT_S = 20  # --json is rewritten this often during a run
 
 
-FAILED = ("FAIL", "ERROR", "CRASH", "TIMEOUT")  # statuses that fail a run (CRASH, TIMEOUT: harness/isolate.py)
+FAILED = status.FAILED  # statuses that fail a run (CRASH, TIMEOUT: harness/isolate.py)
 
 
 def _counts(results) -> dict:
-    return {s: sum(r.status == s for r in results) for s in ("PASS", "FAIL", "ERROR", "SKIP", "CRASH", "TIMEOUT")}
+    return status.counts(r.status for r in results)
 
 
 def write_results(path: str, results: list, device: str, args, interrupted: str | None) -> None:
@@ -244,7 +242,7 @@ def _print_row(r, args) -> None:
     ratio = f"{worst.worst_ratio:8.3f}" if worst else " " * 8
     t = f"{r.time_ms:9.4f}" if r.time_ms is not None else " " * 9
     print(f"{r.status:6} {r.op:16} {r.impl:16} {r.case:48} {rel} {ratio} {t}")
-    if r.status in FAILED or args.verbose:
+    if r.status in FAILED or r.status == status.XFAIL or args.verbose:
         print("\n".join("       " + line for line in r.report().splitlines()[1:]))
 
 

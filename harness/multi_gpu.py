@@ -48,7 +48,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
-STATUSES = ("PASS", "FAIL", "ERROR", "SKIP", "CRASH", "TIMEOUT")
+from harness.status import ALL as STATUSES
+from harness.status import FAILED, counts, summary
 
 
 # ----------------------------------------------------------------------------- GPUs and pinning
@@ -195,7 +196,7 @@ def merge(worker_jsons: list, pins: list, resumed_rows: list, order: dict) -> li
 
 
 def _counts(rows: list[dict]) -> dict:
-    return {s: sum(r.get("status") == s for r in rows) for s in STATUSES}
+    return counts(r.get("status") for r in rows)
 
 
 def _selection_order(args) -> dict:
@@ -300,10 +301,8 @@ def cmd_gpus(args) -> int:
     counts = _counts(rows)
     for note in notes:
         print(note, file=sys.stderr)
-    failed = sum(counts[s] for s in ("FAIL", "ERROR", "CRASH", "TIMEOUT"))
-    crashed = f" ({counts['CRASH']} crashed, {counts['TIMEOUT']} timed out)" if counts["CRASH"] + counts["TIMEOUT"] else ""
-    print(f"{counts['PASS']} passed, {failed} failed{crashed}, {counts['SKIP']} skipped "
-          f"in {time.time() - started:.1f}s ({n} workers)")
+    failed = sum(counts[s] for s in FAILED)
+    print(summary(counts, time.time() - started, f" ({n} workers)"))
     for path in paths:
         path.unlink(missing_ok=True)
     workdir.rmdir()

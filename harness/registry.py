@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import math
 import pkgutil
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
@@ -110,6 +111,36 @@ def load_ops() -> dict[str, OpSpec]:
 DEFAULT_VARIANT = "default"
 
 
+@dataclass(frozen=True)
+class Deviation:
+    """A known, explained way in which an implementation differs from the spec.
+
+    A FAIL on a case for which `applies(case, device)` holds, whose failing outputs are all
+    finite accuracy errors (no guard finding, no NaN or unwritten element, no wrong shape or
+    dtype: those are never excused) of outputs named by `outputs(case)`, becomes XFAIL; a
+    PASS on such a case is XPASS (harness/status.py).
+    why: one line, what differs and why the oracle is right.
+    where: the file (and section) that holds the measurements behind it.
+    """
+
+    why: str
+    where: str
+    applies: Callable[[Any, str], bool]
+    outputs: Callable[[Any], tuple[str, ...]] | None = None  # None: every output of the case
+
+    def covers(self, case, device: str) -> bool:
+        return bool(self.applies(case, device))
+
+    def excuses(self, case, failing: list) -> bool:
+        """Whether every failing report is a finite accuracy error of an output this deviation names."""
+        named = set(self.outputs(case)) if self.outputs is not None else None
+        return bool(failing) and all(not r.details.get("check") and r.numel and math.isfinite(r.worst_ratio)
+                                     and (named is None or r.name in named) for r in failing)
+
+    def label(self) -> str:
+        return f"known deviation: {self.why} (see {self.where})"
+
+
 @dataclass
 class Impl:
     """One implementation of one op by one backend, possibly one of several named variants."""
@@ -124,6 +155,10 @@ class Impl:
     deterministic: bool
     # supports(case) -> None or the reason this implementation cannot run the case
     supports: Callable[[Any], str | None] | None = None
+    deviations: tuple[Deviation, ...] = ()  # known, explained differences from the spec: XFAIL, not FAIL
+
+    def deviation_for(self, case, device: str) -> Deviation | None:
+        return next((d for d in self.deviations if d.covers(case, device)), None)
 
     @property
     def id(self) -> str:
@@ -172,7 +207,7 @@ class Backend:
 
     def impl(self, op: str, *, variant: str = DEFAULT_VARIANT, dtypes: tuple[str, ...] = ("f32", "f16", "bf16", "f64"),
              devices: tuple[str, ...] | None = None, baseline: bool = False, deterministic: bool = True,
-             supports: Callable[[Any], str | None] | None = None):
+             supports: Callable[[Any], str | None] | None = None, deviations: tuple[Deviation, ...] = ()):
         """Decorator registering `fn(inputs, outs, params)` as this backend's `op` (variant `variant`).
 
         inputs: {name: array on the device}, possibly non-contiguous views.
@@ -181,6 +216,7 @@ class Backend:
               instead return {name: array}.
         params: the case's params (e.g. {'fn': 'mul', ...}).
         baseline: this is the implementation a user would otherwise pick; speedups are against it.
+        deviations: known, explained differences from the spec (`Deviation`): their FAILs are XFAIL.
         """
         for d in dtypes:
             _dtypes.check(d)
@@ -190,7 +226,7 @@ class Backend:
             if key in self.impls:
                 raise ValueError(f"backend {self.name!r} registers {op}@{variant} twice")
             self.impls[key] = Impl(self, op, variant, fn, tuple(dtypes), tuple(devices or self.devices),
-                                   baseline, deterministic, supports)
+                                   baseline, deterministic, supports, tuple(deviations))
             return fn
 
         return register

@@ -253,7 +253,8 @@ def ladder_section(rows: list, ladder: dict, op: str) -> list:
 
 def markdown(results: dict, plots: list | None = None) -> str:
     rows = results.get("rows", [])
-    counts = {s: sum(r["status"] == s for r in rows) for s in ("PASS", "FAIL", "ERROR", "SKIP")}
+    counts = {s: sum(r["status"] == s for r in rows) for s in ("PASS", "FAIL", "ERROR", "SKIP", "XFAIL", "XPASS")}
+    counts = {s: n for s, n in counts.items() if n or s not in ("XFAIL", "XPASS")}
     lines = ["# gradoracle benchmark report", "",
              f"- device: {device_line(results)}",
              f"- SM clock: {clock_line(results)}",
@@ -299,7 +300,7 @@ def markdown(results: dict, plots: list | None = None) -> str:
                             if (r.get('timing') or {}).get('fallback')})
         if fallbacks:
             lines += ["", "\\* mode fallbacks:"] + [f"- {i}: {why}" for i, why in fallbacks]
-        bad = [r for r in orows if r["status"] in ("FAIL", "ERROR")]
+        bad = [r for r in orows if r["status"] in ("FAIL", "ERROR", "XFAIL")]
         if bad:
             lines += ["", "### Failures", ""]
             for r in bad:

@@ -369,7 +369,9 @@ def cmd_sanitize(args) -> int:
             runs.append(sanitize_backend(sanitizer, args.sanitize, backend, args, "cuda", logdir, timeout))
         _print_run(runs[-1])
     clean = all(r.status == "clean" for r in runs)
-    failed = any((r.counts or {}).get(s) for r in runs for s in ("FAIL", "ERROR", "CRASH", "TIMEOUT"))
+    from harness.status import FAILED
+
+    failed = any((r.counts or {}).get(s) for r in runs for s in FAILED)
     print(f"sanitize {args.sanitize}: {sum(r.status == 'clean' for r in runs)} of {len(runs)} backends clean"
           + ("; some cases failed their oracle check (see the run logs)" if failed else ""))
     if args.json:
