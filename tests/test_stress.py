@@ -279,7 +279,7 @@ def test_cupy_launch_plan_of_the_stress_shapes(case):
 def test_triton_launch_plan_of_the_stress_shapes(case):
     pytest.importorskip("torch")
     from backends import _bcast_plan
-    from backends import triton_kernels as tk
+    from backends.triton import binary_backward as tk
 
     a, b = case.params["a"], case.params["b"]
     plan = _bcast_plan.make_plan(a, b, _bcast_plan.contiguous_strides(a), _bcast_plan.contiguous_strides(b),
@@ -345,9 +345,9 @@ B_SHAPES = [(C,), (R, 1), (R, C)]
 def test_triton_offsets_past_int32(sparse, b_shape):
     import torch
 
-    from backends import triton_kernels as tk
+    from backends.triton import binary_backward as tk
 
-    if not tk._interpreted():
+    if not tk.interpreted():
         pytest.skip("needs TRITON_INTERPRET=1 (a GPU machine runs the stress cases instead)")
     views = _far_views(sparse, b_shape)
     far, dense = _fresh(b_shape), _fresh(b_shape)

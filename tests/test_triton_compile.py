@@ -1,6 +1,6 @@
 """Compile every Triton kernel of the `triton` backend for sm_90 (H100) with no GPU.
 
-Each job is one kernel with the launch parameters that backends/triton_kernels.py would
+Each job is one kernel with the launch parameters that backends/triton/binary_backward.py would
 choose for a real shape (main kernel: every fn and dtype; other code paths: every dtype
 with one fn).  For each we check that a cubin comes out, that every pointer offset is
 int64 (tensors over 2**31 elements), and, for the main patterns, that loads vectorise.
@@ -68,7 +68,7 @@ def _contig(shape):
 def _launch_args(job: str):
     """(kernel, pointer dtypes, int args, constexprs, num_warps) as the backend would launch it."""
     from backends import _bcast_plan
-    from backends import triton_kernels as tk
+    from backends.triton import binary_backward as tk
 
     kind, rest = job.split("-", 1)
     *label, dt, fn = rest.split("-")

@@ -28,7 +28,7 @@ torch = pytest.importorskip("torch")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from backends import triton_kernels as tk  # noqa: E402
+from backends.triton import binary_backward as tk  # noqa: E402
 from harness import dtypes  # noqa: E402
 from oracle import binary_backward as bb  # noqa: E402
 from oracle.broadcast import sum_to_shape  # noqa: E402
@@ -135,7 +135,7 @@ def run_case(case_id: str) -> None:
 
 
 def _interpreting_here() -> bool:
-    return tk._interpreted() and os.environ.get("TRITON_INTERPRET") == "1"
+    return tk.interpreted() and os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @pytest.fixture(scope="module")
@@ -195,12 +195,12 @@ def test_registered_impl_runs():
 
 
 def test_check_reports_interpreter_state():
-    reason = tk._check("cpu")
+    reason = tk.check("cpu")
     if _interpreting_here():
         assert reason is None
     else:
         assert reason and "TRITON_INTERPRET=1" in reason
-    assert "unknown device" in tk._check("tpu")
+    assert "unknown device" in tk.check("tpu")
 
 
 def _good():

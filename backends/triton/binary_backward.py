@@ -1,4 +1,4 @@
-"""The `triton` backend: binary_backward as Triton kernels (CUDA, or CPU under TRITON_INTERPRET=1).
+"""binary_backward as Triton kernels (CUDA, or CPU under TRITON_INTERPRET=1).
 
 Design (see backends/_bcast_plan.py for the K / RA / RB box):
 
@@ -20,39 +20,24 @@ so one compiled kernel serves every shape; it is cached per layout and device.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, replace
 
 from backends import _bcast_plan
+from backends.triton import triton_backend
+from backends.triton.common import IMPORT_ERROR, byte_span, cdiv, check, interpreted, jit, on_device, overlap, p2, tl  # noqa: F401
+from backends.triton.common import to_out as _to_out
+from backends.triton.common import up as _up
 from harness import argcheck
-from harness.registry import DEFAULT_VARIANT, Backend
-
-try:  # guarded: listing backends must work on machines without triton
-    import triton
-    import triton.language as tl
-
-    _IMPORT_ERROR = None
-    _jit = triton.jit
-except Exception as exc:  # noqa: BLE001 - any broken install reads as "unavailable"
-    _IMPORT_ERROR = f"{type(exc).__name__}: {exc}"
-
-    class tl:  # noqa: N801 - stands in for triton.language so this module still imports
-        @staticmethod
-        def constexpr(value=None):
-            return value
-
-    def _jit(fn=None, **_):
-        return fn if fn is not None else (lambda f: f)
-
+from harness.registry import DEFAULT_VARIANT
+from oracle.binary_backward import FNS
 
 OP = "binary_backward"
-FNS = ("add", "sub", "mul", "div", "pow", "maximum", "minimum")
 DTYPES = ("f32", "f16", "bf16", "f64")
 
 # ============================================================================= kernels
 
 
-@_jit
+@jit
 def _pow(x, y):
     """Real x**y as IEEE pow defines it, from exp2/log2 (libdevice pow is not in the interpreter)."""
     r = tl.exp2(y * tl.log2(tl.abs(x)))
@@ -62,7 +47,7 @@ def _pow(x, y):
     return tl.where((y == 0) | (x == 1), 1.0, r)
 
 
-@_jit
+@jit
 def _partials(a, b, FN: tl.constexpr):
     """df/da, df/db for the fns that need the inputs (add and sub never load them)."""
     if FN == "mul":
@@ -84,30 +69,7 @@ def _partials(a, b, FN: tl.constexpr):
     return da, db
 
 
-@_jit
-def _up(x, IS_F64: tl.constexpr):
-    """To the compute dtype: float64 for float64 inputs, float32 otherwise."""
-    if IS_F64:
-        y = x.to(tl.float64)
-    else:
-        y = x.to(tl.float32)
-    return y
-
-
-@_jit
-def _to_out(x, out_ptr):
-    """x in out_ptr's dtype, rounded to nearest even.  The GPU converts so; the interpreter
-    truncates float32 to bfloat16, so there the rounding is done on the bits."""
-    if _INTERPRETER and out_ptr.dtype.element_ty == tl.bfloat16:
-        bits = x.to(tl.uint32, bitcast=True)
-        bits += 0x7FFF + ((bits >> 16) & 1)
-        y = tl.where(x != x, x.to(tl.bfloat16), (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True))
-    else:
-        y = x.to(out_ptr.dtype.element_ty)
-    return y
-
-
-@_jit
+@jit
 def _flat_kernel(a_ptr, b_ptr, g_ptr, ga_ptr, gb_ptr, n,
                  FN: tl.constexpr, IS_F64: tl.constexpr, BLOCK: tl.constexpr):
     """No broadcast, all contiguous: grad_a = g * da, grad_b = g * db elementwise."""
@@ -130,7 +92,7 @@ def _flat_kernel(a_ptr, b_ptr, g_ptr, ga_ptr, gb_ptr, n,
     tl.store(gb_ptr + offs, _to_out(tb, gb_ptr), mask=m)
 
 
-@_jit
+@jit
 def _place(v, AX: tl.constexpr):
     """A 1-D block vector as axis AX of the 3-D tile (size 1 on the other axes)."""
     if AX == 0:
@@ -142,7 +104,7 @@ def _place(v, AX: tl.constexpr):
     return r
 
 
-@_jit
+@jit
 def _unravel(idx, desc_ptr, BASE: tl.constexpr, ND: tl.constexpr, AL: tl.constexpr):
     """Element offsets in a, b, g, ga, gb of flat index idx (row-major) over ND dims of a class.
 
@@ -173,7 +135,7 @@ def _unravel(idx, desc_ptr, BASE: tl.constexpr, ND: tl.constexpr, AL: tl.constex
     return oa, ob, og, oga, ogb
 
 
-@_jit
+@jit
 def _class_block(j, desc_ptr, BASE: tl.constexpr, ND: tl.constexpr, numel, B: tl.constexpr,
                  FAST: tl.constexpr, cols, ncb, AL: tl.constexpr):
     """Offsets (a, b, g, ga, gb) and mask of block j (B elements) of one class.
@@ -198,7 +160,7 @@ def _class_block(j, desc_ptr, BASE: tl.constexpr, ND: tl.constexpr, numel, B: tl
     return oa, ob, og, oga, ogb, m
 
 
-@_jit
+@jit
 def _tile_terms(a_ptr, b_ptr, g_ptr, k_a, k_b, k_g, k_m, ra_b, ra_g, ra_m, rb_a, rb_g, rb_m,
                 AX_K: tl.constexpr, AX_A: tl.constexpr, AX_B: tl.constexpr,
                 FN: tl.constexpr, IS_F64: tl.constexpr):
@@ -227,7 +189,7 @@ def _tile_terms(a_ptr, b_ptr, g_ptr, k_a, k_b, k_g, k_m, ra_b, ra_g, ra_m, rb_a,
     return ta, tb
 
 
-@_jit
+@jit
 def _store_grad(out_ptr, ws_ptr, ws_base, val, o1, AX1: tl.constexpr, o2, AX2: tl.constexpr, m1, m2,
                 DIRECT: tl.constexpr):
     """Store a reduced tile: into the output (DIRECT) or into partial row ws_base of the workspace."""
@@ -241,7 +203,7 @@ def _store_grad(out_ptr, ws_ptr, ws_base, val, o1, AX1: tl.constexpr, o2, AX2: t
 
 # Sizes and counts that only bound loops and masks are not specialised: fewer recompiles
 # across shapes.  `cols` stays specialised: its divisibility lets masked loads vectorise.
-@_jit(do_not_specialize=["n_k", "n_a", "n_b", "ncb", "nblk_k", "nblk_s", "nblk_l", "iters",
+@jit(do_not_specialize=["n_k", "n_a", "n_b", "ncb", "nblk_k", "nblk_s", "nblk_l", "iters",
                          "numel_ga", "numel_gb"])
 def _tile_kernel(a_ptr, b_ptr, g_ptr, ga_ptr, gb_ptr, wsa_ptr, wsb_ptr, desc_ptr,
                  n_k, n_a, n_b, cols, ncb, nblk_k, nblk_s, nblk_l, iters, numel_ga, numel_gb,
@@ -303,7 +265,7 @@ def _tile_kernel(a_ptr, b_ptr, g_ptr, ga_ptr, gb_ptr, wsa_ptr, wsb_ptr, desc_ptr
                     k_ga, AX_K, rb_ga, AX_B, k_m, rb_m, DIRECT_A)
 
 
-@_jit(do_not_specialize=["parts"])
+@jit(do_not_specialize=["parts"])
 def _sum_partials_kernel(ws_ptr, out_ptr, n, parts, BP: tl.constexpr, BN: tl.constexpr):
     """Stage 2: out[i] = sum_p ws[p, i], p in a fixed order (BP rows at a time, then a fixed tree)."""
     cols = tl.program_id(0).to(tl.int64) * BN + tl.arange(0, BN)
@@ -317,8 +279,6 @@ def _sum_partials_kernel(ws_ptr, out_ptr, n, parts, BP: tl.constexpr, BN: tl.con
 
 
 # Whether triton.jit made interpreter objects above (TRITON_INTERPRET=1 when it ran).
-_INTERPRETER = tl.constexpr(type(_flat_kernel).__name__ == "InterpretedFunction")
-
 # ============================================================================= host planning
 
 
@@ -347,15 +307,6 @@ INTERPRETER_CONFIG = replace(GPU_CONFIG, programs=1)
 _CLASSES = ("k", "ra", "rb")
 # The tensors whose offset moves along each class (the others have stride 0 there).
 _VARY = {"k": ("a", "b", "g", "ga", "gb"), "ra": ("b", "g", "gb"), "rb": ("a", "g", "ga")}
-
-
-def _p2(n: int) -> int:
-    """Smallest power of two >= n."""
-    return 1 << max(0, int(n) - 1).bit_length()
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def _warps(elems: int, itemsize: int, cfg: Config) -> int:
@@ -414,13 +365,13 @@ def _blocks(ext: dict, inner: str, inner_len: int, fixed: str, loop: str, tile: 
     so that K splits into more programs.  The loop class, then K, take what is left.
     """
     reduces = ext["ra"] > 1 or ext["rb"] > 1
-    block = {fixed: min(_p2(ext[fixed]), cfg.s_max)} if fixed != inner else {}
+    block = {fixed: min(p2(ext[fixed]), cfg.s_max)} if fixed != inner else {}
     room = max(1, tile // block.get(fixed, 1))
-    block[inner] = min(_p2(inner_len), room // cfg.vectors if inner == "k" and reduces else room)
+    block[inner] = min(p2(inner_len), room // cfg.vectors if inner == "k" and reduces else room)
     budget = max(1, room // block[inner])
     for c in (loop, "k"):
         if c not in block:
-            block[c] = min(_p2(ext[c]), budget)
+            block[c] = min(p2(ext[c]), budget)
             budget = max(1, budget // block[c])
     return block
 
@@ -437,17 +388,17 @@ def plan_tile(plan, itemsize: int, fn: str, cfg: Config = GPU_CONFIG) -> TileLau
     cols = grp.sizes[-1] if fast else 1
     block = _blocks(ext, inner, cols if fast else ext[inner], fixed, loop, cfg.tile_bytes // itemsize, cfg)
 
-    ncb = _cdiv(cols, block[inner])
-    nblk = {c: _cdiv(ext[c], block[c]) for c in _CLASSES}
+    ncb = cdiv(cols, block[inner])
+    nblk = {c: cdiv(ext[c], block[c]) for c in _CLASSES}
     if fast:
         nblk[inner] = (ext[inner] // cols) * ncb  # blocks never straddle the last dim
 
     base = nblk["k"] * nblk[fixed]
     grad_l = plan.numel // ext[loop]  # size of the gradient that sums over the loop class
-    chunks = min(max(1, _cdiv(cfg.programs, base)), nblk[loop],
+    chunks = min(max(1, cdiv(cfg.programs, base)), nblk[loop],
                  max(1, plan.numel // (cfg.partial_limit * grad_l)))
-    iters = _cdiv(nblk[loop], chunks)
-    chunks = _cdiv(nblk[loop], iters)
+    iters = cdiv(nblk[loop], chunks)
+    chunks = cdiv(nblk[loop], iters)
 
     parts = {fixed: nblk[fixed], loop: chunks}  # by the class that gradient sums over
     others = [c for c in _CLASSES if c != inner]
@@ -476,7 +427,7 @@ def plan_tile(plan, itemsize: int, fn: str, cfg: Config = GPU_CONFIG) -> TileLau
 
 def stage2_blocks(parts: int, itemsize: int, cfg: Config = GPU_CONFIG) -> tuple[int, int]:
     """(BP, BN) for `_sum_partials_kernel`: up to 64 partials of BN columns per load."""
-    bp = min(_p2(parts), 64)
+    bp = min(p2(parts), 64)
     return bp, max(16, cfg.stage2_bytes // itemsize // bp)
 
 
@@ -501,7 +452,7 @@ def _descriptor(values: list[int], device):
 def _sum_partials(ws, out, parts: int, cfg: Config):
     n, item = out.numel(), ws.element_size()
     bp, bn = stage2_blocks(parts, item, cfg)
-    _sum_partials_kernel[(_cdiv(n, bn),)](ws, out, n, parts, BP=bp, BN=bn, num_warps=_warps(bp * bn, item, cfg))
+    _sum_partials_kernel[(cdiv(n, bn),)](ws, out, n, parts, BP=bp, BN=bn, num_warps=_warps(bp * bn, item, cfg))
 
 
 def _launch(a, b, g, ga, gb, fn: str, cfg: Config):
@@ -514,8 +465,8 @@ def _launch(a, b, g, ga, gb, fn: str, cfg: Config):
         return
     item = a.element_size()
     if plan.contiguous_fast_path():
-        block = min(cfg.flat_bytes // item, _p2(plan.numel))
-        _flat_kernel[(_cdiv(plan.numel, block),)](a, b, g, ga, gb, plan.numel, FN=fn, IS_F64=item == 8,
+        block = min(cfg.flat_bytes // item, p2(plan.numel))
+        _flat_kernel[(cdiv(plan.numel, block),)](a, b, g, ga, gb, plan.numel, FN=fn, IS_F64=item == 8,
                                                   BLOCK=block, num_warps=_warps(block, item, cfg))
         return
     L = plan_tile(plan, item, fn, cfg)
@@ -573,54 +524,16 @@ def _validate(inputs, outs, params) -> tuple:
         if not x.is_contiguous():
             _fail(ValueError, name, "a contiguous tensor", f"strides {x.stride()}")
     # Outputs are written while inputs (and, across programs, the other output) are still read.
-    spans = {name: _byte_span(x) for name, x in tensors.items() if x.numel()}
+    spans = {name: byte_span(x) for name, x in tensors.items() if x.numel()}
     for name in ("grad_a", "grad_b"):
         for other in ("a", "b", "grad_out", "grad_a"):
-            if other != name and name in spans and other in spans and _overlap(spans[name], spans[other]):
+            if other != name and name in spans and other in spans and overlap(spans[name], spans[other]):
                 _fail(ValueError, name, "a buffer of its own (outputs are written while inputs are read)",
                       f"memory shared with {other}")
     return fn, a, b, g, ga, gb
 
 
-def _byte_span(x) -> tuple[int, int]:
-    """[first, end) of the bytes a tensor's elements occupy (torch strides are never negative)."""
-    item = x.element_size()
-    start = x.data_ptr()
-    return start, start + item + sum((n - 1) * s * item for n, s in zip(x.shape, x.stride()))
-
-
-def _overlap(p: tuple[int, int], q: tuple[int, int]) -> bool:
-    return p[0] < q[1] and q[0] < p[1]
-
-
-# ============================================================================= registration
-
-
-def _interpreted() -> bool:
-    """Whether the kernels above were made by the interpreter (TRITON_INTERPRET=1 at import)."""
-    return bool(_INTERPRETER)
-
-
-def _check(device: str) -> str | None:
-    if _IMPORT_ERROR is not None:
-        return f"triton: cannot import triton ({_IMPORT_ERROR})"
-    if device == "cpu":
-        if os.environ.get("TRITON_INTERPRET") != "1" or not _interpreted():
-            return "triton: CPU needs TRITON_INTERPRET=1 set before triton is imported"
-        return None
-    if device == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            return "triton: no CUDA device"
-        if _interpreted():
-            return "triton: TRITON_INTERPRET=1 is set, so kernels would run in the interpreter, not on the GPU"
-        return None
-    return f"triton: unknown device {device!r}"
-
-
-triton_backend = Backend("triton", framework="torch", devices=("cuda", "cpu"),
-                         description="Triton kernels (CPU runs them under TRITON_INTERPRET=1)", check=_check)
+# ============================================================================= entry
 
 
 def run(inputs, outs, params, cfg: Config | None = None) -> None:
@@ -629,15 +542,10 @@ def run(inputs, outs, params, cfg: Config | None = None) -> None:
 
 
 def _launch_checked(fn, a, b, g, ga, gb, cfg: Config | None) -> None:
-    if _IMPORT_ERROR is not None:
-        raise RuntimeError(f"triton {OP}: triton is not importable ({_IMPORT_ERROR})")
-    if a.device.type == "cpu":
-        _launch(a, b, g, ga, gb, fn, cfg or INTERPRETER_CONFIG)
-        return
-    import torch
-
-    with torch.cuda.device(a.device):  # triton launches on the current device, not the tensors'
-        _launch(a, b, g, ga, gb, fn, cfg or GPU_CONFIG)
+    if IMPORT_ERROR is not None:
+        raise RuntimeError(f"triton {OP}: triton is not importable ({IMPORT_ERROR})")
+    with on_device(a):
+        _launch(a, b, g, ga, gb, fn, cfg or (INTERPRETER_CONFIG if a.device.type == "cpu" else GPU_CONFIG))
 
 
 @triton_backend.impl(OP, dtypes=DTYPES, deterministic=True)
