@@ -22,7 +22,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from backends import _bcast_plan, _nvrtc, cupy_raw
+from backends import _bcast_plan, _nvrtc
+from backends.cupy import binary_backward as cupy_raw
 from oracle.binary_backward import binary_backward_numpy
 
 SOURCE = _nvrtc.read_source(cupy_raw.SOURCE)
@@ -545,7 +546,7 @@ def _emulate(fn, a_shape, b_shape, layouts=("contig",) * 3, variant="opt", num_s
         a.address += itemsize
     ga = Arr(Buf(np.full(max(a.size, 1), np.nan)), a_shape, _bcast_plan.contiguous_strides(a_shape), 0, itemsize)
     gb = Arr(Buf(np.full(max(b.size, 1), np.nan)), b_shape, _bcast_plan.contiguous_strides(b_shape), 0, itemsize)
-    plan = _bcast_plan.make_plan(a.shape, b.shape, *(cupy_raw._element_strides(x, n) for x, n in
+    plan = _bcast_plan.make_plan(a.shape, b.shape, *(cupy_raw.element_strides(x, n) for x, n in
                                                      ((a, "a"), (b, "b"), (g, "grad_out"))))
     dev = EmuDevice(num_sms, itemsize)
     dt = {2: "f16", 4: "f32", 8: "f64"}[itemsize]
@@ -716,9 +717,9 @@ def _gpu_visible() -> bool:
 
 @pytest.mark.skipif(_gpu_visible(), reason="a CUDA device is visible")
 def test_cupy_backend_reports_no_device():
-    reason = cupy_raw._check("cuda")
+    reason = cupy_raw.check("cuda")
     assert reason is not None and reason.startswith("cupy: no CUDA device"), reason
-    assert cupy_raw._check("cpu") == "cupy: runs on cuda, not cpu"
+    assert cupy_raw.check("cpu") == "cupy: runs on cuda, not cpu"
     assert cupy_raw.cupy_backend.unavailable_reason("cpu").startswith("cupy: runs on cuda")
 
 
@@ -729,7 +730,7 @@ def test_cupy_backend_registers_both_variants():
 
 
 def test_importing_the_backend_does_not_import_cupy():
-    code = "import sys; import backends.cupy_raw, backends._nvrtc; assert 'cupy' not in sys.modules"
+    code = "import sys; import backends.cupy.binary_backward, backends._nvrtc; assert 'cupy' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=str(_nvrtc.CUDA_DIR.parent.parent))
 
 

@@ -258,7 +258,8 @@ def _binary_stress():
 def test_cupy_launch_plan_of_the_stress_shapes(case):
     """What cupy (and its C++ mirror in torch_ext) would launch: the BBParams words carry sizes
     past 2**31 unchanged, the grid fits a launch, the partial rows a few hundred MB at most."""
-    from backends import _bcast_plan, cupy_raw
+    from backends import _bcast_plan
+    from backends.cupy import binary_backward as cupy_raw
 
     a, b = case.params["a"], case.params["b"]
     plan = _bcast_plan.make_plan(a, b, _bcast_plan.contiguous_strides(a), _bcast_plan.contiguous_strides(b),

@@ -18,5 +18,5 @@ triton_backend = Backend("triton", framework="torch", devices=("cuda", "cpu"),
                          description="Triton kernels (CPU runs them under TRITON_INTERPRET=1)", check=check)
 
 for _info in pkgutil.iter_modules(__path__):
-    if _info.name != "common":
+    if not _info.name.startswith("_") and _info.name != "common":
         importlib.import_module(f"{__name__}.{_info.name}")

@@ -1,5 +1,5 @@
-"""The `cupy` backend: raw CUDA C++ (backends/cuda/binary_backward.cuh) compiled with NVRTC
-through cupy.RawModule, launched on cupy's current stream.
+"""binary_backward for the `cupy` backend: raw CUDA C++ (backends/cuda/binary_backward.cuh)
+compiled with NVRTC through cupy.RawModule, launched on cupy's current stream.
 
 Variants of binary_backward:
   @opt    one pass over grad_out for both gradients, deterministic two-stage reduction
@@ -22,15 +22,16 @@ from math import prod
 
 import numpy as np
 
-from backends import _bcast_plan, _nvrtc
+from backends import _bcast_plan
 from backends._bcast_plan import Group, Plan
+from backends.cupy import cupy_backend
+from backends.cupy.common import CUDA_TYPE, byte_span, check, element_strides, num_sms  # noqa: F401
+from backends.cupy.common import function as _compiled
 from harness import argcheck, dtypes
-from harness.registry import Backend
+from oracle.binary_backward import FNS  # index = FN template argument
 
 OP = "binary_backward"
-FNS = ("add", "sub", "mul", "div", "pow", "maximum", "minimum")  # index = FN template argument
 DTYPES = ("f32", "f16", "bf16", "f64")
-CUDA_TYPE = {"f32": "float", "f64": "double", "f16": "__half", "bf16": "__nv_bfloat16"}
 SOURCE = "binary_backward.cuh"
 
 # Must match the #defines in the .cuh (a compile test checks BB_PARAMS_WORDS).
@@ -231,13 +232,6 @@ def _fmt(shape) -> str:
     return "(" + ", ".join(map(str, shape)) + ("," if len(shape) == 1 else "") + ")"
 
 
-def _element_strides(x, name: str) -> tuple[int, ...]:
-    item = x.dtype.itemsize
-    if any(s % item for s in x.strides):
-        raise ValueError(f"{OP}: {name} has strides {x.strides} bytes, expected multiples of its itemsize {item}")
-    return tuple(s // item for s in x.strides)
-
-
 def check_args(inputs, outs, params) -> tuple[str, str]:
     """Validate names, dtypes and shapes; returns (dtype short name, fn)."""
     for name in ("a", "b", "grad_out"):
@@ -269,7 +263,7 @@ def check_args(inputs, outs, params) -> tuple[str, str]:
             raise ValueError(f"{OP}: {name} must be C-contiguous, got strides {x.strides}")
     # Outputs are written while inputs (and, across blocks, the other output) are still read.
     arrays = {"a": a, "b": b, "grad_out": g, "grad_a": outs["grad_a"], "grad_b": outs["grad_b"]}
-    spans = {name: _byte_span(x) for name, x in arrays.items() if x.size}
+    spans = {name: byte_span(x) for name, x in arrays.items() if x.size}
     for name in ("grad_a", "grad_b"):
         for other in ("a", "b", "grad_out", "grad_a"):
             if other != name and name in spans and other in spans and \
@@ -279,48 +273,11 @@ def check_args(inputs, outs, params) -> tuple[str, str]:
     return dt, fn
 
 
-def _byte_span(x) -> tuple[int, int]:
-    """[first, end) of the bytes an array's elements occupy (cupy or numpy; strides may be negative)."""
-    start = x.data.ptr if hasattr(x.data, "ptr") else x.__array_interface__["data"][0]
-    low = sum((n - 1) * s for n, s in zip(x.shape, x.strides) if s < 0)
-    high = sum((n - 1) * s for n, s in zip(x.shape, x.strides) if s > 0)
-    return start + low, start + high + x.itemsize
-
-
 # ============================================================================= device side
 
-_MODULES: dict[str, object] = {}
-_SMS: dict[int, int] = {}
-
-
-def _check(device: str) -> str | None:
-    if device != "cuda":
-        return f"cupy: runs on cuda, not {device}"
-    try:
-        import cupy
-    except Exception as exc:  # noqa: BLE001 - any broken install reads as unavailable
-        return f"cupy: not importable ({type(exc).__name__}: {exc})"
-    try:
-        count = cupy.cuda.runtime.getDeviceCount()
-    except Exception as exc:  # noqa: BLE001 - no driver, wrong driver, ...
-        return f"cupy: no CUDA device ({type(exc).__name__}: {exc})"
-    if count == 0:
-        return "cupy: no CUDA device"
-    if not _nvrtc.include_dirs():
-        return "cupy: cuda_fp16.h not found (set CUDA_PATH, or pip install nvidia-cuda-runtime)"
-    return None
-
-
 def _function(expr: str):
-    """The kernel for name expression `expr`, compiled once per process (and cached on disk by cupy)."""
-    fn = _MODULES.get(expr)
-    if fn is None:
-        import cupy
-
-        module = cupy.RawModule(code=_nvrtc.read_source(SOURCE), options=_nvrtc.compile_options(),
-                                name_expressions=[expr])
-        fn = _MODULES[expr] = module.get_function(expr)
-    return fn
+    """The kernel for name expression `expr` of this op's source, compiled once per process."""
+    return _compiled(SOURCE, expr)
 
 
 def kernel_expr(kind: str, dt: str, fn: str | None = None) -> str:
@@ -339,15 +296,6 @@ def all_kernel_exprs(dt: str) -> list[str]:
     return [kernel_expr(k, dt, fn) for fn in FNS for k in kinds] + [kernel_expr("finalize", dt)]
 
 
-def _num_sms() -> int:
-    import cupy
-
-    dev = cupy.cuda.Device()
-    if dev.id not in _SMS:
-        _SMS[dev.id] = int(dev.attributes["MultiProcessorCount"])
-    return _SMS[dev.id]
-
-
 PARAMS_DTYPE = np.dtype([("words", np.int64, (PARAMS_WORDS,))])
 
 
@@ -363,8 +311,8 @@ _NULL = np.uint64(0)  # a null pointer argument (8 zero bytes)
 
 def _plan_of(inputs) -> Plan:
     a, b, g = inputs["a"], inputs["b"], inputs["grad_out"]
-    return _bcast_plan.make_plan(a.shape, b.shape, _element_strides(a, "a"), _element_strides(b, "b"),
-                                 _element_strides(g, "grad_out"))
+    return _bcast_plan.make_plan(a.shape, b.shape, element_strides(a, "a"), element_strides(b, "b"),
+                                 element_strides(g, "grad_out"))
 
 
 class CupyDevice:
@@ -393,7 +341,7 @@ class CupyDevice:
         return x.data.ptr
 
     def num_sms(self) -> int:
-        return _num_sms()
+        return num_sms()
 
 
 def _acc_dtype(dt: str):
@@ -446,10 +394,6 @@ def run_naive(dev, dt: str, fn: str, a, b, g, ga, gb, plan: Plan) -> None:
                (params_struct(naive_words(plan)), a, b, g, acc_a, acc_b))
     _finalize(dev, dt, acc_a, 1, ga, n_a)
     _finalize(dev, dt, acc_b, 1, gb, n_b)
-
-
-cupy_backend = Backend("cupy", framework="cupy", devices=("cuda",),
-                       description="raw CUDA C++ compiled with NVRTC through cupy.RawModule", check=_check)
 
 
 # argcheck: the op's checks (names, cupy arrays, dtypes, shapes, one device); check_args then
