@@ -56,6 +56,9 @@ def _parse(argv):
     run.add_argument("-v", "--verbose", action="store_true", help="print every output's error line")
     run.set_defaults(run_parser=run)  # --gpus rebuilds its workers' command lines from it
     bench_cli.add_parsers(sub)
+    from harness import profile
+
+    profile.add_parser(sub)
     return parser.parse_args(argv)
 
 
@@ -288,4 +291,8 @@ def main(argv=None) -> int:
         return cmd_list()
     if args.command in ("bench", "compare", "ceilings"):
         return bench_cli.dispatch(args, argv)
+    if args.command == "profile":
+        from harness import profile
+
+        return profile.cmd_profile(args)
     return cmd_run(args)
