@@ -204,8 +204,8 @@ def add_parser(sub) -> None:
 
 def cmd_profile(args) -> int:
     ncu = args.ncu or find_ncu()
-    if not ncu:
-        print(NO_NCU, file=sys.stderr)
+    if not ncu or not os.access(ncu, os.X_OK):
+        print(NO_NCU if not ncu else f"harness profile: --ncu {ncu} is not an executable file", file=sys.stderr)
         return 2
     metrics = ",".join(METRICS.values())
     cmd = [ncu, "--profile-from-start", "off", "--clock-control", "none", "--target-processes", "all",
