@@ -57,3 +57,16 @@ def test_case_file_from_readme(tmp_path):
     assert run.returncode == 0, run.stdout + run.stderr
     assert "mul[bf16,A=16x1x4096,B=16x128x1]" in run.stdout and "div[f32,A=7x1,B=7x9,B:transposed]" in run.stdout
     assert "2 passed, 0 failed" in run.stdout
+
+
+def test_the_gpu_install_line_works_with_the_index_switched_off(tmp_path):
+    """README's GPU line (`pip install -e . --no-deps --no-build-isolation`) needs no package index:
+    build isolation would fetch setuptools.  Built here into a scratch target with the index off."""
+    line = next(ln for ln in (ROOT / "README.md").read_text().splitlines() if ln.startswith("pip install -e . --no-deps"))
+    flags = [f for f in line.split("#")[0].split()[2:] if f.startswith("--")]
+    assert flags == ["--no-deps", "--no-build-isolation"], line
+    out = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--target", str(tmp_path / "t"),
+                          *flags, str(ROOT)], capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "PIP_NO_INDEX": "1", "PIP_INDEX_URL": "http://127.0.0.1:9/none"})
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert (tmp_path / "t" / "harness" / "cli.py").exists()
