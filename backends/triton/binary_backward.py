@@ -309,7 +309,8 @@ class Config:
     partial_limit: int = 8    # looped-reduction partials stay under numel(O) / partial_limit elements ...
     partial_share: float | None = 0.01  # ... and their traffic (write + read) under this share of the call's bytes
     flat_bytes: int = 16384   # per tensor per program in the contiguous no-broadcast kernel
-    stage2_bytes: int = 16384
+    stage2_bytes: int = 16384   # largest load of the partial-sum kernel
+    stage2_programs: int = 256
     max_warps: int = 8
 
 
@@ -452,10 +453,12 @@ def plan_tile(plan, itemsize: int, fn: str, cfg: Config = GPU_CONFIG) -> TileLau
     )
 
 
-def stage2_blocks(parts: int, itemsize: int, cfg: Config = GPU_CONFIG) -> tuple[int, int]:
-    """(BP, BN) for `_sum_partials_kernel`: up to 64 partials of BN columns per load."""
+def stage2_blocks(parts: int, n: int, itemsize: int, cfg: Config = GPU_CONFIG) -> tuple[int, int]:
+    """(BP, BN) for `_sum_partials_kernel` summing `parts` rows of n: up to 64 partials of BN
+    columns per load, BN narrow enough for about `stage2_programs` programs (the partials sit
+    in L2 and a few programs would leave most SMs idle), at least 16."""
     bp = min(p2(parts), 64)
-    return bp, max(16, cfg.stage2_bytes // itemsize // bp)
+    return bp, max(16, min(cfg.stage2_bytes // itemsize // bp, p2(cdiv(n, cfg.stage2_programs))))
 
 
 # ============================================================================= cached launch plans
@@ -584,7 +587,7 @@ class _TilePlan(_Plan):
         if parts == 1:
             return 0, None
         item = 8 if self.acc == self.torch.float64 else 4
-        bp, bn = stage2_blocks(parts, item, cfg)
+        bp, bn = stage2_blocks(parts, n, item, cfg)
         return parts * n, _Step(_sum_partials_kernel, cdiv(n, bn), 2, dict(n=n, parts=parts, BP=bp, BN=bn),
                                 _warps(bp * bn, item, cfg))
 
