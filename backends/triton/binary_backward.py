@@ -496,7 +496,8 @@ class _Step:
     The first launch goes through triton's JIT (compiling, or finding the kernel in triton's
     cache).  Later ones call the compiled kernel's launcher directly, which skips the JIT's
     per-call argument binding, specialisation and cache lookup; it launches on torch's
-    current stream and device, as the JIT does.
+    current stream and device, as the JIT does.  runner: None before the first launch, False
+    where every launch goes through the JIT (the interpreter; a triton whose launcher differs).
     """
 
     __slots__ = ("kernel", "grid", "tail", "num_warps", "runner")
@@ -506,11 +507,16 @@ class _Step:
         self.tail = tuple(values[name] for name in kernel.arg_names[n_tensors:])
 
     def launch(self, *tensors) -> None:
-        if self.runner is not None:
-            self.runner(*tensors, *self.tail)
-            return
+        runner = self.runner
+        if runner:
+            try:
+                runner(*tensors, *self.tail)
+                return
+            except TypeError:  # arguments the launcher does not take (an untested triton): use the JIT
+                self.runner = False
         compiled = self.kernel[(self.grid,)](*tensors, *self.tail, num_warps=self.num_warps)
-        self.runner = _direct_runner(self.kernel, compiled, self.grid)
+        if self.runner is None:
+            self.runner = _direct_runner(self.kernel, compiled, self.grid) or False
 
     def signature(self) -> tuple:
         return (self.kernel.__name__, self.grid, self.tail, self.num_warps)
