@@ -11,17 +11,20 @@
 #          -> $OUT/binary_backward-full-triton.json, $OUT/full.log           (1294 cases, ~4 min)
 #          FULL_SPLIT=1 splits it by dtype into two runs (bf16+f16+f64, then f32) of about half each.
 #   bench  python -m harness bench --op binary_backward --backend torch --backend torch_compile
-#          --backend triton --cases perf --report $OUT/bench                 (~3-4 min)
+#          --backend triton --cases perf --report $OUT/bench  (38 cases x 3; 3-8 min: torch.compile
+#          compiles each case afresh; TIME_LIMIT=S stops starting new pairs after S seconds)
 #          -> $OUT/bench/{results.json,report.md,plots/}, $OUT/bench.log, and $OUT/summary.txt:
 #          triton's % of the copy ceiling per perf case (the bar: >= 88%) and its host time
 #          per call against the device time.
-# Whole script: about 9 minutes on an H100 (a fresh machine compiles every kernel once).
-# Knobs: PYTHON=python3 DEVICE=cuda STEPS="host full bench" FULL_SPLIT=0 BUDGET=0.3 (bench seconds per pair)
+# Whole script: about 8-14 minutes on an H100 (a fresh machine compiles every kernel once); where one
+# command may run 10 minutes at most, run STEPS="host full" and STEPS=bench as two commands.
+# Knobs: PYTHON=python3 DEVICE=cuda STEPS="host full bench" FULL_SPLIT=0 BUDGET=0.3 (bench seconds per
+# pair) TIME_LIMIT="" (bench)
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 : "${OUT:?set OUT to a folder for the results}"
 PY=${PYTHON:-python3} DEVICE=${DEVICE:-cuda} STEPS=${STEPS:-host full bench} FULL_SPLIT=${FULL_SPLIT:-0}
-BUDGET=${BUDGET:-0.3}
+BUDGET=${BUDGET:-0.3} TIME_LIMIT=${TIME_LIMIT:-}
 mkdir -p "$OUT"
 t0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
@@ -57,8 +60,10 @@ fi
 
 if has bench; then
   stamp "== bench: perf cases through torch, torch_compile, triton"
+  limit=(); [ -n "$TIME_LIMIT" ] && limit=(--time-limit "$TIME_LIMIT")
   $PY -m harness bench --op binary_backward --backend torch --backend torch_compile --backend triton \
-    --cases perf --device "$DEVICE" --budget "$BUDGET" --report "$OUT/bench" > "$OUT/bench.log" 2> "$OUT/bench.err"
+    --cases perf --device "$DEVICE" --budget "$BUDGET" "${limit[@]}" --report "$OUT/bench" \
+    > "$OUT/bench.log" 2> "$OUT/bench.err"
   echo "exit $?"
   grep -E "^bench:" "$OUT/bench.err" | tail -3
   stamp "== summary (triton: % of copy, host time per call vs device time) -> $OUT/summary.txt"
