@@ -164,8 +164,8 @@ def main(argv=None) -> int:
                                                                      else "error") for t in v["tried"])
         print(f"tuned {key}: chose {v['chosen']} of [{times}] us")
     if args.json:
-        args.json.write_text(json.dumps({"device": args.device, "calls": calls, "rows": rows, "fns": fn_rows, "tuning": log},
-                                        indent=1, default=str))
+        report = {"device": args.device, "calls": calls, "rows": rows, "fns": fn_rows, "tuning": log}
+        args.json.write_text(json.dumps(report, indent=1, default=str))
     return 0
 
 
