@@ -43,7 +43,10 @@ TILE_SHAPES = {
 }
 TILE_FN = {"strided": "mul", "last": "pow", "mid": "maximum", "a_bcast": "div", "both": "sub",
            "outer": "minimum", "interleaved": "add"}
-VECTORISED = ("flat", "tile-rows", "tile-last", "tile-mid")  # must emit ld.global.v*
+VECTORISED = ("flat", "tile-rows", "tile-last", "tile-mid", "cand")  # must emit ld.global.v*
+# The autotuner's other candidates (backends/triton/binary_backward.py `candidates`) for the
+# main shapes: 'flat' is the no-broadcast llama shape.  Index 0, the default, is compiled above.
+CANDIDATE_SHAPES = ("flat", "rows", "last", "mid")
 
 
 def _jobs() -> list[str]:
@@ -51,7 +54,26 @@ def _jobs() -> list[str]:
     jobs += [f"tile-rows-{dt}-{fn}" for dt in DTYPES for fn in FNS]
     jobs += [f"tile-{label}-{dt}-{fn}" for label, fn in TILE_FN.items() for dt in DTYPES]
     jobs += [f"stage2-{dt}-sum" for dt in DTYPES]
+    jobs += [f"cand-{label}-{i}-{dt}-mul" for label in CANDIDATE_SHAPES for dt in ("bf16", "f32")
+             for i in range(1, _candidate_count(label, _ITEM[dt]))]
     return jobs
+
+
+def _bplan(label: str):
+    from backends import _bcast_plan
+
+    a_shape, b_shape, strides = TILE_SHAPES[label] if label != "flat" else ((8, 2048, 4096),) * 2 + (None,)
+    out_shape = _bcast_plan.broadcast_shape(a_shape, b_shape)
+    contig = _bcast_plan.contiguous_strides
+    sa, sb, sg = strides or (contig(a_shape), contig(b_shape), contig(out_shape))
+    return _bcast_plan.make_plan(a_shape, b_shape, sa, sb, sg)
+
+
+def _candidate_count(label: str, item: int) -> int:
+    sys.path.insert(0, str(ROOT))
+    from backends.triton import binary_backward as tk
+
+    return len(tk.candidates(tk.tune_class(_bplan(label), item)))
 
 
 JOBS = _jobs()
@@ -59,34 +81,29 @@ JOBS = _jobs()
 # ----------------------------------------------------------------------------- worker side
 
 
-def _contig(shape):
-    from backends._bcast_plan import contiguous_strides
-
-    return contiguous_strides(shape)
-
-
 def _launch_args(job: str):
     """(kernel, pointer dtypes, int args, constexprs, num_warps) as the backend would launch it."""
-    from backends import _bcast_plan
     from backends.triton import binary_backward as tk
 
     kind, rest = job.split("-", 1)
     *label, dt, fn = rest.split("-")
     ty, item, cfg = _TRITON_TY[dt], _ITEM[dt], tk.GPU_CONFIG
     acc = "fp64" if dt == "f64" else "fp32"
+    if kind == "cand":
+        plan = _bplan(label[0])
+        cfg = tk.candidates(tk.tune_class(plan, item))[int(label[1])]
+        kind = "flat" if label[0] == "flat" else "tile"
     if kind == "flat":
         block = cfg.flat_bytes // item
         ptrs = dict.fromkeys(("a_ptr", "b_ptr", "g_ptr", "ga_ptr", "gb_ptr"), ty)
         return (tk._flat_kernel, ptrs, {"n": 8 * 2048 * 4096},
                 {"FN": fn, "IS_F64": dt == "f64", "BLOCK": block}, tk._warps(block, item, cfg))
     if kind == "stage2":
-        bp, bn = tk.stage2_blocks(64, _ITEM["f64" if dt == "f64" else "f32"], cfg)
+        acc_item = _ITEM["f64" if dt == "f64" else "f32"]
+        bp, bn = tk.stage2_blocks(64, 4096, acc_item, cfg)
         return (tk._sum_partials_kernel, {"ws_ptr": acc, "out_ptr": ty}, {"n": 4096, "parts": 64},
-                {"BP": bp, "BN": bn}, tk._warps(bp * bn, item, cfg))
-    a_shape, b_shape, strides = TILE_SHAPES[label[0]]
-    out_shape = _bcast_plan.broadcast_shape(a_shape, b_shape)
-    sa, sb, sg = strides or (_contig(a_shape), _contig(b_shape), _contig(out_shape))
-    plan = _bcast_plan.make_plan(a_shape, b_shape, sa, sb, sg)
+                {"BP": bp, "BN": bn}, tk._warps(bp * bn, acc_item, cfg))
+    plan = _bplan(label[0])
     launch = tk.plan_tile(plan, item, fn, cfg)
     ptrs = dict.fromkeys(("a_ptr", "b_ptr", "g_ptr", "ga_ptr", "gb_ptr"), ty)
     ptrs.update(wsa_ptr=acc if launch.parts_a > 1 else ty, wsb_ptr=acc if launch.parts_b > 1 else ty,

@@ -57,8 +57,8 @@ PATTERNS = {
     "zero_rank": ((1,), (2, 0), "contig", "contig", "contig"),
 }
 # Small launch sizing: tiles of 16 float32, so every path (partials, stage 2) runs here.
-TINY = tk.Config(tile_bytes=64, vectors=2, s_max=2, programs=64, partial_limit=1, flat_bytes=32,
-                 stage2_bytes=64)
+TINY = tk.Config(tile_bytes=64, vectors=2, inner_bytes=32, s_max=2, programs=64, partial_limit=1,
+                 partial_share=None, flat_bytes=32, stage2_bytes=64)
 _ZERO = ("zero_out", "zero_bcast", "zero_rank")
 
 
@@ -89,7 +89,11 @@ def _to_torch(t):
 
 
 def _inputs(fn: str, dt: str, pattern: str, seed: int = 0):
-    a_shape, b_shape, la, lb, lg = PATTERNS[pattern]
+    return inputs_for(fn, dt, *PATTERNS[pattern], seed=seed)
+
+
+def inputs_for(fn: str, dt: str, a_shape, b_shape, la="contig", lb="contig", lg="contig", seed: int = 0):
+    """(host inputs, torch views of them, NaN-filled torch outputs) of one case."""
     case = SimpleNamespace(dtype=dt, params={"fn": fn, "a": a_shape, "b": b_shape,
                                              "a_layout": la, "b_layout": lb, "g_layout": lg})
     host = bb.SPEC.generate(case, np.random.default_rng(seed))
@@ -116,6 +120,11 @@ def run_case(case_id: str) -> None:
     fn, dt, pattern, sizing = case_id.split("|")
     host, inputs, outs = _inputs(fn, dt, pattern)
     tk.run(inputs, outs, {"fn": fn}, TINY if sizing == "tiny" else None)
+    check_outputs(fn, dt, host, outs)
+
+
+def check_outputs(fn: str, dt: str, host: dict, outs: dict) -> None:
+    """outs (torch) against the float64 oracle of the host inputs, within the bound of `_bound`."""
     a, b, g = (host[k].float64() for k in ("a", "b", "grad_out"))
     ga, gb = bb.binary_backward_numpy(fn, a, b, g)
     ref = {"grad_a": ga, "grad_b": gb}

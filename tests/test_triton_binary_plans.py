@@ -1,0 +1,320 @@
+"""The host side of the `triton` binary_backward: cached launch plans, the thin unchecked entry
+and the autotuner's bookkeeping, run by the Triton interpreter (TRITON_INTERPRET=1) on small
+shapes.  Every call's outputs are still judged against the float64 oracle: a cache that
+returned stale results, or a candidate sizing that miscomputes, fails here.
+
+The autotuner times candidates with CUDA events; here its timer is replaced by a table of
+made-up times, which tests the choice (margin, dedup, errors) and that only the checked entry
+ever tunes.  The real timings run on the GPU (scripts/gpu/triton_binary.sh).
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+torch = pytest.importorskip("torch")
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import test_triton_interpret as ti  # noqa: E402
+from backends import _bcast_plan  # noqa: E402
+from backends.triton import binary_backward as tk  # noqa: E402
+from harness import argcheck  # noqa: E402
+from harness.registry import timed_callable  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not ti._interpreting_here(), reason="needs TRITON_INTERPRET=1 in this process")
+
+
+@pytest.fixture(autouse=True)
+def fresh_caches(monkeypatch):
+    """Each test starts with no plans and no tuning choices, and leaves none behind."""
+    monkeypatch.setattr(tk, "_PLANS", {})
+    monkeypatch.setattr(tk, "_TUNED", {})
+    monkeypatch.setattr(tk, "TUNING_LOG", {})
+
+
+def _counting(monkeypatch):
+    """Count calls of the planning functions: make_plan (broadcast plan) and plan_tile."""
+    counts = {"make_plan": 0, "plan_tile": 0}
+
+    def wrap(owner, name):
+        real = getattr(owner, name)
+
+        def counted(*args, **kwargs):
+            counts[name] += 1
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(owner, name, counted)
+
+    wrap(_bcast_plan, "make_plan")
+    wrap(tk, "plan_tile")
+    return counts
+
+
+def _params(fn, inputs):
+    return {"fn": fn, "a": list(inputs["a"].shape), "b": list(inputs["b"].shape)}
+
+
+@pytest.mark.parametrize("pattern, cfg", [("b_rows", None), ("both", ti.TINY), ("same", None)],
+                         ids=["tile", "tile-two-stage", "flat"])
+def test_second_call_does_no_planning(monkeypatch, pattern, cfg):
+    counts = _counting(monkeypatch)
+    first = None
+    for seed in (0, 1, 2):  # other values, other buffers, same layout
+        host, inputs, outs = ti._inputs("mul", "f32", pattern, seed=seed)
+        if cfg is None:
+            tk.binary_backward(inputs, outs, _params("mul", inputs))
+        else:
+            tk.run(inputs, outs, {"fn": "mul"}, cfg)
+        ti.check_outputs("mul", "f32", host, outs)  # a stale (cached) result would fail here
+        if first is None:
+            first = dict(counts)
+    expect_tile = 0 if pattern == "same" else 1
+    assert first == {"make_plan": 1, "plan_tile": expect_tile}, first
+    assert counts == first, f"later calls planned again: {counts}"
+    assert len(tk._PLANS) == 1
+
+
+def test_plan_key_separates_layouts(monkeypatch):
+    counts = _counting(monkeypatch)
+    _, inputs, outs = ti._inputs("mul", "f32", "b_rows")
+    tk.binary_backward(inputs, outs, _params("mul", inputs))
+    # another fn, another dtype, another alignment of a data pointer: each its own plan
+    _, inputs2, outs2 = ti._inputs("div", "f32", "b_rows")
+    tk.binary_backward(inputs2, outs2, _params("div", inputs2))
+    host3, inputs3, outs3 = ti._inputs("mul", "bf16", "b_rows")
+    tk.binary_backward(inputs3, outs3, _params("mul", inputs3))
+    ti.check_outputs("mul", "bf16", host3, outs3)
+    host4, inputs4, outs4 = ti._inputs("mul", "f32", "b_rows")
+    buf = torch.empty(inputs4["a"].numel() + 1)
+    shifted = buf[1:].view(inputs4["a"].shape)  # 4 bytes past a 16-byte boundary
+    shifted.copy_(inputs4["a"])
+    inputs4["a"] = shifted
+    tk.binary_backward(inputs4, outs4, _params("mul", inputs4))
+    ti.check_outputs("mul", "f32", host4, outs4)
+    assert len(tk._PLANS) == 4 and counts["make_plan"] == 4
+
+
+def test_registered_function_has_a_thin_unchecked_path(monkeypatch):
+    impl = tk.triton_backend.impls[("binary_backward", "default")]
+    assert timed_callable(impl) is tk.binary_backward.unchecked is tk._unchecked
+    assert impl.fn is tk.binary_backward
+    for pattern, fn in (("b_rows", "pow"), ("same", "maximum"), ("outer", "div")):
+        _, inputs, outs = ti._inputs(fn, "f32", pattern)
+        impl.fn(inputs, outs, _params(fn, inputs))  # the checked call first, as the harness does
+
+        def refuse(*_, **__):
+            raise AssertionError("the unchecked path checked or planned again")
+
+        with monkeypatch.context() as m:
+            for owner, name in ((tk, "_validate"), (argcheck, "check_impl"), (_bcast_plan, "make_plan"),
+                                (tk, "plan_tile"), (tk, "_autotune"), (tk, "_build")):
+                m.setattr(owner, name, refuse)
+            host, inputs, outs = ti._inputs(fn, "f32", pattern, seed=5)
+            timed_callable(impl)(inputs, outs, _params(fn, inputs))
+        ti.check_outputs(fn, "f32", host, outs)
+
+
+def test_unchecked_path_plans_on_a_miss():
+    """Called first (not what the harness does), the unchecked path still plans, never tunes."""
+    host, inputs, outs = ti._inputs("sub", "f32", "a_bcast")
+    tk.binary_backward.unchecked(inputs, outs, {"fn": "sub"})
+    ti.check_outputs("sub", "f32", host, outs)
+    assert len(tk._PLANS) == 1 and not tk._TUNED
+
+
+# ----------------------------------------------------------------------------- autotuning
+
+
+def _bplan(inputs):
+    a, b, g = inputs["a"], inputs["b"], inputs["grad_out"]
+    return _bcast_plan.make_plan(tuple(a.shape), tuple(b.shape), a.stride(), b.stride(), g.stride())
+
+
+def _tensors(inputs, outs):
+    return inputs["a"], inputs["b"], inputs["grad_out"], outs["grad_a"], outs["grad_b"]
+
+
+def _fake_timer(monkeypatch, bplan, times_by_index, calls):
+    """Replace the CUDA-event timer: candidate i of the class 'takes' times_by_index[i] ms (an
+    exception: it fails), and every call is logged in `calls`; tuning also made possible here."""
+    def fake(plan, tensors, *_, **__):
+        item, device = tensors[0].element_size(), tensors[0].device
+        sig = plan.signature()
+        for i, cfg in enumerate(tk.candidates(tk.tune_class(bplan, item))):
+            if tk._build(bplan, "mul", item, cfg, device).signature() == sig:
+                calls.append(i)
+                if isinstance(times_by_index[i], Exception):
+                    raise times_by_index[i]
+                return times_by_index[i]
+        raise AssertionError("timed a plan of no candidate")
+
+    monkeypatch.setattr(tk, "_time_ms", fake)
+    monkeypatch.setattr(tk, "TUNE_MIN_BYTES", 0)
+
+
+# A K-inner reduction large enough that the candidates plan different launches.
+TUNE_SHAPE = ((256, 4096), (4096,))
+
+
+def _tune_inputs(seed=0):
+    return ti.inputs_for("mul", "f32", *TUNE_SHAPE, seed=seed)
+
+
+@pytest.mark.parametrize("times, chosen", [
+    ([1.0, 0.5, 0.9, 0.8, 0.7], 1),          # clearly faster: taken
+    ([1.0, 0.99, 0.995, 1.2, 1.1], 0),       # within the margin: the default stays
+    ([1.0, RuntimeError("out of resources"), 2.0, 0.6, 3.0], 3),  # a failing candidate is skipped
+])
+def test_autotune_choice(monkeypatch, times, chosen):
+    host, inputs, outs = _tune_inputs()
+    bplan = _bplan(inputs)
+    calls = []
+    _fake_timer(monkeypatch, bplan, times, calls)
+    cls = tk.tune_class(bplan, 4)
+    cands = tk.candidates(cls)
+    assert cls[:3] == ("tile", "k", True) and len(cands) == len(times)
+    plan = tk._auto_plan(bplan, "mul", 4, _tensors(inputs, outs), tune=True)
+    sigs = {tk._build(bplan, "mul", 4, c, inputs["a"].device).signature() for c in cands}
+    assert len(calls) == len(sigs), "each distinct candidate launch is timed once"
+    assert tk._TUNED[(None, cls)] == cands[chosen]
+    assert plan.signature() == tk._build(bplan, "mul", 4, cands[chosen], inputs["a"].device).signature()
+    log = tk.TUNING_LOG[(None, cls)]
+    assert log["chosen"] == chosen and len(log["tried"]) == len(cands)
+    plan(*_tensors(inputs, outs))  # the chosen plan computes the right thing
+    ti.check_outputs("mul", "f32", host, outs)
+    # settled: a second call of the class, checked or not, times nothing
+    calls.clear()
+    tk._auto_plan(bplan, "mul", 4, _tensors(inputs, outs), tune=True)
+    tk._auto_plan(bplan, "mul", 4, _tensors(inputs, outs), tune=False)
+    assert calls == []
+
+
+def test_unchecked_never_tunes(monkeypatch):
+    _, inputs, outs = _tune_inputs()
+    bplan = _bplan(inputs)
+    calls = []
+    _fake_timer(monkeypatch, bplan, [1.0, 0.5, 0.5, 0.5, 0.5], calls)
+    plan = tk._auto_plan(bplan, "mul", 4, _tensors(inputs, outs), tune=False)
+    assert calls == [] and not tk._TUNED
+    assert plan.signature() == tk._build(bplan, "mul", 4, tk.GPU_CONFIG, inputs["a"].device).signature()
+
+
+def test_tuning_off_and_small_calls_use_defaults(monkeypatch):
+    _, inputs, outs = _tune_inputs()
+    bplan = _bplan(inputs)
+    calls = []
+    _fake_timer(monkeypatch, bplan, [1.0, 0.5, 0.5, 0.5, 0.5], calls)
+    monkeypatch.setenv(tk.TUNE_ENV, "0")
+    tk._auto_plan(bplan, "mul", 4, _tensors(inputs, outs), tune=True)
+    monkeypatch.delenv(tk.TUNE_ENV)
+    monkeypatch.setattr(tk, "TUNE_MIN_BYTES", tk.min_bytes(bplan, 4) + 1)
+    tk._auto_plan(bplan, "mul", 4, _tensors(inputs, outs), tune=True)
+    assert calls == [] and not tk._TUNED
+
+
+# ----------------------------------------------------------------------------- every candidate computes right
+
+# (pattern, A, B): one shape per kind of tune class
+CANDIDATE_SHAPES = {
+    "flat": ((8, 96), (8, 96)),
+    "k_inner_sum": ((48, 160), (160,)),       # K contiguous, rows summed (bias gradient)
+    "k_inner_mid": ((3, 40, 96), (3, 1, 96)),  # K of two dims
+    "row_sum": ((24, 130), (24, 1)),          # the contiguous class is summed
+    "a_bcast": ((1, 96), (40, 96)),           # loops over RA
+    "both": ((1, 12, 64), (5, 12, 1)),        # both reduce, the looped one contiguous
+    "outer": ((40, 1), (1, 24)),              # the fixed class contiguous
+}
+
+
+def _candidate_ids():
+    out = []
+    for label, (a, b) in CANDIDATE_SHAPES.items():
+        g = _bcast_plan.broadcast_shape(a, b)
+        cs = _bcast_plan.contiguous_strides
+        bplan = _bcast_plan.make_plan(a, b, cs(a), cs(b), cs(g))
+        for dt, item in (("f32", 4), ("bf16", 2)):
+            for i, _ in enumerate(tk.candidates(tk.tune_class(bplan, item))):
+                out.append(f"{label}|{dt}|{i}")
+    return out
+
+
+@pytest.mark.parametrize("case_id", _candidate_ids())
+def test_every_candidate_matches_oracle(case_id):
+    label, dt, i = case_id.split("|")
+    a_shape, b_shape = CANDIDATE_SHAPES[label]
+    fn = "maximum" if int(i) % 2 else "div"
+    host, inputs, outs = ti.inputs_for(fn, dt, a_shape, b_shape)
+    bplan = _bplan(inputs)
+    cfg = tk.candidates(tk.tune_class(bplan, inputs["a"].element_size()))[int(i)]
+    tk.run(inputs, outs, {"fn": fn}, cfg)
+    ti.check_outputs(fn, dt, host, outs)
+
+
+# ----------------------------------------------------------------------------- direct launches
+
+
+class _FakeCompiled:
+    """Stands in for triton's CompiledKernel: `compiled[grid](*args)` records the launch."""
+
+    def __init__(self, log, n_signature, fail=False):
+        self.src = type("Src", (), {"signature": {f"p{i}": "x" for i in range(n_signature)}})()
+        self.log, self.fail = log, fail
+
+    def __getitem__(self, grid):
+        def runner(*args):
+            if self.fail:
+                raise TypeError("function takes exactly 3 arguments")
+            self.log.append(("direct", grid, args))
+        return runner
+
+
+class _FakeKernel:
+    """Stands in for a JITFunction: `kernel[grid](*args, num_warps=)` records the launch."""
+
+    arg_names = ["x_ptr", "y_ptr", "n", "BLOCK"]
+    __name__ = "fake"
+
+    def __init__(self, compiled_signature=4, fail=False):
+        self.log = []
+        self.compiled = _FakeCompiled(self.log, compiled_signature, fail)
+
+    def __getitem__(self, grid):
+        def jit(*args, num_warps):
+            self.log.append(("jit", grid, args, num_warps))
+            return self.compiled
+        return jit
+
+
+def test_direct_launch_passes_what_the_jit_got(monkeypatch):
+    monkeypatch.setattr(tk, "interpreted", lambda: False)
+    kernel = _FakeKernel()
+    step = tk._Step(kernel, 7, 2, {"BLOCK": 64, "n": 100}, 4)
+    step.launch("x1", "y1")
+    step.launch("x2", "y2")
+    step.launch("x3", "y3")
+    assert kernel.log == [("jit", (7,), ("x1", "y1", 100, 64), 4),
+                          ("direct", (7, 1, 1), ("x2", "y2", 100, 64)),
+                          ("direct", (7, 1, 1), ("x3", "y3", 100, 64))]
+
+
+@pytest.mark.parametrize("signature, fail", [(2, False), (4, True)], ids=["old-launcher", "launcher-rejects"])
+def test_direct_launch_falls_back_to_the_jit(monkeypatch, signature, fail):
+    monkeypatch.setattr(tk, "interpreted", lambda: False)
+    kernel = _FakeKernel(signature, fail)
+    step = tk._Step(kernel, 3, 2, {"BLOCK": 8, "n": 5}, 1)
+    for i in range(3):
+        step.launch(f"x{i}", f"y{i}")
+    assert [e[0] for e in kernel.log] == ["jit"] * 3
+    assert step.runner is False
+
+
+def test_interpreter_launches_through_the_jit():
+    kernel = _FakeKernel()
+    step = tk._Step(kernel, 2, 2, {"BLOCK": 8, "n": 5}, 1)
+    step.launch("x", "y")
+    step.launch("x", "y")
+    assert [e[0] for e in kernel.log] == ["jit", "jit"]
