@@ -106,8 +106,7 @@ def _to_torch(t):
     return flat.as_strided(t.shape, t.strides, t.offset)
 
 
-def _params(pattern: str) -> dict:
-    shape, params, layout = PATTERNS[pattern]
+def _params(shape, params, layout) -> dict:
     out = dict(params, shape=list(shape))
     if layout not in ("contig", "padded"):
         out["x_layout"] = layout
@@ -121,16 +120,21 @@ def _padded(x):
     return wide[..., : x.shape[-1]]
 
 
-def _inputs(dt: str, pattern: str, seed: int = 0):
-    params = _params(pattern)
+def _request(dt: str, shape, params, layout, seed: int = 0):
+    """(host inputs, torch inputs, NaN outputs, params) of one request."""
+    params = _params(shape, params, layout)
     case = SimpleNamespace(dtype=dt, params=params)
     host = spec.SPEC.generate(case, np.random.default_rng(seed))
     y_shape = spec.out_shape(params["shape"], params)
     y = torch.full(y_shape, float("nan"), dtype=getattr(torch, dtypes.long_name(dt)))
     x = _to_torch(host["x"])
-    if PATTERNS[pattern][2] == "padded":
+    if layout == "padded":
         x = _padded(x)
     return host, {"x": x}, {"y": y}, {k: v for k, v in params.items() if k != "x_layout"}
+
+
+def _inputs(dt: str, pattern: str, seed: int = 0):
+    return _request(dt, *PATTERNS[pattern], seed=seed)
 
 
 def _bound(dt: str, x: np.ndarray, ref: np.ndarray, params: dict) -> np.ndarray:
@@ -144,8 +148,12 @@ def _bound(dt: str, x: np.ndarray, ref: np.ndarray, params: dict) -> np.ndarray:
 
 def run_case(case_id: str) -> None:
     dt, pattern, sizing = case_id.split("|")
-    host, inputs, outs, params = _inputs(dt, pattern)
-    rs.run(inputs, outs, params, CONFIGS[sizing])
+    _check(dt, _inputs(dt, pattern), CONFIGS[sizing])
+
+
+def _check(dt: str, request, cfg) -> None:
+    host, inputs, outs, params = request
+    rs.run(inputs, outs, params, cfg)
     x = host["x"].float64()
     want = spec.reduce_sum_numpy(x, params)
     got = outs["y"].to(torch.float64).numpy()
@@ -157,6 +165,28 @@ def run_case(case_id: str) -> None:
         worst = np.unravel_index(np.argmax(err - bound), err.shape)
         assert (err <= bound).all(), (f"y[{worst}]: got {got[worst]!r}, expected {want[worst]!r}, "
                                       f"error {err[worst]:.3g} over bound {bound[worst]:.3g}")
+
+
+def random_requests(n: int, seed: int = 5) -> list:
+    """n random requests: rank 0-4, sizes 0-9 (0 rarely), either form, every layout, dtype, sizing."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for k in range(n):
+        rank = int(rng.integers(0, 5))
+        shape = tuple(int(v) if rng.random() > 0.04 else 0 for v in rng.integers(1, 10, rank))
+        layouts = ["contig"] + (["sliced", "padded"] if rank >= 1 else []) + (["transposed"] if rank >= 2 else [])
+        layout = layouts[int(rng.integers(0, len(layouts)))]
+        if rng.random() < 0.3:  # target form: drop some leading dims, keep or 1 the rest
+            lead = int(rng.integers(0, rank + 1))
+            params = {"target": [n if rng.random() < 0.5 else 1 for n in shape[lead:]]}
+        else:
+            pick = rng.random()
+            axes = None if pick < 0.15 else [] if pick < 0.2 else \
+                [int(a) - rank * int(rng.integers(0, 2)) for a in range(rank) if rng.random() < 0.5]
+            params = {"axes": axes, "keepdim": bool(rng.random() < 0.3)}
+        dt = ("f32", "f32", "bf16", "f16", "f64")[k % 5]
+        out.append((dt, shape, params, layout, ("auto", "last", "kernel")[k % 3]))
+    return out
 
 
 # ----------------------------------------------------------------------------- runner
@@ -246,6 +276,24 @@ def test_every_path_is_forced():
                    ("col", "strided", "y unit"), ("col", "unit", "y strided"), ("col", "NKO", 0, "NR", 0),
                    ("col", "NKO", 2, "NR", 2), ("col", "NKO", 1, "NR", 1)]:
         assert needed in seen, f"no pattern takes path {needed}"
+
+
+def test_random_requests():
+    """Random shapes, axes, targets and layouts through every sizing."""
+    _needs_interpreter()
+    for k, (dt, shape, params, layout, sizing) in enumerate(random_requests(90)):
+        try:
+            _check(dt, _request(dt, shape, params, layout, seed=k), CONFIGS[sizing])
+        except Exception as exc:
+            raise AssertionError(f"request {k}: {dt} {shape} {params} {layout} {sizing}: {exc}") from exc
+
+
+def test_programs_per_sm():
+    assert rs.programs_per_sm(64, 4096, 8) == 4   # 64 registers x 256 threads: a quarter of 64 K
+    assert rs.programs_per_sm(40, 32, 8) == 6     # 40 -> 48 allocated: 65536 // (48 * 256)
+    assert rs.programs_per_sm(16, 0, 8) == 8      # threads bound: 2048 // 256
+    assert rs.programs_per_sm(32, 100_000, 4) == 2  # shared memory bound
+    assert rs.programs_per_sm(255, 0, 8) == 1
 
 
 def test_collapse_merges_contiguous_dims():
