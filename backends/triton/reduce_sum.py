@@ -26,9 +26,11 @@ Every request (axes/keepdim or sum_to_shape target, any layout of x) becomes one
 
 Plans are cached per (shape, strides, dtype, params form, device, config): a repeated call
 allocates the workspace, takes the tile counters and launches; no planning.  No autotuning:
-the sizing is a fixed heuristic (Config).  The per-tile counters of `finish="last"` are kept
-per device and stream and are left at zero by every launch; they are not safe for concurrent
-launches on one stream from several host threads, like any shared workspace.
+the sizing is a fixed heuristic (Config); the one compile outside a launch, of a split
+variant to read its occupancy, happens at planning, on the first (checked) call.  The workspace
+is allocated per call (torch's stream-aware allocator); the per-tile counters of
+`finish="last"` are kept per device and stream and every launch leaves them at zero, so the
+next kernel on that stream finds them so.
 """
 from __future__ import annotations
 
@@ -314,8 +316,8 @@ class Launch:
 
 
 def plan(lay: Layout, itemsize: int, cfg: Config, sms: int, occupancy=None) -> Launch:
-    """Kernel, tiles, grid and split of one request.  occupancy(kernel, launch) -> programs per
-    SM of that compiled variant, or None (then cfg.occupancy)."""
+    """Kernel, tiles, grid and split of one request.  occupancy(launch) -> programs per SM of the
+    launch's compiled split variant, or None (then cfg.occupancy)."""
     if lay.n_y == 0:
         return Launch("")
     tile = max(1, cfg.tile_bytes // itemsize)
@@ -326,7 +328,8 @@ def plan(lay: Layout, itemsize: int, cfg: Config, sms: int, occupancy=None) -> L
     else:
         L = _plan_col(lay, fast, tile, itemsize, cfg)
     base, nblk = L.grid, L.ints["nblk"]
-    # Split only when the outputs leave most of one wave of programs idle.
+    # Split when one wave of programs (sms x occupancy) holds two or more per output tile; the
+    # bound `most` (max_occupancy) fixes the variant before its occupancy is asked.
     most = min(nblk, max(1, lay.n_red // cfg.partial_limit), (sms * cfg.max_occupancy * cfg.waves) // base)
     if most > 1:
         mode = 2 if cfg.finish == "last" else 1
