@@ -1,0 +1,215 @@
+"""Compile the `triton` backend's reduce_sum kernels for sm_90 (H100) with no GPU.
+
+Each job is one perf case of reduce_sum (plus float64 versions of the main shapes) under one
+finish ("last", "kernel"), planned as the backend plans it on an H100: 132 SMs, and the
+programs per SM of each split variant from its register count, which here comes from
+ptxas -v on the variant's PTX (on the GPU, from the loaded kernel).  For each we check
+that a cubin comes out, that every pointer offset is int64 (tensors over 2**31 elements),
+that the loads of x are 16-byte vectors, and that split launches are one wave of
+programs that all fit on the SMs at once.
+
+The compiles run in worker subprocesses with TRITON_INTERPRET unset: under
+TRITON_INTERPRET=1 `triton.jit` makes interpreter objects, which `triton.compile` cannot take.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import replace
+from math import prod
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+
+ROOT = Path(__file__).resolve().parents[1]
+SMS = 132
+_TRITON_TY = {"f32": "fp32", "f16": "fp16", "bf16": "bf16", "f64": "fp64"}
+_ITEM = {"f32": 4, "f16": 2, "bf16": 2, "f64": 8}
+FINISHES = ("last", "kernel")
+# float64 versions of the main shapes (no perf case is float64): full, column and row sums.
+F64 = [("f64", [1 << 24], {"axes": None}), ("f64", [8192, 4096], {"axes": [0]}), ("f64", [8192, 4096], {"axes": [1]})]
+
+
+def _requests() -> dict:
+    """label -> (dtype, shape, strides, params) of every shape compiled."""
+    sys.path.insert(0, str(ROOT))
+    from cases import select
+
+    out = {}
+    for case in select("perf", op="reduce_sum"):
+        shape = case.params["shape"]
+        strides = [prod(shape[i + 1:]) for i in range(len(shape))]
+        if case.params.get("x_layout") == "transposed":
+            strides[-1], strides[-2] = shape[-2], 1  # the last two dims swapped in memory
+        params = {k: v for k, v in case.params.items() if k in ("axes", "keepdim", "target")}
+        out[case.id] = (case.dtype, shape, strides, params)
+    for dt, shape, params in F64:
+        out[f"{dt}{shape}{params}"] = (dt, shape, [prod(shape[i + 1:]) for i in range(len(shape))], params)
+    return out
+
+
+JOBS = [f"{finish}|{label}" for label in _requests() for finish in FINISHES]
+
+# ----------------------------------------------------------------------------- worker side
+
+_COMPILED: dict = {}
+
+
+def _compile(kernel, ptrs: dict, ints: dict, constexprs: dict, warps: int) -> dict:
+    """Compile one variant for sm_90 (cached) and read its PTX and register count."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    key = (kernel.__name__ if hasattr(kernel, "__name__") else str(kernel), tuple(sorted(ptrs.items())),
+           tuple(sorted(constexprs.items())), warps,
+           tuple(sorted((k, v % 16 == 0) for k, v in ints.items() if k not in kernel.do_not_specialize)))
+    if key in _COMPILED:
+        return _COMPILED[key]
+    signature, attrs = {}, {}
+    for i, name in enumerate(kernel.arg_names):
+        if name in constexprs:
+            signature[name] = "constexpr"
+        elif name in ptrs:
+            signature[name] = "*" + ptrs[name]
+            attrs[(i,)] = [["tt.divisibility", 16]]  # torch allocations are 16-byte aligned
+        else:
+            signature[name] = "i32"  # a launch passes i32 for small values: offsets must widen anyway
+            if name not in kernel.do_not_specialize and ints[name] % 16 == 0:  # what the launcher specialises
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    src = triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+    ptx, ttir = compiled.asm["ptx"], compiled.asm["ttir"]
+    constants = set(re.findall(r"(%\S+) = arith\.constant ", ttir))
+    addptrs = re.findall(r"tt\.addptr %\S+, (%\S+) : .*, (\S+) loc", ttir)
+    with tempfile.TemporaryDirectory() as d:
+        Path(d, "k.ptx").write_text(ptx)
+        log = subprocess.run([triton.knobs.nvidia.ptxas.path, "-v", "--regAllocOptLevel=2", "--gpu-name=sm_90a",
+                              str(Path(d, "k.ptx")), "-o", str(Path(d, "k.o"))], capture_output=True, text=True)
+    regs = re.findall(r"Used (\d+) registers", log.stderr)
+    out = {
+        "cubin": len(compiled.asm.get("cubin", b"")),
+        "narrow_offsets": sorted({f"{op}: {ty}" for op, ty in addptrs if "i64" not in ty and op not in constants}),
+        "addptrs": len(addptrs),
+        # the loads of x: plain ld.global (the partials are read with .cg)
+        "x_loads": sorted(set(re.findall(r"ld\.global\.(?:v\d\.)?[bf]\d+", ptx))),
+        "regs": int(regs[0]) if regs else None,
+        "shared": int(compiled.metadata.shared),
+    }
+    _COMPILED[key] = out
+    return out
+
+
+def _pointers(L, dt: str) -> dict:
+    ty, acc = _TRITON_TY[dt], "fp64" if dt == "f64" else "fp32"
+    finish = L.constexprs["FINISH"]
+    return {"x_ptr": ty, "y_ptr": ty, "ws_ptr": acc if finish else ty,
+            "cnt_ptr": "i32" if finish == 2 else (acc if finish else ty), "desc_ptr": "i64"}
+
+
+def _job(job: str) -> dict:
+    from backends.triton import reduce_sum as rs
+
+    finish, label = job.split("|", 1)
+    dt, shape, strides, params = _requests()[label]
+    cfg = replace(rs.GPU_CONFIG, finish=finish)
+    kernels = rs._KERNELS
+
+    def occupancy(L):  # as the GPU planner asks it: the split variant's registers and shared memory
+        ints = dict(L.ints, chunks=2, iters=1)
+        r = _compile(kernels[L.kernel], _pointers(L, dt), ints, L.constexprs, L.num_warps)
+        return rs.programs_per_sm(r["regs"], r["shared"], L.num_warps) if r["regs"] else None
+
+    L = rs.plan_request(shape, strides, _ITEM[dt], params, cfg, SMS, occupancy)
+    r = dict(_compile(kernels[L.kernel], _pointers(L, dt), L.ints, L.constexprs, L.num_warps))
+    r.update(kernel=L.kernel, grid=L.grid, chunks=L.chunks, warps=L.num_warps,
+             occupancy=rs.programs_per_sm(r["regs"], r["shared"], L.num_warps) if r["regs"] else None)
+    if L.stage2 is not None:
+        grid, bp, bn, warps = L.stage2
+        acc = "fp64" if dt == "f64" else "fp32"
+        s2 = _compile(rs._stage2_kernel, {"ws_ptr": acc, "y_ptr": _TRITON_TY[dt]},
+                      {"n_y": L.n_y, "parts": L.chunks}, {"BP": bp, "BN": bn}, warps)
+        r["stage2"] = {k: s2[k] for k in ("cubin", "narrow_offsets", "addptrs")}
+    return r
+
+
+def _worker(jobs: list[str]) -> None:
+    sys.path.insert(0, str(ROOT))
+    out = {}
+    for job in jobs:
+        try:
+            out[job] = _job(job)
+        except Exception as exc:  # noqa: BLE001 - report, the test side asserts
+            out[job] = {"error": f"{type(exc).__name__}: {exc}"[-3000:]}
+    print(json.dumps(out))
+
+
+# ----------------------------------------------------------------------------- test side
+
+
+@pytest.fixture(scope="module")
+def compiled() -> dict:
+    """Compile all jobs in two worker processes (this machine has two cores); a finish each,
+    so each worker's cache serves the shapes that share a variant."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    workers = [subprocess.Popen([sys.executable, __file__, "--worker", *[j for j in JOBS if j.startswith(f + "|")]],
+                                cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+               for f in FINISHES]
+    results = {}
+    for w in workers:
+        stdout, stderr = w.communicate(timeout=900)
+        assert w.returncode == 0, f"compile worker failed:\n{stderr[-4000:]}"
+        results.update(json.loads(stdout.strip().splitlines()[-1]))
+    return results
+
+
+def _ok(compiled, job) -> dict:
+    r = compiled[job]
+    assert "error" not in r, r.get("error")
+    return r
+
+
+@pytest.mark.parametrize("job", JOBS)
+def test_compiles_for_sm90(compiled, job):
+    r = _ok(compiled, job)
+    assert r["cubin"] > 0, f"{job}: no cubin"
+    if "stage2" in r:
+        assert r["stage2"]["cubin"] > 0, f"{job}: no cubin for the stage-2 kernel"
+    assert job.startswith("last") or r["chunks"] == 1 or "stage2" in r
+
+
+@pytest.mark.parametrize("job", JOBS)
+def test_offsets_are_int64(compiled, job):
+    r = _ok(compiled, job)
+    for part in (r, r.get("stage2")):
+        if part:
+            assert part["addptrs"] > 0
+            assert not part["narrow_offsets"], f"{job}: pointer offsets of type {part['narrow_offsets']} overflow"
+
+
+@pytest.mark.parametrize("job", JOBS)
+def test_loads_are_16_byte_vectors(compiled, job):
+    r = _ok(compiled, job)
+    wide = [ld for ld in r["x_loads"] if ld in ("ld.global.v4.b32", "ld.global.v2.b64")]
+    assert wide, f"{job}: x is not read in 16-byte vectors: {r['x_loads']}"
+
+
+@pytest.mark.parametrize("job", JOBS)
+def test_split_launches_are_one_resident_wave(compiled, job):
+    """A split launch sized from the variant's own occupancy: every program resident at once,
+    at least three 16 KiB tiles in flight per SM; no occupancy below 3 anywhere."""
+    r = _ok(compiled, job)
+    assert r["regs"] and r["occupancy"] >= 3, f"{job}: {r['regs']} registers, {r['occupancy']} programs per SM"
+    if r["chunks"] > 1:
+        assert r["grid"] <= SMS * r["occupancy"], f"{job}: grid {r['grid']} over one wave"
+        assert r["grid"] >= SMS * r["occupancy"] * 3 // 4, f"{job}: grid {r['grid']} leaves SMs idle"
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:
+    _worker(sys.argv[2:])
