@@ -158,14 +158,16 @@ def _error_scale(inputs, params):
 
 def _cost(case):
     """Bytes: a, b and grad_out read once, grad_a and grad_b written once, in the case dtype:
-    itemsize * (2|A| + 2|B| + |O|).  Flops: per element of O the partials and their products
+    itemsize * (2|A| + 2|B| + |O|); for add and sub, whose partials are constants, a and b need
+    not be read: itemsize * (|A| + |B| + |O|).  Flops: per element of O the partials and their products
     with grad_out (add 0, sub 1, mul 2, div 5, pow 9, maximum/minimum 3; exp and log count 1),
     plus one add per term folded away by each broadcast reduction: (|O| - |A|) + (|O| - |B|)."""
     s = _shapes(case)
     item = dtypes.numpy_dtype(case.dtype).itemsize
     na, nb, no = prod(s["a"]), prod(s["b"]), prod(s["grad_out"])
     flops = no * _FLOPS_PER_ELEMENT[case.params["fn"]] + (no - na) + (no - nb)
-    return Cost(bytes=item * (2 * na + 2 * nb + no), flops=max(flops, 0))
+    reads_ab = case.params["fn"] not in ("add", "sub")
+    return Cost(bytes=item * ((2 if reads_ab else 1) * (na + nb) + no), flops=max(flops, 0))
 
 
 def _fmt(shape) -> str:
