@@ -936,6 +936,27 @@ def test_emulated_smoke_set(variant):
     assert ran >= 27
 
 
+def test_emulated_fuzz_cases():
+    """The op's fuzz strategy (harness/fuzz.py: ranks 0-4, size-0 and wide dims, both forms,
+    keepdim, every layout and dtype) through best and the rungs, on several device sizes."""
+    hypothesis = pytest.importorskip("hypothesis")
+    from harness import fuzz
+
+    st = hypothesis.strategies
+
+    @fuzz.fuzz_settings("ci", 150)
+    @hypothesis.given(case=fuzz.cases(rs.OP), variant=st.sampled_from(("best", "best", "v0", "v3", "v4", "v5")),
+                      sms=st.sampled_from((1, 4, 132)), occupancy=st.sampled_from((1, 2, 8)))
+    def passes(case, variant, sms, occupancy):
+        shape = tuple(case.params["shape"])
+        hypothesis.assume(math.prod(shape) <= 30000)  # the emulator walks every thread in Python
+        if rs.cupy_backend.impls[(rs.OP, variant)].supports(case) is None:
+            _emulate(variant, shape, case.params, case.params.get("x_layout", "contig"), case.dtype, num_sms=sms,
+                     occupancy=occupancy)
+
+    passes()
+
+
 # ============================================================================= backend surface
 
 
