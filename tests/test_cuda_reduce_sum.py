@@ -281,14 +281,34 @@ def test_plan_short_reduction_over_long_rows_widens_tiles():
     plan, launch, p = _launch((8, 2048, 4096), target=(1, 2048, 4096), dt="bf16", num_sms=132,
                               occupancy=lambda e: 4)
     assert launch.kernel == "col" and p.lanes == rs.BLOCK and p.nchunk == 1 and launch.n_part == 0
-    assert p.ctiles == 2048 * 4096 // (8 * 256) and launch.grid == 132 * 4 * rs.MAX_WAVES
+    assert p.ctiles == 2048 * 4096 // (8 * 256) == p.ntiles == launch.grid  # 7.8 waves: a block per tile
     assert p.vec_store == 1
 
 
 def test_plan_transposed_bias_gradient():
-    plan, launch, p = _launch((8, 2048, 4096), target=(4096,), dt="bf16", layout="transposed", num_sms=132)
-    assert launch.kernel == "row_team" and launch.vec and not launch.simple
+    # 4096 warps: 512 blocks fit one wave at 4 blocks per SM ...
+    plan, launch, p = _launch((8, 2048, 4096), target=(4096,), dt="bf16", layout="transposed", num_sms=132,
+                              occupancy=lambda e: 4)
+    assert launch.kernel == "row_team" and launch.vec and not launch.simple and launch.grid == 512
     assert p.nseg == 4096 and p.nvec == 2048 // 8 and p.units == 8 * 256 and p.lanes == 32
+    # ... but at 3 they would run 1.3 waves: a block per segment instead (10 waves balance themselves)
+    plan, launch, p = _launch((8, 2048, 4096), target=(4096,), dt="bf16", layout="transposed", num_sms=132,
+                              occupancy=lambda e: 3)
+    assert launch.kernel == "row_block" and p.nchunk == 1 and launch.grid == p.ntiles == 4096
+
+
+def test_wave_efficiency_and_chunks():
+    assert rs.wave_efficiency(100, 528) == 1.0 and rs.wave_efficiency(1056, 528) == 1.0
+    assert rs.wave_efficiency(2048, 528) == pytest.approx(2048 / 2112)
+    assert rs.wave_efficiency(512, 396) == pytest.approx(512 / 792)
+    assert rs.chunks_for(1, 528, 10**6) == 528                 # one task: a wave of chunks
+    assert rs.chunks_for(32, 528, 10**6) == 16 and rs.chunks_for(32, 528, 5) == 5
+    assert rs.chunks_for(4096, 396, 10**6) == 1                # over MANY_WAVES waves
+    assert rs.chunks_for(2048, 528, 10**6) == 1                # 3.9 waves, last one nearly full
+    assert rs.chunks_for(700, 528, 10**6) == 4                 # 1.3 waves: split into 2800 tasks
+    assert rs.chunks_for(700, 528, 2) == 2
+    assert rs.chunks_for(5, 1, 10**6) == 1 and rs.chunks_for(10**9, 1, 10**6) == 1
+    assert rs.chunks_for(1, 10**6, 10**9) == rs.MAX_CHUNKS
 
 
 def test_plan_limits_on_huge_inputs():

@@ -50,7 +50,9 @@ PARAMS_WORDS = 2 * GROUP_WORDS + 16  # == 2 * GROUP_WORDS + len(FIELDS)
 # Launch heuristics (see plan_launch).
 DEFAULT_SMS = 132          # H100 SXM; only used when no device is queried
 DEFAULT_BLOCKS_PER_SM = 4  # when the occupancy query is unavailable
-MAX_WAVES = 4              # grid-stride kernels launch at most this many waves of blocks
+MAX_WAVES = 32             # grids are capped at this many waves of blocks (under it, a block per task)
+MANY_WAVES = 4             # this many waves of equal blocks balance themselves
+WAVE_EFFICIENCY = 0.9      # fewer waves must keep their last one this full (see wave_efficiency)
 MAX_CHUNKS = 1024          # bound on the blocks sharing one segment / column tile
 MIN_UNITS_PER_THREAD = 8   # a row-block chunk gives each thread at least this many units
 MIN_ROWS_PER_THREAD = 8    # a column chunk gives each row slot at least this many rows
@@ -235,25 +237,48 @@ def kernel_expr(kernel: str, dt: str, vec: bool, simple: bool) -> str:
     return f"rs_{kernel}<{CUDA_TYPE[dt]}, {flag[vec]}, {flag[simple]}>"
 
 
+def wave_efficiency(tasks: int, resident: int) -> float:
+    """Busy fraction of the block slots over the launch when `tasks` equal blocks run `resident`
+    at a time: 1 for a single (partial) wave, waves / ceil(waves) beyond."""
+    waves = tasks / max(resident, 1)
+    return 1.0 if waves <= 1 else waves / -(-tasks // max(resident, 1))
+
+
+def chunks_for(tasks: int, resident: int, most: int) -> int:
+    """Chunks to split each of `tasks` equal tasks into, at most `most`: up to one wave of resident
+    blocks when the tasks are fewer than it; none when they fill MANY_WAVES waves or the last of
+    their waves well; else enough for MANY_WAVES waves (a partial last wave of long blocks leaves
+    SMs idle and too few loads in flight)."""
+    if tasks <= resident:
+        want = resident // tasks
+    elif tasks >= MANY_WAVES * resident or wave_efficiency(tasks, resident) >= WAVE_EFFICIENCY:
+        want = 1
+    else:
+        want = _ceil_div(MANY_WAVES * resident, tasks)
+    return max(1, min(want, most, MAX_CHUNKS))
+
+
 def _plan_row(plan: Plan, dt: str, vec: bool, itemsize: int, num_sms: int, occupancy) -> Launch:
     v = 16 // itemsize if vec else 1
     nvec, tail = (plan.run // v, plan.run % v) if vec else (plan.run, 0)
     units = plan.red.numel * nvec
     nseg = plan.outer.numel
     simple = plan.simple()
-    # Teams (lanes <= 32, no block barrier) when segments are many (at least half a resident warp
-    # each) or short (one warp takes a few unrolled trips); otherwise blocks, split into chunks
-    # so that the segments fill one wave of resident blocks.
+    # Teams (lanes <= 32, no block barrier) when segments are short (a warp takes a few unrolled
+    # trips), or many (at least half a resident warp each) and their blocks fill their waves;
+    # otherwise blocks, a segment split into chunks when that evens out the waves.
     team_expr = kernel_expr("row_team", dt, vec, simple)
     resident_team = num_sms * occupancy(team_expr)
+    lanes = min(32, next_pow2(max(1, _ceil_div(units + tail, UNROLL))))
+    team_blocks = _ceil_div(nseg, BLOCK // lanes)
     short = units + tail <= 32 * UNROLL * 4
-    if short or nseg * 2 * 32 >= resident_team * BLOCK:
-        lanes = min(32, next_pow2(max(1, _ceil_div(units + tail, UNROLL))))
-        grid = max(1, min(_ceil_div(nseg, BLOCK // lanes), resident_team * MAX_WAVES))
+    many = nseg * 2 * 32 >= resident_team * BLOCK
+    if short or (many and wave_efficiency(team_blocks, resident_team) >= WAVE_EFFICIENCY):
+        grid = max(1, min(team_blocks, resident_team * MAX_WAVES))
         words = pack_params(plan, nvec=nvec, units=units, tail=tail, lanes=lanes)
         return Launch("row_team", vec, simple, grid, words)
     resident = num_sms * occupancy(kernel_expr("row_block", dt, vec, simple))
-    nchunk = max(1, min(resident // nseg, _ceil_div(units, BLOCK * MIN_UNITS_PER_THREAD), MAX_CHUNKS))
+    nchunk = chunks_for(nseg, resident, _ceil_div(units, BLOCK * MIN_UNITS_PER_THREAD))
     ntiles = nseg * nchunk
     grid = max(1, min(ntiles, resident * MAX_WAVES))
     words = pack_params(plan, nvec=nvec, units=units, tail=tail, nchunk=nchunk, ntiles=ntiles)
@@ -276,8 +301,8 @@ def _plan_col(plan: Plan, dt: str, vec: bool, vec_store: bool, itemsize: int, nu
     nw = BLOCK // lanes
     ctiles = _ceil_div(n_iv, lanes)
     base = plan.outer.numel * ctiles
-    # Rows split into chunks only to fill one wave of resident blocks.
-    nchunk = max(1, min(resident // base, rows // (nw * MIN_ROWS_PER_THREAD), MAX_CHUNKS))
+    # Rows split into chunks to fill one wave of resident blocks, or to even out the waves.
+    nchunk = chunks_for(base, resident, rows // (nw * MIN_ROWS_PER_THREAD))
     chunk = _ceil_div(rows, nchunk)
     nchunk = _ceil_div(rows, chunk)
     ntiles = base * nchunk
