@@ -1007,6 +1007,31 @@ def test_importing_the_module_does_not_import_cupy():
     subprocess.run([sys.executable, "-c", code], check=True, cwd=str(_nvrtc.CUDA_DIR.parent.parent))
 
 
+def test_one_nvrtc_module_per_dtype(monkeypatch):
+    """kernel(expr) compiles every instantiation of the expression's dtype at once, once."""
+    built = []
+
+    class FakeModule:
+        def __init__(self, code, options, name_expressions):
+            assert code == SOURCE and any(o.startswith("-std=") for o in options)
+            built.append(tuple(name_expressions))
+
+        def get_function(self, expr):
+            return ("fn", expr)
+
+    monkeypatch.setitem(sys.modules, "cupy", SimpleNamespace(RawModule=FakeModule))
+    monkeypatch.setattr(rs, "_KERNELS", {})
+    monkeypatch.setattr(rs, "_EXPR_DTYPE", {})
+    assert rs.kernel("rs_col<__half, true, true>") == ("fn", "rs_col<__half, true, true>")
+    assert rs.kernel("rs_v3<float, __half>") == ("fn", "rs_v3<float, __half>")
+    assert built == [tuple(rs.all_kernel_exprs("f16"))]
+    assert rs.kernel("rs_v0<float, float>") == ("fn", "rs_v0<float, float>")  # already in f16's module
+    rs.kernel("rs_row_team<float, true, true>")
+    assert built[1:] == [tuple(rs.all_kernel_exprs("f32"))]
+    with pytest.raises(KeyError, match="no kernel instantiation 'rs_v9<float, float>'"):
+        rs.kernel("rs_v9<float, float>")
+
+
 def test_plan_cache_skips_planning(monkeypatch):
     monkeypatch.setattr(rs, "_PLANS", {})
     params = {"axes": [1]}

@@ -29,9 +29,9 @@ from typing import Callable
 
 import numpy as np
 
+from backends import _nvrtc
 from backends.cupy import cupy_backend
 from backends.cupy.common import CUDA_TYPE, byte_span, num_sms
-from backends.cupy.common import function as _compiled
 from harness import argcheck, dtypes
 from oracle.reduce_sum import reduced_axes
 
@@ -485,6 +485,32 @@ def entry_for(shape, byte_strides, dtype, params) -> Entry:
 
 # ============================================================================= device side
 
+_KERNELS: dict = {}     # name expression -> cupy.RawKernel
+_EXPR_DTYPE: dict = {}  # name expression -> the dtype whose module holds it
+
+
+def kernel(expr: str):
+    """The compiled kernel of name expression `expr`.  The first use of a dtype compiles every
+    instantiation of that dtype in one NVRTC module (one compile instead of dozens; cupy keeps
+    it in its disk cache for later processes)."""
+    fn = _KERNELS.get(expr)
+    if fn is None:
+        import cupy
+
+        if not _EXPR_DTYPE:
+            for dt in reversed(DTYPES):  # a shared expression (rs_v0<float, float>) goes to f32's module
+                _EXPR_DTYPE.update((e, dt) for e in all_kernel_exprs(dt))
+        if expr not in _EXPR_DTYPE:
+            raise KeyError(f"{OP}: no kernel instantiation {expr!r} in {SOURCE}")
+        exprs = all_kernel_exprs(_EXPR_DTYPE[expr])
+        module = cupy.RawModule(code=_nvrtc.read_source(SOURCE), options=_nvrtc.compile_options(),
+                                name_expressions=exprs)
+        for e in exprs:
+            _KERNELS.setdefault(e, module.get_function(e))
+        fn = _KERNELS[expr]
+    return fn
+
+
 
 class CupyDevice:
     """What the host code needs from the device: launches, buffers, pointers, occupancy."""
@@ -497,7 +523,7 @@ class CupyDevice:
         self._occ: dict = {}
 
     def launch(self, expr: str, grid, args) -> None:
-        _compiled(SOURCE, expr)(tuple(grid), (BLOCK,), tuple(args))  # cupy's current stream
+        kernel(expr)(tuple(grid), (BLOCK,), tuple(args))  # cupy's current stream
 
     def empty(self, n: int, dtype):
         return self.cupy.empty(n, dtype=dtype)
@@ -518,8 +544,7 @@ class CupyDevice:
         key = (self.cupy.cuda.Device().id, expr)
         if key not in self._occ:
             try:
-                fn = _compiled(SOURCE, expr)
-                got = self.cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.kernel.ptr, BLOCK, 0)
+                got = self.cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel(expr).kernel.ptr, BLOCK, 0)
                 self._occ[key] = max(1, int(got))
             except Exception:  # noqa: BLE001 - an older cupy: a safe guess
                 self._occ[key] = DEFAULT_BLOCKS_PER_SM

@@ -2,7 +2,7 @@
 # reduce_sum CUDA ladder (cupy@v0 .. @v5, cupy@best): the GPU batch.  Run from the repo root on a
 # CUDA machine with $OUT a folder for the results:
 #   OUT=/some/dir scripts/gpu/cuda_reduce_sum.sh
-# 0. compiles every instantiation (NVRTC, cupy's cache) and writes each kernel's registers and
+# 0. compiles every instantiation (one NVRTC module per dtype, kept in cupy's disk cache) and writes each kernel's registers and
 #    occupancy, and each perf case's plan (kernel, grid, lanes, chunks), to plans.txt;
 # 1. every rung and best on the smoke set (one `harness run --backend cupy`): smoke.json / smoke.log;
 # 2. cupy@best on the full set: full-best.json / full-best.log;
@@ -17,7 +17,7 @@
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 : "${OUT:?set OUT to a folder for the results}"
-BUDGET=${BUDGET:-0.3} TIME_LIMIT=${TIME_LIMIT:-170} PY=${PY:-python3}
+BUDGET=${BUDGET:-0.3} TIME_LIMIT=${TIME_LIMIT:-150} PY=${PY:-python3}
 mkdir -p "$OUT"
 t0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
@@ -31,16 +31,18 @@ stamp "== device"
 
 stamp "== 0. compile, registers, occupancy, plans"
 $PY - > "$OUT/plans.txt" 2>&1 <<'PYEOF'
-import cupy
+import time
 from backends.cupy import reduce_sum as rs
-from backends.cupy.common import function
 from cases import select
 
 dev = rs.device()
 print(f"SMs {dev.num_sms()}")
 for dt in rs.DTYPES:
+    t = time.perf_counter()
+    rs.kernel(rs.all_kernel_exprs(dt)[0])  # one NVRTC module per dtype
+    print(f"== {dt}: module compiled in {time.perf_counter() - t:.1f} s")
     for expr in rs.all_kernel_exprs(dt):
-        fn = function(rs.SOURCE, expr)
+        fn = rs.kernel(expr)
         print(f"{expr:45s} regs {fn.num_regs:3d} local {fn.local_size_bytes:4d} B smem {fn.shared_size_bytes:5d} B "
               f"blocks/SM {dev.occupancy(expr)}")
 print()
@@ -76,7 +78,7 @@ echo "exit $?"; tail -5 "$OUT/bench.log"
 stamp "== 4. the seed's shape (32M floats, full sum), cold and hot"
 for mode in cold hot; do
   $PY -m harness bench --op reduce_sum --backend torch --backend cupy --cases "$SEED" --mode "$mode" \
-    --budget 1.0 --report "$OUT/seed-$mode" -q > "$OUT/seed-$mode.log" 2>&1
+    --budget 0.5 --report "$OUT/seed-$mode" -q > "$OUT/seed-$mode.log" 2>&1
   echo "$mode exit $?"
   [ -f "$OUT/seed-$mode/report.md" ] && grep -A12 "Variant ladder" "$OUT/seed-$mode/report.md" | head -14
 done
