@@ -67,8 +67,10 @@ def test_params_layout_matches_host_packing():
     # Every field is long long (no padding): a constant built in declaration order and read back by
     # name pins each field's position to the host's word order.
     md = rs.MAX_DIMS
-    group = f"{{1, 2, {{{', '.join(str(10 + i) for i in range(md))}}}, {{{', '.join(str(20 + i) for i in range(md))}}}, " \
-            f"{{{', '.join(str(30 + i) for i in range(md))}}}}}"
+    def arr(first):
+        return "{" + ", ".join(str(first + i) for i in range(md)) + "}"
+
+    group = f"{{1, 2, {arr(10)}, {arr(20)}, {arr(30)}}}"
     fields = ", ".join(str(100 + i) for i in range(len(rs.FIELDS)))
     checks = "\n".join(f'static_assert(kProbe.{name} == {100 + i}, "{name}");' for i, name in enumerate(rs.FIELDS))
     probe = SOURCE + f"""
@@ -913,7 +915,8 @@ RUNG_CASES = [
 
 
 @pytest.mark.parametrize("rung", rs.RUNGS)
-@pytest.mark.parametrize("shape,params,layout,dt", RUNG_CASES, ids=[f"{d}-{s}-{p}-{lay}" for s, p, lay, d in RUNG_CASES])
+@pytest.mark.parametrize("shape,params,layout,dt", RUNG_CASES,
+                         ids=[f"{d}-{s}-{p}-{lay}" for s, p, lay, d in RUNG_CASES])
 def test_emulated_rungs_match_oracle(rung, shape, params, layout, dt):
     _, dev, entry, passes = _emulate(rung, shape, params, layout, dt)
     if entry.plan.kind in ("row", "col"):

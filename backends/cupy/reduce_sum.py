@@ -511,7 +511,6 @@ def kernel(expr: str):
     return fn
 
 
-
 class CupyDevice:
     """What the host code needs from the device: launches, buffers, pointers, occupancy."""
 
@@ -596,7 +595,8 @@ def check_args(x, y, entry: Entry) -> None:
         x0, x1 = _address(x) + lo * item, _address(x) + (hi + 1) * item
         y0, y1 = byte_span(y)
         if y0 < x1 and x0 < y1:
-            raise ValueError(f"{OP}: y shares memory with x, expected a buffer of its own (y is written while x is read)")
+            raise ValueError(f"{OP}: y shares memory with x, expected a buffer of its own "
+                             "(y is written while x is read)")
 
 
 def best_launch(dev, dt: str, entry: Entry, x, y) -> Launch:

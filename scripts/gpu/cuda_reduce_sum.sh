@@ -2,8 +2,9 @@
 # reduce_sum CUDA ladder (cupy@v0 .. @v5, cupy@best): the GPU batch.  Run from the repo root on a
 # CUDA machine with $OUT a folder for the results:
 #   OUT=/some/dir scripts/gpu/cuda_reduce_sum.sh
-# 0. compiles every instantiation (one NVRTC module per dtype, kept in cupy's disk cache) and writes each kernel's registers and
-#    occupancy, and each perf case's plan (kernel, grid, lanes, chunks), to plans.txt;
+# 0. compiles every instantiation (one NVRTC module per dtype, kept in cupy's disk cache for the
+#    later steps) and writes each kernel's registers and occupancy, and each perf case's plan
+#    (kernel, grid, lanes, chunks), to plans.txt;
 # 1. every rung and best on the smoke set (one `harness run --backend cupy`): smoke.json / smoke.log;
 # 2. cupy@best on the full set: full-best.json / full-best.log;
 # 3. `harness bench` of torch and every cupy variant on the reduce_sum perf cases, side by side
@@ -26,7 +27,8 @@ SEED='{"op": "reduce_sum", "dtype": "f32", "params": {"shape": [33554432], "axes
 stamp "== device"
 {
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,memory.total --format=csv
-  $PY -c "import sys, cupy, numpy; print('python', sys.version.split()[0], 'cupy', cupy.__version__, 'numpy', numpy.__version__)"
+  $PY -c "import sys, cupy, numpy; print('python', sys.version.split()[0], 'cupy', cupy.__version__,
+'numpy', numpy.__version__)"
 } 2>&1 | tee "$OUT/env.txt"
 
 stamp "== 0. compile, registers, occupancy, plans"
