@@ -234,8 +234,15 @@ def _meta_tensors(case):
     dt = getattr(torch, dtypes.long_name(case.dtype))
     st = torch.float64 if case.dtype == "f64" else torch.float32
     names = ("x", "dy", "weight", "mean", "rstd", "dx", "dweight", "dbias")
-    return {k: (torch.empty(shapes[k], dtype=st if k in ("mean", "rstd") else dt, device="meta")
-                if k in shapes else None) for k in names}
+    out = {k: (torch.empty(shapes[k], dtype=st if k in ("mean", "rstd") else dt, device="meta")
+               if k in shapes else None) for k in names}
+    for k in ("x", "dy"):  # the case's layouts, as harness.tensors builds them
+        layout, shape = case.params.get(f"{k}_layout", "contig"), tuple(shapes[k])
+        if layout == "transposed":
+            out[k] = torch.empty(shape[:-2] + (shape[-1], shape[-2]), dtype=dt, device="meta").transpose(-1, -2)
+        elif layout == "sliced":
+            out[k] = torch.empty(shape[:-1] + (2 * shape[-1],), dtype=dt, device="meta")[..., ::2]
+    return out
 
 
 # ----------------------------------------------------------------------------- in-process checks
@@ -321,6 +328,9 @@ def test_merge_rows():
 _TY = {"f32": "fp32", "f16": "fp16", "bf16": "bf16", "f64": "fp64"}
 BIG_SPLIT = [(LN, "bf16", (64, 65536), {}), (RMS, "f32", (7, 12289), {}), (LN, "f64", (8, 8192), {"bias": False})]
 TABLE = [(LN, "bf16", (4, 33, 130), {"x_layout": "transposed"})]
+# odd shapes: N = 1 with many rows per tile, N = 5 and 1023 (no vector width divides them), a strided column
+ODD = [(LN, "f32", (4, 1), {}), (LN, "bf16", (13, 5), {}), (RMS, "f16", (3, 1023), {}),
+       (LN, "f32", (33, 65), {"dy_layout": "transposed", "affine": False})]
 
 
 def _compile_jobs() -> list[str]:
@@ -337,7 +347,7 @@ def _compile_jobs() -> list[str]:
         if key not in seen:
             seen.add(key)
             jobs.append(f"perf:{c.id}")
-    jobs += [f"extra:{i}" for i in range(len(BIG_SPLIT) + len(TABLE))]
+    jobs += [f"extra:{i}" for i in range(len(BIG_SPLIT) + len(TABLE) + len(ODD))]
     return jobs
 
 
@@ -348,7 +358,7 @@ def _job_case(job: str):
     kind, rest = job.split(":", 1)
     if kind == "perf":
         return next(c for c in select("perf") if c.id == rest)
-    op, dt, shape, params = (BIG_SPLIT + TABLE)[int(rest)]
+    op, dt, shape, params = (BIG_SPLIT + TABLE + ODD)[int(rest)]
     return Case(op, dt, {"shape": list(shape), **params})
 
 
@@ -415,7 +425,9 @@ def _compile(job: str) -> dict:
     from triton.backends.compiler import GPUTarget
 
     result = {}
-    for label, kernel, ptrs, ints, constexprs, warps, opts in _launches(job):
+    launches = _launches(job)
+    result["paths"] = {k: launches[0][4][k] for k in ("SPLIT", "TABLE", "DIRECT", "PDL")}
+    for label, kernel, ptrs, ints, constexprs, warps, opts in launches:
         sig, consts, attrs = _specialised(kernel, ints, ptrs, constexprs)
         src = triton.compiler.ASTSource(fn=kernel, signature=sig, constexprs=consts, attrs=attrs)
         compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, **opts})
@@ -464,8 +476,13 @@ def compiled() -> dict:
 
 @pytest.mark.parametrize("job", COMPILE_JOBS)
 def test_compiles_for_sm90(compiled, job):
-    r = compiled[job]
+    r = dict(compiled[job])
     assert "error" not in r, r.get("error")
+    paths = r.pop("paths")
+    if job.startswith("extra:"):  # the extra jobs are there for these paths
+        i = int(job.split(":")[1])
+        assert paths["SPLIT"] == (i < len(BIG_SPLIT)), paths
+        assert paths["TABLE"] == (len(BIG_SPLIT) <= i < len(BIG_SPLIT) + len(TABLE)), paths
     for label, k in r.items():
         assert k["cubin"] > 0, f"{label}: no cubin"
         assert k["addptrs"] > 0, label
