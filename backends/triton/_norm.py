@@ -219,7 +219,7 @@ def _partials_kernel(ws_ptr, dw_ptr, db_ptr, N, parts, ws_stride,
 
 @dataclass(frozen=True)
 class Config:
-    """Launch sizing.  GPU defaults aim at the H100 (132 SMs); tests shrink them to force paths.
+    """Launch sizing.  GPU defaults aim at the H100; tests shrink them to force paths.
 
     max_block: the widest row held whole in one tile (elements; half for float64); wider rows
       take the split path in chunks of `chunk` columns.
@@ -232,7 +232,7 @@ class Config:
     pdl: launch stage 2 as a programmatic dependent launch (sm_90, when triton supports it).
     """
 
-    sms: int = 132
+    sms: int = 0              # 0: the device's SM count (132 on an H100; 132 when there is no device)
     max_block: int = 8192
     chunk: int = 4096
     thread_elems: int = 16
@@ -270,8 +270,19 @@ class Plan:
     device_index: int | None = None
 
 
-class LayoutError(ValueError):
-    pass
+_SM_COUNT: dict = {}
+
+
+def sm_count(device) -> int:
+    """SMs of a CUDA device (cached); 132, an H100's, for any other device (meta tensors in tests)."""
+    if device.type != "cuda":
+        return 132
+    index = device.index if device.index is not None else 0
+    if index not in _SM_COUNT:
+        import torch
+
+        _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _SM_COUNT[index]
 
 
 def _fail(op: str, cls, what: str, expected: str, got) -> None:
@@ -369,7 +380,8 @@ def make_plan(op: str, t: dict, cfg: Config) -> Plan:
     per_thread = cfg.thread_elems if item <= 4 else max(1, cfg.thread_elems // 2)
     warps = _warps(bm * bn, per_thread, cfg)
     chunks = cdiv(n, bn) if split else 1
-    target = max(1, cfg.sms * max(1, cfg.warps_per_sm // warps) // chunks)
+    sms = cfg.sms or sm_count(x.device)
+    target = max(1, sms * max(1, cfg.warps_per_sm // warps) // chunks)
     acc_item = 8 if item == 8 else 4
     min_rows = cdiv(cfg.ws_ratio * k * acc_item, 3 * item) if k else 1
     rows_per = max(cdiv(m, target), min_rows, 1)
