@@ -47,7 +47,8 @@ SHORT = {LN: "ln", RMS: "rms"}
 SIZINGS = {
     "auto": None,
     # rows wider than 16 elements are cut into chunks of 8 columns; many row blocks
-    "split": _norm.Config(sms=3, max_block=16, chunk=8, tile_elems=8, warps_per_sm=16, ws_ratio=0, stages=1, pdl=False),
+    "split": _norm.Config(sms=3, max_block=16, chunk=8, tile_elems=8, warps_per_sm=16, ws_ratio=0, stages=1,
+                          pdl=False),
     # the split path with one row block: the outputs written by the main kernel
     "split1": _norm.Config(sms=1, max_block=16, chunk=8, tile_elems=8, warps_per_sm=1, ws_ratio=0, stages=1, pdl=False),
     # several rows per tile (BM > 1) and many programs, each with a partial row

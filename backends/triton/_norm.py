@@ -402,7 +402,8 @@ def make_plan(op: str, t: dict, cfg: Config) -> Plan:
                 table=table, spans=tuple(spans), device_index=device_index)
     if split:
         sbm = max(1, min(cfg.tile_elems // bn, 4))
-        plan.split = dict(grid=(cdiv(m, sbm), chunks), sums_numel=chunks * m * 2, num_warps=_warps(sbm * bn, per_thread, cfg),
+        plan.split = dict(grid=(cdiv(m, sbm), chunks), sums_numel=chunks * m * 2,
+                          num_warps=_warps(sbm * bn, per_thread, cfg),
                           ints={k_: ints[k_] for k_ in ("M", "N", "sx", "sdy", "smean", "srstd", "cx", "cdy", "cw")},
                           constexprs=dict(LN=constexprs["LN"], HAS_W=has_w, IS_F64=item == 8, BM=sbm, BN=bn,
                                           TABLE=table is not None))
