@@ -5,12 +5,12 @@
 # 2. one `harness bench` of the perf cases of both ops: torch, torch_compile, jax, triton (cold, interleaved,
 #    stops starting pairs after BENCH_LIMIT s), report (results.json, report.md, plots) into $OUT/bench;
 # 3. the launch-sizing sweep (scripts/gpu/triton_norms_sweep.py, SWEEP_LIMIT s): $OUT/sweep.{txt,json}.
-# About 6 minutes on an H100 (full ~1.5 min incl. Triton compiles, bench BENCH_LIMIT=150 s + its tail,
-# sweep ~1 min).  Knobs: BENCH_LIMIT=150 SWEEP_LIMIT=45 BUDGET=0.2 DEVICE=cuda.
+# About 6 minutes on an H100 (full ~2.5 min incl. oracles and Triton compiles, bench BENCH_LIMIT=130 s + its tail,
+# sweep ~1 min).  Knobs: BENCH_LIMIT=130 SWEEP_LIMIT=40 BUDGET=0.2 DEVICE=cuda.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 : "${OUT:?set OUT to a folder for the results}"
-BENCH_LIMIT=${BENCH_LIMIT:-150} SWEEP_LIMIT=${SWEEP_LIMIT:-45} BUDGET=${BUDGET:-0.2} DEVICE=${DEVICE:-cuda}
+BENCH_LIMIT=${BENCH_LIMIT:-130} SWEEP_LIMIT=${SWEEP_LIMIT:-40} BUDGET=${BUDGET:-0.2} DEVICE=${DEVICE:-cuda}
 mkdir -p "$OUT"
 t0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
