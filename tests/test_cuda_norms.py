@@ -16,6 +16,7 @@ rmsnorm_backward.cuh) and the cupy backend's host side (backends/cupy/_norm_plan
 from __future__ import annotations
 
 import math
+import shutil
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -85,6 +86,39 @@ static_assert(sizeof(NBParams::col_stride) == 4 * 8 && sizeof(NBParams::out_stri
     cubin, _ = _nvrtc.compile_cubin(probe, name_expressions=["nb_colsum<float>"], options=plan.compile_options())
     assert cubin
     assert plan.PARAMS_DTYPE.itemsize == plan.PARAMS_WORDS * 8
+
+
+def _nvcc_instantiations(op: str, dt: str) -> str:
+    """A .cu that explicitly instantiates every kernel the planner can launch for (op, dtype)."""
+    t = plan.CUDA_TYPE[dt]
+    a = f"nb_acc_t<{t}>"
+    main = f"const __grid_constant__ NBParams, const {t}*, const {t}*, const {t}*, const {a}*, const {a}*, {t}*, {a}*"
+    sigs = {"nb_rows": f"{main}, {t}*, {t}*", "nb_chunked": main,
+            "nb_colsum": f"const {a}*, long long, long long, long long, {t}*, long long, {t}*, long long"}
+    lines = [f'#include "{_nvrtc.CUDA_DIR / plan.SOURCES[op]}"']
+    for expr in plan.all_kernel_exprs(op, dt):
+        name = expr.split("<")[0]
+        lines.append(f"template __global__ void {expr}({sigs.get(name, main)});")
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+def test_nvcc_compiles_every_instantiation(tmp_path):
+    # Torch extensions compile with these defines: the headers must not rely on implicit half conversions.
+    defines = ["-D__CUDA_NO_HALF_OPERATORS__", "-D__CUDA_NO_HALF_CONVERSIONS__",
+               "-D__CUDA_NO_BFLOAT16_CONVERSIONS__", "-D__CUDA_NO_HALF2_OPERATORS__"]
+    procs = {}
+    for op in (LN, RMS):
+        for dt in plan.DTYPES:  # one nvcc per (op, dtype), side by side
+            src, out = tmp_path / f"{op}_{dt}.cu", tmp_path / f"{op}_{dt}.cubin"
+            src.write_text(_nvcc_instantiations(op, dt))
+            procs[(op, dt)] = (out, subprocess.Popen(["nvcc", "-std=c++17", "-arch=sm_90", "-cubin", *defines, "-o",
+                                                      str(out), str(src)], stdout=subprocess.PIPE,
+                                                     stderr=subprocess.STDOUT, text=True))
+    for key, (out, proc) in procs.items():
+        log, _ = proc.communicate(timeout=1800)
+        assert proc.returncode == 0, f"nvcc failed for {key}:\n{log[-5000:]}"
+        assert out.stat().st_size > 0
 
 
 def test_compile_options_name_the_header_and_its_checksum():

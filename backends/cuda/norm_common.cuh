@@ -53,7 +53,7 @@
 #define NB_NT 5              // row tensors
 #define NB_ROWS_BLOCK 512    // threads per nb_rows block
 #define NB_CHUNK_BLOCK 512   // threads per nb_chunked block
-#define NB_COLSUM_BLOCK 256  // threads per nb_colsum block: 32 columns x 8 row slices
+#define NB_COLSUM_BLOCK 512  // threads per nb_colsum block: 32 columns x 16 row slices
 #define NB_MAX_TILE_ROWS 32  // nb_chunked: rows per tile at most
 #define NB_HAS_W 1
 #define NB_HAS_B 2
@@ -520,14 +520,25 @@ nb_colsum(const nb_acc_t<T>* __restrict__ part, long long row0, long long nparts
           T* __restrict__ out0, long long stride0, T* __restrict__ out1, long long stride1) {
   typedef nb_acc_t<T> A;
   constexpr int SLICES = NB_COLSUM_BLOCK / 32;
+  constexpr int BATCH = 8;  // loads in flight per thread before their adds
   __shared__ A red[SLICES][32];
   const int lane = threadIdx.x & 31, slice = threadIdx.x >> 5;
   const long long j = (long long)blockIdx.x * 32 + lane;
   const A* src = part + (row0 + (long long)blockIdx.y * nparts) * n;
+  // Thread (slice, lane) sums rows slice, slice + SLICES, ... of column j in increasing order,
+  // then slice 0 adds the slices' sums in slice order: a fixed order for every launch.
   A s = A(0);
   if (j < n) {
-#pragma unroll 4
-    for (long long r = slice; r < nparts; r += SLICES) s += src[r * n + j];
+    for (long long r0 = slice; r0 < nparts; r0 += (long long)SLICES * BATCH) {
+      A v[BATCH];
+#pragma unroll
+      for (int b = 0; b < BATCH; ++b) {
+        const long long r = r0 + (long long)b * SLICES;
+        v[b] = r < nparts ? src[r * n + j] : A(0);
+      }
+#pragma unroll
+      for (int b = 0; b < BATCH; ++b) s += v[b];
+    }
   }
   red[slice][lane] = s;
   __syncthreads();

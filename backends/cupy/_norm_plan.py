@@ -35,7 +35,7 @@ NT = 5  # row tensors, in this order:
 ROW_TENSORS = ("x", "dy", "dx", "mean", "rstd")
 ROWS_BLOCK = 512
 CHUNK_BLOCK = 512
-COLSUM_BLOCK = 256
+COLSUM_BLOCK = 512
 COLSUM_COLS = 32
 MAX_TILE_ROWS = 32
 HAS_W, HAS_B = 1, 2
@@ -435,16 +435,18 @@ class CupyDevice:
     def __init__(self):
         import cupy
 
+        from backends.cupy.common import function
+
         self.cupy = cupy
+        self._function = function
         self._occupancy: dict = {}
 
     def function(self, source: str, expr: str):
-        from backends.cupy.common import function
-
-        return function(source, expr, compile_options())
+        return self._function(source, expr, compile_options())
 
     def launch(self, source: str, expr: str, grid, block: int, args) -> None:
-        self.function(source, expr)(grid if isinstance(grid, tuple) else (grid,), (block,), tuple(args))
+        self._function(source, expr, compile_options())(grid if isinstance(grid, tuple) else (grid,), (block,),
+                                                        tuple(args))
 
     def workspace(self, entry: Entry, n: int, dtype):
         """The entry's partial-row buffer for the current stream, kept from call to call (every
@@ -467,8 +469,8 @@ class CupyDevice:
         if key not in self._occupancy:
             from cupy_backends.cuda.api import driver
 
-            fn = self.function(source, expr)
-            self._occupancy[key] = int(driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.ptr, block, 0))
+            fn = self.function(source, expr)  # a cupy.RawKernel; .kernel is its cupy.cuda.Function
+            self._occupancy[key] = int(driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.kernel.ptr, block, 0))
         return self._occupancy[key]
 
 

@@ -5,6 +5,8 @@
 #
 #  1. device and versions; the copy ceiling (harness ceilings)            -> env.txt, ceilings.json
 #  2. every norm kernel compiled once, in parallel, into cupy's disk cache -> warm.txt
+#     (meanwhile, in the background: tests/test_cuda_norms.py -k nvcc, the headers through nvcc
+#     with torch_ext's no-implicit-half-conversion defines; skipped without nvcc -> nvcc_test.txt)
 #  3. every cupy variant on the smoke sets of both ops                     -> smoke.json, smoke.log
 #  4. cupy@best on the full sets (the perf-tagged cases are validated by the benches' final call)
 #                                                                          -> full_best.json, full_best.log
@@ -39,8 +41,14 @@ stamp "== device"
 stamp "== ceilings"
 python3 -m harness ceilings --device "$DEVICE" --json "$OUT/ceilings.json" 2>&1 | tail -3
 
+stamp "== nvcc compile test of every instantiation (background; torch_ext's defines)"
+export PATH="$PATH:${CUDA_HOME:-/usr/local/cuda}/bin"
+( timeout 600 python3 -m pytest -q -p no:cacheprovider tests/test_cuda_norms.py -k nvcc > "$OUT/nvcc_test.txt" 2>&1
+  echo "exit $?" >> "$OUT/nvcc_test.txt" ) &
+nvcc_pid=$!
+
 stamp "== compile every norm kernel (parallel, into cupy's cache)"
-timeout 300 python3 scripts/gpu/cuda_norms_warm.py 2>&1 | tee "$OUT/warm.txt" | tail -12
+timeout 300 python3 scripts/gpu/cuda_norms_warm.py --jobs 12 2>&1 | tee "$OUT/warm.txt" | tail -12
 
 stamp "== smoke: every cupy variant"
 python3 -m harness run "${OPS[@]}" --backend cupy --cases smoke --device "$DEVICE" --json "$OUT/smoke.json" \
@@ -79,6 +87,10 @@ if [ "$SKIP_SWEEP" != 1 ]; then
   timeout 240 python3 scripts/gpu/cuda_norms_sweep.py --json "$OUT/sweep.json" > "$OUT/sweep.txt" 2>&1
   echo "exit $?"; cat "$OUT/sweep.txt" | cut -c1-160
 fi
+
+stamp "== nvcc compile test"
+wait "$nvcc_pid"
+tail -3 "$OUT/nvcc_test.txt"
 
 stamp "== summary"
 python3 scripts/gpu/cuda_norms_summary.py "$OUT" > "$OUT/summary.txt" 2>&1
