@@ -706,6 +706,19 @@ def test_overlapping_output_is_rejected():
     plan.check_overlap(entry, moved("rstd", "x"))  # inputs may share memory
 
 
+def test_strided_output_is_rejected():
+    shape = (4, 8)
+    wide = _out((4, 16), 4)
+    dx = Arr(wide.buf, shape, (16, 2), 0, 4, wide.data.ptr)  # every other column: not contiguous
+    arrays = {"x": _layout(np.ones(shape), "contig", 4), "dy": _layout(np.ones(shape), "contig", 4),
+              "weight": _layout(np.ones(8), "contig", 4), "mean": None, "rstd": _layout(np.ones(4), "contig", 4),
+              "dx": dx, "dweight": _out((8,), 4), "dbias": None}
+    with pytest.raises(ValueError, match=r"rmsnorm_backward: dx must be C-contiguous, got strides \(64, 8\)"):
+        plan.build_entry(RMS, "best", "f32", arrays, True, 4)
+    assert plan._c_contiguous((3, 1, 5), (20, 4, 4), 4) and plan._c_contiguous((0, 5), (4, 8), 4)
+    assert not plan._c_contiguous((3, 5), (4, 12), 4)
+
+
 def test_weight_without_dweight_is_rejected():
     shape = (4, 8)
     arrays = {"x": _layout(np.ones(shape), "contig", 4), "dy": _layout(np.ones(shape), "contig", 4),

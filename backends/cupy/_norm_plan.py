@@ -345,13 +345,30 @@ def _element_strides(op: str, name: str, x) -> tuple[int, ...]:
     return tuple(s // item for s in x.strides)
 
 
+def _c_contiguous(shape, strides_bytes, itemsize: int) -> bool:
+    if 0 in tuple(shape):
+        return True  # no elements: any strides
+    want = itemsize
+    for n, s in zip(reversed(tuple(shape)), reversed(tuple(strides_bytes))):
+        if n != 1 and s != want:
+            return False
+        want *= n
+    return True
+
+
 def build_entry(op: str, variant: str, dt: str, arrays: dict, aligned: bool, num_sms: int, occupancy=None) -> Entry:
     """Plan a call on `arrays` (name -> array or None; any object with shape, strides in bytes,
-    dtype) whose pointers are 16-byte aligned or not (`aligned`)."""
+    dtype) whose pointers are 16-byte aligned or not (`aligned`).  Inputs may have any strides;
+    outputs must be C-contiguous (the backends' contract: the harness passes them so)."""
     x = arrays["x"]
     for name in ("dy", "dx"):
         if tuple(arrays[name].shape) != tuple(x.shape):
             raise ValueError(f"{op}: {name} has shape {tuple(arrays[name].shape)}, expected {tuple(x.shape)}")
+    for name in ("dx", "dweight", "dbias"):
+        a = arrays.get(name)
+        if a is not None and not _c_contiguous(a.shape, a.strides, a.dtype.itemsize):
+            raise ValueError(f"{op}: {name} must be C-contiguous, got strides {tuple(a.strides)} bytes for shape "
+                             f"{tuple(a.shape)}")
     strides = {name: _element_strides(op, name, a) for name, a in arrays.items() if a is not None}
     layout = make_layout(op, x.shape, strides)
     has_w, has_b = arrays.get("weight") is not None, arrays.get("dbias") is not None
