@@ -675,6 +675,15 @@ def test_v5_limit():
     assert ln_mod._v5_supports(SimpleNamespace(params={"shape": [2, 16384]})) is None
 
 
+def test_rungs_are_layernorm_only():
+    shape = (4, 8)
+    arrays = {"x": _layout(np.ones(shape), "contig", 4), "dy": _layout(np.ones(shape), "contig", 4),
+              "weight": _layout(np.ones(8), "contig", 4), "mean": None, "rstd": _layout(np.ones(4), "contig", 4),
+              "dx": _out(shape, 4), "dweight": _out((8,), 4), "dbias": None}
+    with pytest.raises(ValueError, match="rmsnorm_backward: variant 'v2' has no kernel"):
+        plan.build_entry(RMS, "v2", "f32", arrays, True, 4)
+
+
 def test_layout_limits_are_clear_errors():
     shape = (2,) * 8 + (4,)
     st = {"x": _contig((3,) * 8 + (4,))}  # a padded buffer: no two leading dims merge

@@ -2,13 +2,15 @@
 backend: layouts, launch planning, argument packing and the launch sequence, over the device code
 in backends/cuda/norm_common.cuh (+ layernorm_backward.cuh's ladder rungs).
 
-Everything here but `CupyDevice` is pure Python, so the planning is unit-tested without a GPU
-(tests/test_cuda_norms.py runs `run` against a Python port of the kernels).  Importing this module
-never imports cupy.
+Everything here but `CupyDevice` is pure Python, so it is tested without a GPU: tests/test_cuda_norms.py
+runs `run` against Python ports of the kernels, tests/test_cuda_norms_host.py against the .cuh source
+itself compiled for the CPU (tests/cuda_host).  Importing this module never imports cupy.
 
-Per call: `call` builds a key from the arrays' shapes, strides, dtype and 16-byte alignment, finds
-(or, once, builds) the `Entry` for it, checks that no output overlaps another array, and launches
-one kernel (plus nb_colsum when dweight / dbias come from partial rows).  The launch contract is
+Inputs may have any strides (16-byte vectors where the layout allows, scalar accesses otherwise);
+outputs must be C-contiguous.  Per call: `call` builds a key from the arrays' shapes, strides,
+dtypes, 16-byte alignment and device, finds (or, once, builds and checks) the `Entry` for it,
+checks that no output overlaps another array, and launches one kernel, plus nb_colsum when
+dweight / dbias come from partial rows or the rungs' accumulators.  The launch contract is
 documented at the top of norm_common.cuh.
 """
 from __future__ import annotations
@@ -375,6 +377,8 @@ def build_entry(op: str, variant: str, dt: str, arrays: dict, aligned: bool, num
     if has_w != (arrays.get("dweight") is not None):
         raise ValueError(f"{op}: weight and dweight must come together (got weight "
                          f"{'without' if has_w else 'absent, with'} dweight)")
+    if variant != "best" and op != LN:
+        raise ValueError(f"{op}: variant {variant!r} has no kernel: the ladder rungs are layernorm_backward's")
     if variant == "best":
         vec = vector_width(layout, ITEMSIZE[dt], aligned, has_w)
         launch = plan_best(op, dt, layout, has_w, has_b, vec, num_sms, occupancy)

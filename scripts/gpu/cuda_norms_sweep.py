@@ -92,7 +92,7 @@ def main() -> int:
     rng = np.random.default_rng(0)
     defaults = {k: getattr(plan, k) for k in ("ROWS_ELEMS",)}
     rows = []
-    print(f"{'op':18} {'dtype':5} {'shape':12} {'setting':8} {'kernel':44} {'main_us':>8} {'call_us':>8} "
+    print(f"{'op':18} {'dtype':5} {'shape':12} {'setting':8} {'kernel':50} {'main_us':>8} {'call_us':>8} "
           f"{'GB/s':>7} {'copy_us':>8} {'copyGB/s':>8} check")
     for op, dt, shape, _ in SHAPES:
         arrays = _arrays(cp, op, dt, shape, rng)
@@ -140,7 +140,7 @@ def main() -> int:
             if "error" in row:
                 print(f"{op:18} {dt:5} {str(shape):12} {name:8} ERROR {row['error'][:150]}")
             else:
-                print(f"{op:18} {dt:5} {'x'.join(map(str, shape)):12} {name:8} {row['kernel']:44} "
+                print(f"{op:18} {dt:5} {'x'.join(map(str, shape)):12} {name:8} {row['kernel']:50} "
                       f"{row['main_us']:8.2f} {row['call_us']:8.2f} {row['gbs']:7.0f} {row['copy_us']:8.2f} "
                       f"{row['copy_gbs']:8.0f} {check}")
         for k, v in defaults.items():
