@@ -1,0 +1,24 @@
+"""rmsnorm_backward for the `cupy` backend: raw CUDA C++ (backends/cuda/rmsnorm_backward.cuh over
+norm_common.cuh) compiled with NVRTC through cupy.RawModule, launched on cupy's current stream.
+
+Variant:
+  @best  layernorm_backward's best design without the mean: 16-byte vector access where the
+         layout allows, the row held in registers (the next row's loads in flight) or, for long
+         rows, two passes over column chunks; no atomics: per-block partial rows of dweight,
+         then a fixed-order column sum; deterministic.
+
+Host planning and launching: backends/cupy/_norm_plan.py.  Importing this module never imports cupy.
+"""
+from __future__ import annotations
+
+from backends.cupy import _norm_plan as plan
+from backends.cupy import cupy_backend
+from harness import argcheck
+
+OP = "rmsnorm_backward"
+DTYPES = plan.DTYPES
+
+
+@argcheck.register(cupy_backend, OP, variant="best", dtypes=DTYPES, deterministic=True)
+def rmsnorm_backward_best(inputs, outs, params):
+    plan.call(OP, "best", inputs, outs)

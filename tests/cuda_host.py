@@ -1,0 +1,171 @@
+"""Run the cupy backend's norm kernels on the CPU: the .cuh sources compiled by g++ against the CUDA
+stand-in in tests/cuda_host/ (fibers for threads, real barriers and warp shuffles), loaded with
+ctypes, launched through `_norm_plan.run` by `HostCudaDevice`.
+
+One shared library per (op, dtype) holds every instantiation the planner can launch for it
+(`_norm_plan.all_kernel_exprs`), each behind an `extern "C"` wrapper that takes its arguments the
+way cuLaunchKernel does (an array of pointers to the argument values).  Libraries are cached in
+the temp folder under a hash of their sources.  Needs g++ with C++20 and _Float16 (GCC >= 12).
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from backends import _nvrtc
+from backends.cupy import _norm_plan as plan
+
+HERE = Path(__file__).resolve().parent / "cuda_host"
+CXX = shutil.which("g++")
+FLAGS = ["-std=c++20", "-O1", "-shared", "-fPIC", "-Wno-unknown-pragmas", "-Wno-attributes"]
+
+
+def available() -> str | None:
+    """None if kernels can be built here, else why not."""
+    if CXX is None:
+        return "g++ not found"
+    probe = "int main() { _Float16 h = (_Float16)1.5f; return (int)(float)h - 1; }"
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "probe.cpp"
+        src.write_text(probe)
+        proc = subprocess.run([CXX, "-std=c++20", str(src), "-o", str(Path(tmp) / "probe")], capture_output=True)
+        if proc.returncode:
+            return "g++ lacks C++20 or _Float16 (GCC >= 12 needed)"
+    return None
+
+
+def _types(expr: str) -> tuple[str, str]:
+    """(T, A) of a kernel name expression."""
+    name, targs = expr.split("<", 1)
+    args = [a.strip() for a in targs.rstrip(">").split(",")]
+    t = args[1] if name in ("nb_rows", "nb_chunked") else args[0]
+    return t, f"nb_acc_t<{t}>"
+
+
+def _signature(expr: str) -> list[str]:
+    t, a = _types(expr)
+    name = expr.split("<")[0]
+    main = ["NBParams", f"const {t}*", f"const {t}*", f"const {t}*", f"const {a}*", f"const {a}*", f"{t}*", f"{a}*"]
+    if name == "nb_rows":
+        return main + [f"{t}*", f"{t}*"]
+    if name == "nb_colsum":
+        return [f"const {a}*", "long long", "long long", "long long", f"{t}*", "long long", f"{t}*", "long long"]
+    return main  # nb_chunked, ln_v*
+
+
+SET_SCHEDULE = 'extern "C" void set_schedule(int s) { cuhost::schedule = s; }\n'
+SCHEDULES = 3  # cuda_host_runtime.h: round robin, warp-serial, warp-serial from the last warp
+
+
+def _wrappers(exprs: list[str]) -> str:
+    out = [SET_SCHEDULE]
+    for i, expr in enumerate(exprs):
+        sig = _signature(expr)
+        unpack = "\n".join(f"  {ty} a{k} = *reinterpret_cast<{ty}*>(args[{k}]);" for k, ty in enumerate(sig))
+        call = ", ".join(f"a{k}" for k in range(len(sig)))
+        out.append(f"""// {expr}
+extern "C" int launch_{i}(unsigned gx, unsigned gy, unsigned block, void** args, char* err, int errlen) {{
+{unpack}
+  return cuhost::launch(dim3{{gx, gy, 1}}, dim3{{block, 1, 1}}, [&] {{ {expr}({call}); }}, err, errlen);
+}}""")
+    return "\n".join(out) + "\n"
+
+
+class Library:
+    """The compiled kernels of one (op, dtype)."""
+
+    def __init__(self, op: str, dt: str):
+        self.exprs = plan.all_kernel_exprs(op, dt)
+        source = f'#include "cuda_host_runtime.h"\n#include "{_nvrtc.CUDA_DIR / plan.SOURCES[op]}"\n' + \
+            _wrappers(self.exprs)
+        deps = [HERE / n for n in sorted(os.listdir(HERE))] + sorted(_nvrtc.CUDA_DIR.glob("*.cuh"))
+        key = hashlib.sha256((source + " ".join(FLAGS)).encode() + b"".join(p.read_bytes() for p in deps))
+        folder = Path(tempfile.gettempdir()) / "gradoracle-cuda-host"
+        folder.mkdir(exist_ok=True)
+        lib = folder / f"{op}-{dt}-{key.hexdigest()[:16]}.so"
+        if not lib.exists():
+            src = lib.with_suffix(".cpp")
+            src.write_text(source)
+            tmp = lib.with_suffix(f".{os.getpid()}.tmp")
+            proc = subprocess.run([CXX, *FLAGS, f"-I{HERE}", str(src), "-o", str(tmp)], capture_output=True, text=True)
+            if proc.returncode:
+                raise RuntimeError(f"g++ failed for {op} {dt}:\n{proc.stderr[-6000:]}")
+            tmp.replace(lib)
+        self.lib = ctypes.CDLL(str(lib))
+        self.lib.set_schedule.argtypes = [ctypes.c_int]
+        self.fns = {}
+        for i, expr in enumerate(self.exprs):
+            fn = getattr(self.lib, f"launch_{i}")
+            fn.argtypes = [ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.POINTER(ctypes.c_void_p),
+                           ctypes.c_char_p, ctypes.c_int]
+            fn.restype = ctypes.c_int
+            self.fns[expr] = fn
+
+
+_LIBS: dict = {}
+
+
+def library(op: str, dt: str) -> Library:
+    if (op, dt) not in _LIBS:
+        _LIBS[(op, dt)] = Library(op, dt)
+    return _LIBS[(op, dt)]
+
+
+def address(a: np.ndarray) -> int:
+    return a.__array_interface__["data"][0]
+
+
+class HostCudaDevice:
+    """`_norm_plan.run`'s device, on the CPU: numpy buffers, kernels from `library`.  Launches take
+    the stand-in's thread schedules in turn, so repeated calls of a deterministic kernel must agree
+    bitwise across schedules, and a shared-memory race shows up as a wrong or differing result."""
+
+    def __init__(self):
+        self.launches: list[str] = []
+
+    def launch(self, source: str, expr: str, grid, block: int, args) -> None:
+        op = plan.LN if source == plan.SOURCES[plan.LN] else plan.RMS
+        t = _types(expr)[0]
+        dt = next(k for k, v in plan.CUDA_TYPE.items() if v == t)
+        fn = library(op, dt).fns[expr]
+        gx, gy = grid if isinstance(grid, tuple) else (grid, 1)
+        keep, argv = [], (ctypes.c_void_p * len(args))()
+        for k, a in enumerate(args):
+            if isinstance(a, np.ndarray) and a.dtype == plan.PARAMS_DTYPE:
+                argv[k] = address(a)  # the struct's bytes
+                continue
+            if isinstance(a, np.uint64):
+                box = ctypes.c_void_p(int(a))  # a null pointer
+            elif isinstance(a, np.int64):
+                box = ctypes.c_int64(int(a))
+            elif isinstance(a, np.ndarray):
+                box = ctypes.c_void_p(address(a))
+            else:
+                raise TypeError(f"argument {k} of {expr}: {type(a).__name__}")
+            keep.append(box)
+            argv[k] = ctypes.addressof(box)
+        err = ctypes.create_string_buffer(4096)
+        lib = library(op, dt)
+        lib.lib.set_schedule(len(self.launches) % SCHEDULES)
+        self.launches.append(expr)
+        if fn(gx, gy, block, argv, err, len(err)):
+            raise AssertionError(f"{expr} grid ({gx}, {gy}) block {block}: {err.value.decode()}")
+
+    def workspace(self, entry, n: int, dtype):
+        buf = entry.workspace.get("host")
+        if buf is None:
+            buf = entry.workspace["host"] = np.full(n, np.nan, dtype=dtype)  # read before written: NaN
+        return buf
+
+    def zeros(self, n: int, dtype):
+        return np.zeros(n, dtype=dtype)
+
+    def fill_zero(self, x) -> None:
+        x[...] = 0

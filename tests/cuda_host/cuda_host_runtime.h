@@ -1,0 +1,267 @@
+// A CUDA stand-in for running kernels on the CPU (tests/cuda_host.py builds kernels against it).
+//
+// Each CUDA thread of a block is a fiber (ucontext) on one OS thread; blocks run one after
+// another, so `__shared__` (a function-local static here) is the block's shared memory.  A fiber
+// runs until it reaches __syncthreads() or a warp shuffle, then the scheduler runs the next one.
+// When every thread of the block waits at __syncthreads(), they all go on; when all 32 lanes of a
+// warp wait at a shuffle, the values are exchanged and the lanes go on.  The scheduler reports,
+// instead of hanging or guessing (see `schedule` for the orders threads run in):
+//   * a barrier some threads of the block never reach (divergent __syncthreads, or threads that
+//     exited while others wait), or threads of one block that passed different numbers of barriers;
+//   * a shuffle not all 32 lanes take part in, with another mask than 0xffffffff, or with
+//     different xor masks in one exchange;
+//   * a deadlock (nothing can go on).
+// Memory is plain host memory: a pointer is a host address.  atomicAdd is a plain add (one OS
+// thread).  Only what the norm kernels use is here.
+#pragma once
+
+#include <ucontext.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __grid_constant__
+#define __shared__ static
+
+struct dim3 {
+  unsigned int x = 1, y = 1, z = 1;
+};
+
+namespace cuhost {
+
+enum State { RUN, AT_SYNC, AT_SHFL, DONE };
+
+struct Fiber {
+  ucontext_t ctx;
+  char* stack = nullptr;
+  State state = RUN;
+  long long syncs = 0;     // __syncthreads() passed
+  long long shfls = 0;     // shuffles taken part in
+  uint64_t shfl_in = 0, shfl_out = 0;
+  int shfl_xor = 0;
+  unsigned shfl_mask = 0;
+};
+
+constexpr size_t kStack = 256 * 1024;
+
+struct Scheduler {
+  std::vector<Fiber> fibers;
+  ucontext_t main;
+  int cur = 0;
+  std::function<void()> body;
+  std::string error;
+};
+
+inline Scheduler S;
+inline dim3 thread_idx, block_idx, block_dim, grid_dim;
+
+inline void entry() {
+  S.body();
+  S.fibers[S.cur].state = DONE;  // then uc_link returns to the scheduler
+}
+
+inline void yield(State s) {
+  Fiber& f = S.fibers[S.cur];
+  f.state = s;
+  swapcontext(&f.ctx, &S.main);
+}
+
+inline std::string where() {
+  return "block (" + std::to_string(block_idx.x) + ", " + std::to_string(block_idx.y) + ")";
+}
+
+// The order fibers run in (set per launch with set_schedule):
+//   0  round robin: every runnable thread runs until it blocks, in thread order;
+//   1  warp-serial: the first warp with a runnable lane runs alone (its shuffles released as soon as
+//      all its lanes arrive) until every lane waits at __syncthreads() or has exited; then the
+//      next warp.  Warps get as far ahead of each other as barriers allow: a shared-memory
+//      location reused before every warp has read it shows up as a wrong result;
+//   2  warp-serial, last warp first.
+inline int schedule = 0;
+
+inline void run_fiber(unsigned i) {
+  S.cur = (int)i;
+  thread_idx.x = i;
+  swapcontext(&S.main, &S.fibers[i].ctx);
+}
+
+// Warp w (lanes [32w, 32w + 32) of n): -1 fault, 0 nothing to release, 1 shuffle done (lanes run again).
+inline int release_shuffle(unsigned n, unsigned w) {
+  const unsigned w0 = 32 * w, lanes = n - w0 < 32 ? n - w0 : 32;
+  unsigned waiting = 0, blocked = 0;
+  for (unsigned l = 0; l < lanes; ++l) {
+    waiting += S.fibers[w0 + l].state == AT_SHFL;
+    blocked += S.fibers[w0 + l].state != RUN;
+  }
+  if (waiting == 0) return 0;
+  if (waiting != 32) {
+    if (blocked != lanes) return 0;  // the rest have not arrived yet
+    S.error = where() + " warp " + std::to_string(w) + ": a shuffle only " + std::to_string(waiting) +
+              " of 32 lanes take part in (divergent shuffle, or a partial warp)";
+    return -1;
+  }
+  Fiber* lane = &S.fibers[w0];
+  for (unsigned l = 0; l < 32; ++l) {
+    if (lane[l].shfl_mask != 0xffffffffu || lane[l].shfl_xor != lane[0].shfl_xor || lane[l].shfls != lane[0].shfls) {
+      S.error = where() + " warp " + std::to_string(w) + " lane " + std::to_string(l) +
+                ": shuffle mask / xor / count differs from lane 0's";
+      return -1;
+    }
+  }
+  for (unsigned l = 0; l < 32; ++l) lane[l].shfl_out = lane[l ^ lane[0].shfl_xor].shfl_in;
+  for (unsigned l = 0; l < 32; ++l) lane[l].state = RUN;
+  return 1;
+}
+
+// Runs one block of `n` threads; returns false (S.error set) on a barrier or shuffle fault.
+inline bool run_block(unsigned n) {
+  if (S.fibers.size() < n) S.fibers.resize(n);
+  for (unsigned i = 0; i < n; ++i) {
+    Fiber& f = S.fibers[i];
+    if (!f.stack) f.stack = static_cast<char*>(std::malloc(kStack));
+    f.state = RUN;
+    f.syncs = f.shfls = 0;
+    getcontext(&f.ctx);
+    f.ctx.uc_stack.ss_sp = f.stack;
+    f.ctx.uc_stack.ss_size = kStack;
+    f.ctx.uc_link = &S.main;
+    makecontext(&f.ctx, entry, 0);
+  }
+  const unsigned nwarps = (n + 31) / 32;
+  for (;;) {
+    bool moved = false;
+    if (schedule == 0) {
+      for (unsigned i = 0; i < n; ++i)
+        if (S.fibers[i].state == RUN) run_fiber(i);
+      for (unsigned w = 0; w < nwarps; ++w) {
+        const int r = release_shuffle(n, w);
+        if (r < 0) return false;
+        moved |= r > 0;
+      }
+    } else {
+      for (unsigned k = 0; k < nwarps && !moved; ++k) {
+        const unsigned w = schedule == 1 ? k : nwarps - 1 - k;
+        for (;;) {  // this warp alone, until none of its lanes can run
+          bool ran = false;
+          for (unsigned l = 32 * w; l < n && l < 32 * w + 32; ++l) {
+            if (S.fibers[l].state == RUN) {
+              run_fiber(l);
+              ran = true;
+            }
+          }
+          const int r = release_shuffle(n, w);
+          if (r < 0) return false;
+          if (!ran && r == 0) break;
+          moved = true;
+        }
+      }
+    }
+    if (moved) continue;
+    unsigned done = 0, at_sync = 0;
+    for (unsigned i = 0; i < n; ++i) {
+      done += S.fibers[i].state == DONE;
+      at_sync += S.fibers[i].state == AT_SYNC;
+    }
+    if (done == n) return true;
+    if (at_sync + done == n) {
+      if (done) {
+        S.error = where() + ": " + std::to_string(at_sync) + " threads wait at __syncthreads() while " +
+                  std::to_string(done) + " have exited";
+        return false;
+      }
+      for (unsigned i = 1; i < n; ++i) {
+        if (S.fibers[i].syncs != S.fibers[0].syncs) {
+          S.error = where() + ": thread " + std::to_string(i) + " is at barrier " +
+                    std::to_string(S.fibers[i].syncs) + ", thread 0 at " + std::to_string(S.fibers[0].syncs);
+          return false;
+        }
+      }
+      for (unsigned i = 0; i < n; ++i) S.fibers[i].state = RUN;
+      continue;
+    }
+    for (unsigned w = 0; w < nwarps; ++w) {  // a partial shuffle left when nothing else can move
+      unsigned waiting = 0;
+      for (unsigned l = 32 * w; l < n && l < 32 * w + 32; ++l) waiting += S.fibers[l].state == AT_SHFL;
+      if (waiting) {
+        S.error = where() + " warp " + std::to_string(w) + ": a shuffle only " + std::to_string(waiting) +
+                  " of 32 lanes take part in (divergent shuffle, or lanes waiting at __syncthreads())";
+        return false;
+      }
+    }
+    S.error = where() + ": deadlock (" + std::to_string(at_sync) + " threads at __syncthreads(), " +
+              std::to_string(done) + " exited)";
+    return false;
+  }
+}
+
+// Runs `body` (a kernel call) over the grid; 0 on success, else 1 with the fault in `err`.
+inline int launch(dim3 grid, dim3 block, std::function<void()> body, char* err, int errlen) {
+  S.body = std::move(body);
+  S.error.clear();
+  grid_dim = grid;
+  block_dim = block;
+  if (block.y != 1 || block.z != 1 || grid.z != 1) {
+    std::snprintf(err, errlen, "only 1-D blocks and 2-D grids are emulated");
+    return 1;
+  }
+  for (unsigned by = 0; by < grid.y; ++by) {
+    for (unsigned bx = 0; bx < grid.x; ++bx) {
+      block_idx.x = bx;
+      block_idx.y = by;
+      if (!run_block(block.x)) {
+        std::snprintf(err, errlen, "%s", S.error.c_str());
+        return 1;
+      }
+    }
+  }
+  return 0;
+}
+
+}  // namespace cuhost
+
+#define threadIdx (cuhost::thread_idx)
+#define blockIdx (cuhost::block_idx)
+#define blockDim (cuhost::block_dim)
+#define gridDim (cuhost::grid_dim)
+
+inline void __syncthreads() {
+  cuhost::S.fibers[cuhost::S.cur].syncs++;
+  cuhost::yield(cuhost::AT_SYNC);
+}
+
+template <typename T>
+inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask) {
+  static_assert(sizeof(T) <= 8, "shuffles of at most 8 bytes");
+  cuhost::Fiber& f = cuhost::S.fibers[cuhost::S.cur];
+  f.shfl_in = 0;
+  std::memcpy(&f.shfl_in, &v, sizeof(T));
+  f.shfl_xor = lane_mask;
+  f.shfl_mask = mask;
+  f.shfls++;
+  cuhost::yield(cuhost::AT_SHFL);
+  T r;
+  std::memcpy(&r, &cuhost::S.fibers[cuhost::S.cur].shfl_out, sizeof(T));
+  return r;
+}
+
+inline float atomicAdd(float* p, float v) {
+  const float old = *p;
+  *p = old + v;
+  return old;
+}
+
+inline double atomicAdd(double* p, double v) {
+  const double old = *p;
+  *p = old + v;
+  return old;
+}

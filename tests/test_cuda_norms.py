@@ -1,0 +1,759 @@
+"""The normalisation backwards' CUDA kernels (backends/cuda/norm_common.cuh, layernorm_backward.cuh,
+rmsnorm_backward.cuh) and the cupy backend's host side (backends/cupy/_norm_plan.py), without a GPU.
+
+* Compile checks: every instantiation the planner can launch (op x dtype x kernel) compiles for
+  sm_90 with NVRTC; NBParams and the launch constants have the values the host packs.
+* The host side run for real against an emulator: `_norm_plan.run` (the code the cupy backend
+  runs) launches kernels on `EmuDevice`, whose kernels are Python ports of the .cuh kernels at the
+  level of blocks, groups, threads and the columns each thread owns.  Results must match the
+  float64 oracle, every dx element must be written exactly once, 16-byte accesses must be aligned,
+  and partial rows must be written before they are read (the workspace starts NaN).  This checks
+  the planning, the packing of NBParams, the row addressing and the coverage of rows and columns.
+* The planner's paths: small N (several rows per block), large N (column chunks), M = 1 (no second
+  stage), M = 0, strided layouts (leading dims merged or not, no vectors), alignment.
+* Registration, and that importing the modules does not import cupy.
+"""
+from __future__ import annotations
+
+import math
+import shutil
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from backends import _nvrtc
+from backends.cupy import _norm_plan as plan
+from oracle.layernorm_backward import layernorm_backward_numpy
+from oracle.rmsnorm_backward import rmsnorm_backward_numpy
+
+LN, RMS = plan.LN, plan.RMS
+
+
+def _nvrtc_usable() -> bool:
+    try:
+        from cupy.cuda import nvrtc
+
+        nvrtc.getVersion()
+        return True
+    except Exception:  # noqa: BLE001
+        return False
+
+
+needs_nvrtc = pytest.mark.skipif(not (_nvrtc_usable() and _nvrtc.include_dirs()),
+                                 reason="NVRTC or cuda_fp16.h not available")
+
+# ============================================================================= compile checks
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("op", [LN, RMS])
+@pytest.mark.parametrize("dt", plan.DTYPES)
+def test_nvrtc_compiles_every_instantiation(op, dt):
+    exprs = plan.all_kernel_exprs(op, dt)
+    kinds = {e.split("<")[0] for e in exprs}
+    assert {"nb_rows", "nb_chunked", "nb_colsum"} <= kinds
+    if op == LN:
+        assert {"ln_v1", "ln_v2", "ln_v3", "ln_v4", "ln_v5"} <= kinds
+    source = _nvrtc.read_source(plan.SOURCES[op])
+    cubin, lowered = _nvrtc.compile_cubin(source, arch="sm_90", name_expressions=exprs,
+                                          options=plan.compile_options())
+    for expr in exprs:
+        assert lowered[expr].encode() in cubin, f"{expr} ({lowered[expr]}) missing from the cubin"
+
+
+@needs_nvrtc
+def test_params_layout_and_constants_match_the_host():
+    # Every field is a long long (no padding): the array sizes and the total fix the layout in
+    # declaration order, which pack_params follows.
+    probe = _nvrtc.read_source(plan.SOURCES[LN]) + f"""
+static_assert(NB_MAX_LEAD == {plan.MAX_LEAD}, "MAX_LEAD");
+static_assert(NB_NT == {plan.NT}, "NT");
+static_assert(NB_ROWS_BLOCK == {plan.ROWS_BLOCK}, "ROWS_BLOCK");
+static_assert(NB_CHUNK_BLOCK == {plan.CHUNK_BLOCK}, "CHUNK_BLOCK");
+static_assert(NB_COLSUM_BLOCK == {plan.COLSUM_BLOCK}, "COLSUM_BLOCK");
+static_assert(NB_MAX_TILE_ROWS == {plan.MAX_TILE_ROWS}, "MAX_TILE_ROWS");
+static_assert(NB_HAS_W == {plan.HAS_W} && NB_HAS_B == {plan.HAS_B}, "flags");
+static_assert(LN_V1_BLOCK == {plan.V1_BLOCK} && LN_V4_BLOCK == {plan.V4_BLOCK}, "rung blocks");
+static_assert(NB_X == 0 && NB_DY == 1 && NB_DX == 2 && NB_MEAN == 3 && NB_RSTD == 4 && NB_W == 3, "slots");
+static_assert(sizeof(NBParams) == {plan.PARAMS_WORDS} * 8, "NBParams size");
+static_assert(sizeof(NBParams::size) == {plan.MAX_LEAD} * 8, "size");
+static_assert(sizeof(NBParams::stride) == {plan.NT * plan.MAX_LEAD} * 8, "stride");
+static_assert(sizeof(NBParams::col_stride) == 4 * 8 && sizeof(NBParams::out_stride) == 2 * 8, "col/out strides");
+"""
+    cubin, _ = _nvrtc.compile_cubin(probe, name_expressions=["nb_colsum<float>"], options=plan.compile_options())
+    assert cubin
+    assert plan.PARAMS_DTYPE.itemsize == plan.PARAMS_WORDS * 8
+
+
+def _nvcc_instantiations(op: str, dt: str) -> str:
+    """A .cu that explicitly instantiates every kernel the planner can launch for (op, dtype)."""
+    t = plan.CUDA_TYPE[dt]
+    a = f"nb_acc_t<{t}>"
+    main = f"const __grid_constant__ NBParams, const {t}*, const {t}*, const {t}*, const {a}*, const {a}*, {t}*, {a}*"
+    sigs = {"nb_rows": f"{main}, {t}*, {t}*", "nb_chunked": main,
+            "nb_colsum": f"const {a}*, long long, long long, long long, {t}*, long long, {t}*, long long"}
+    lines = [f'#include "{_nvrtc.CUDA_DIR / plan.SOURCES[op]}"']
+    for expr in plan.all_kernel_exprs(op, dt):
+        name = expr.split("<")[0]
+        lines.append(f"template __global__ void {expr}({sigs.get(name, main)});")
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+def test_nvcc_compiles_every_instantiation(tmp_path):
+    # Torch extensions compile with these defines: the headers must not rely on implicit half conversions.
+    defines = ["-D__CUDA_NO_HALF_OPERATORS__", "-D__CUDA_NO_HALF_CONVERSIONS__",
+               "-D__CUDA_NO_BFLOAT16_CONVERSIONS__", "-D__CUDA_NO_HALF2_OPERATORS__"]
+    procs = {}
+    for op in (LN, RMS):
+        for dt in plan.DTYPES:  # one nvcc per (op, dtype), side by side
+            src, out = tmp_path / f"{op}_{dt}.cu", tmp_path / f"{op}_{dt}.cubin"
+            src.write_text(_nvcc_instantiations(op, dt))
+            procs[(op, dt)] = (out, subprocess.Popen(["nvcc", "-std=c++17", "-arch=sm_90", "-cubin", *defines, "-o",
+                                                      str(out), str(src)], stdout=subprocess.PIPE,
+                                                     stderr=subprocess.STDOUT, text=True))
+    for key, (out, proc) in procs.items():
+        log, _ = proc.communicate(timeout=1800)
+        assert proc.returncode == 0, f"nvcc failed for {key}:\n{log[-5000:]}"
+        assert out.stat().st_size > 0
+
+
+def test_compile_options_name_the_header_and_its_checksum():
+    opts = plan.compile_options()
+    assert opts[0] == f"-I{_nvrtc.CUDA_DIR}" and opts[1].startswith("-DNB_COMMON_CRC=0x")
+
+
+# ============================================================================= emulator
+#
+# Memory is float64 numpy buffers; a pointer is (buffer, element offset); every store is counted.
+# Arithmetic is float64: the emulator checks indexing, coverage and structure, not rounding.
+
+
+class Buf:
+    def __init__(self, values: np.ndarray):
+        self.v = np.asarray(values, dtype=np.float64).reshape(-1).copy()
+        self.writes = np.zeros(self.v.size, dtype=np.int64)
+
+
+class Arr:
+    """A strided view of a Buf with the attributes the host code reads of a cupy array."""
+
+    def __init__(self, buf: Buf, shape, strides, offset: int, itemsize: int, address: int = 4096):
+        self.buf, self.shape, self.offset, self.itemsize = buf, tuple(shape), offset, itemsize
+        self.estrides = tuple(strides)
+        self.strides = tuple(s * itemsize for s in strides)  # bytes, as cupy has them
+        self.dtype = np.dtype({2: np.float16, 4: np.float32, 8: np.float64}[itemsize])
+        self.data = SimpleNamespace(ptr=address + offset * itemsize)
+        self.size = math.prod(self.shape)
+
+    def _at(self, off: int) -> int:
+        i = self.offset + off
+        assert 0 <= i < self.buf.v.size, f"access out of bounds: {i} of {self.buf.v.size}"
+        return i
+
+    def load(self, off: int) -> float:
+        return float(self.buf.v[self._at(off)])
+
+    def store(self, off: int, x: float) -> None:
+        i = self._at(off)
+        self.buf.v[i] = x
+        self.buf.writes[i] += 1
+
+    def address(self, off: int) -> int:
+        return self.data.ptr + off * self.itemsize
+
+    def offsets(self) -> np.ndarray:
+        idx = np.indices(self.shape).reshape(len(self.shape), -1) if self.shape else np.zeros((0, 1), int)
+        return (np.asarray(self.estrides, dtype=np.int64)[:, None] * idx).sum(axis=0)
+
+    def values(self) -> np.ndarray:
+        return self.buf.v[self.offset + self.offsets()].reshape(self.shape)
+
+    def writes(self) -> np.ndarray:
+        return self.buf.writes[self.offset + self.offsets()].reshape(self.shape)
+
+
+def _parse(words):
+    w = [int(v) for v in np.asarray(words).reshape(-1)]
+    assert len(w) == plan.PARAMS_WORDS
+    ml, nt = plan.MAX_LEAD, plan.NT
+    i = 3 + ml
+    strides = [w[i + t * ml:i + (t + 1) * ml] for t in range(nt)]
+    i += nt * ml
+    p = SimpleNamespace(rows=w[0], n=w[1], nlead=w[2], size=w[3:3 + ml], stride=strides, col=w[i:i + 4],
+                        out=w[i + 4:i + 6], flags=w[i + 6], gw=w[i + 7], gw_log2=w[i + 8], rows_per_block=w[i + 9],
+                        nparts=w[i + 10], tile_rows=w[i + 11])
+    assert p.gw == 1 << p.gw_log2
+    assert all(s == 1 for s in p.size[p.nlead:]) and all(all(x == 0 for x in st[p.nlead:]) for st in strides)
+    return p
+
+
+def _row_offsets(p, row):
+    """nb_row_offsets."""
+    off = [0] * plan.NT
+    i = row
+    for d in range(p.nlead - 1, -1, -1):
+        r, i = (i % p.size[d], i // p.size[d]) if d > 0 else (i, 0)  # the outermost dim takes the rest
+        for t in range(plan.NT):
+            off[t] += r * p.stride[t][d]
+    assert i == 0 or (p.nlead == 0 and row == 0)
+    return off
+
+
+X_, DY_, DX_, MEAN_, RSTD_ = range(5)
+
+
+class RowMath:
+    """The norm's per-row math (nb_xhat / nb_dx) on one row's loaded statistics."""
+
+    def __init__(self, mean_sub: bool, p, x, dy, w, mean, rstd, row):
+        self.p, self.mean_sub = p, mean_sub
+        self.off = _row_offsets(p, row)
+        self.r = rstd.load(self.off[RSTD_])
+        self.m = mean.load(self.off[MEAN_]) if mean_sub else 0.0
+        self.x, self.dy, self.w = x, dy, w
+
+    def terms(self, c, vec):
+        """(xhat, dy, g) of column c; with vec > 1 checks the 16-byte access rule."""
+        p = self.p
+        xo, do = self.off[X_] + c * p.col[X_], self.off[DY_] + c * p.col[DY_]
+        if vec > 1 and c % vec == 0:
+            assert p.col[X_] == p.col[DY_] == 1
+            assert self.x.address(xo) % 16 == 0 and self.dy.address(do) % 16 == 0, "misaligned vector load"
+        xh = (self.x.load(xo) - self.m) * self.r
+        d = self.dy.load(do)
+        has_w = p.flags & plan.HAS_W
+        g = self.w.load(c * p.col[3]) * d if has_w else d
+        return xh, d, g
+
+    def dx(self, g, xh, a, b):
+        return self.r * (g - a - xh * b) if self.mean_sub else self.r * (g - xh * b)
+
+    def store_dx(self, dx, c, value, vec):
+        o = self.off[DX_] + c * self.p.col[DX_]
+        if vec > 1 and c % vec == 0:
+            assert self.p.col[DX_] == 1 and dx.address(o) % 16 == 0, "misaligned vector store"
+        dx.store(o, value)
+
+
+def emu_rows(mean_sub, vec, vpt, wide, grid, block, p, x, dy, w, mean, rstd, dx, part, dw, db):
+    assert block == plan.ROWS_BLOCK and wide == (p.gw > 32) and p.gw <= block
+    n, gw = p.n, p.gw
+    ngrp = block // gw
+    has_w, has_b = p.flags & plan.HAS_W, p.flags & plan.HAS_B
+    cols = [(lane, k, e, (k * gw + lane) * vec + e) for lane in range(gw) for k in range(vpt) for e in range(vec)
+            if (k * gw + lane) * vec < n]
+    assert sorted(c for *_, c in cols) == list(range(n)), "columns not covered exactly once"
+    for b in range(grid):
+        r_lo = b * p.rows_per_block
+        r_hi = min(p.rows, r_lo + p.rows_per_block)
+        acc = {}  # (group, column) -> [dweight, dbias] sums
+        for base in range(r_lo, r_hi, ngrp):
+            for g in range(ngrp):
+                row = base + g
+                if row >= r_hi:
+                    continue
+                rm = RowMath(mean_sub, p, x, dy, w, mean, rstd, row)
+                t = {c: rm.terms(c, vec) for *_, c in cols}
+                a = sum(v[2] for v in t.values()) / n
+                bb = sum(v[2] * v[0] for v in t.values()) / n
+                for c, (xh, d, gv) in t.items():
+                    rm.store_dx(dx, c, rm.dx(gv, xh, a, bb), vec)
+                    s = acc.setdefault((g, c), [0.0, 0.0])
+                    s[0] += d * xh
+                    s[1] += d
+        for *_, c in cols:
+            sw = sum(acc.get((g, c), [0.0, 0.0])[0] for g in range(ngrp))
+            sb = sum(acc.get((g, c), [0.0, 0.0])[1] for g in range(ngrp))
+            if p.nparts == 1:
+                if has_w:
+                    dw.store(c * p.out[0], sw)
+                if has_b:
+                    db.store(c * p.out[1], sb)
+            else:
+                if has_w:
+                    part.store(b * n + c, sw)
+                if has_b:
+                    part.store((p.nparts + b) * n + c, sb)
+
+
+def emu_chunked(mean_sub, vec, vpt, grid, block, p, x, dy, w, mean, rstd, dx, part):
+    assert block == plan.CHUNK_BLOCK and 1 <= p.tile_rows <= plan.MAX_TILE_ROWS
+    n = p.n
+    chunk = block * vpt * vec
+    has_w, has_b = p.flags & plan.HAS_W, p.flags & plan.HAS_B
+    for b in range(grid):
+        r_lo = b * p.rows_per_block
+        r_hi = min(p.rows, r_lo + p.rows_per_block)
+        for t0 in range(r_lo, r_hi, p.tile_rows):
+            tile = range(t0, min(r_hi, t0 + p.tile_rows))
+            stats = {}
+            for row in tile:  # pass 1
+                rm = RowMath(mean_sub, p, x, dy, w, mean, rstd, row)
+                terms = [rm.terms(c, vec) for c in range(n)]
+                stats[row] = (rm, sum(v[2] for v in terms) / n, sum(v[2] * v[0] for v in terms) / n)
+            for c0 in range(0, n, chunk):  # pass 2
+                cs = [c0 + (k * block + tid) * vec + e for tid in range(block) for k in range(vpt) for e in range(vec)]
+                cs = [c for c in cs if c < n]
+                assert len(set(cs)) == len(cs)
+                acc = {c: [0.0, 0.0] for c in cs}
+                for row in tile:
+                    rm, a, bb = stats[row]
+                    for c in cs:
+                        xh, d, gv = rm.terms(c, vec)
+                        rm.store_dx(dx, c, rm.dx(gv, xh, a, bb), vec)
+                        acc[c][0] += d * xh
+                        acc[c][1] += d
+                for c in cs:
+                    for on, slot, val in ((has_w, b, acc[c][0]), (has_b, p.nparts + b, acc[c][1])):
+                        if on:
+                            q = slot * n + c
+                            part.store(q, val if t0 == r_lo else part.load(q) + val)
+
+
+def emu_colsum(grid, block, part, row0, nparts, n, out0, s0, out1, s1):
+    gx, gy = grid
+    assert block == plan.COLSUM_BLOCK and gx * plan.COLSUM_COLS >= n and gy in (1, 2)
+    for y in range(gy):
+        out, s = (out0, s0) if y == 0 else (out1, s1)
+        for j in range(n):
+            out.store(j * s, sum(part.load((row0 + y * nparts + r) * n + j) for r in range(nparts)))
+
+
+def emu_rung(rung, cpt, grid, block, p, x, dy, w, mean, rstd, dx, acc):
+    """ln_v1 ... ln_v5: which threads take which rows, and the atomics into acc [dweight | dbias]."""
+    n = p.n
+    has_w, has_b = p.flags & plan.HAS_W, p.flags & plan.HAS_B
+    if rung == "v1":
+        assert block == plan.V1_BLOCK
+        rows = [[bi * block + t for t in range(block) if bi * block + t < p.rows] for bi in range(grid)]
+    elif rung in ("v2", "v3", "v4"):
+        assert block == (32 if rung != "v4" else plan.V4_BLOCK)
+        rows = [[bi] for bi in range(grid)]
+    else:
+        assert block == plan.V4_BLOCK and cpt * block >= n
+        rows = [list(range(bi * p.rows_per_block, min(p.rows, (bi + 1) * p.rows_per_block))) for bi in range(grid)]
+    assert sorted(r for rs in rows for r in rs) == list(range(p.rows)), "rows not covered exactly once"
+    for rs in rows:
+        for row in rs:
+            rm = RowMath(True, p, x, dy, w, mean, rstd, row)
+            t = [rm.terms(c, 1) for c in range(n)]
+            a, bb = sum(v[2] for v in t) / n, sum(v[2] * v[0] for v in t) / n
+            for c, (xh, d, gv) in enumerate(t):
+                rm.store_dx(dx, c, rm.dx(gv, xh, a, bb), 1)
+                if has_w:
+                    acc.buf.v[acc.offset + c] += d * xh
+                if has_b:
+                    acc.buf.v[acc.offset + n + c] += d
+
+
+class EmuDevice:
+    def __init__(self):
+        self.launches: list[str] = []
+        self.parts: list[Arr] = []
+
+    def workspace(self, entry, n, dtype):
+        buf = entry.workspace.get("emu")
+        if buf is None:
+            buf = entry.workspace["emu"] = Arr(Buf(np.full(n, np.nan)), (n,), (1,), 0, np.dtype(dtype).itemsize)
+            self.parts.append(buf)
+        assert buf.size >= n
+        return buf
+
+    def zeros(self, n, dtype):
+        return Arr(Buf(np.zeros(n)), (n,), (1,), 0, np.dtype(dtype).itemsize)
+
+    def fill_zero(self, x):
+        for off in x.offsets():
+            x.store(int(off), 0.0)
+
+    def launch(self, source, expr, grid, block, args):
+        self.launches.append(expr)
+        name, targs = expr.split("<", 1)
+        targs = [s.strip() for s in targs.rstrip(">").split(",")]
+        args = [None if isinstance(a, np.uint64) and int(a) == 0 else a for a in args]
+        if name == "nb_colsum":
+            part, row0, nparts, n, o0, s0, o1, s1 = args
+            emu_colsum(grid, block, part, int(row0), int(nparts), int(n), o0, int(s0), o1, int(s1))
+            return
+        assert isinstance(args[0], np.ndarray) and args[0].dtype == plan.PARAMS_DTYPE and args[0].size == 1
+        p = _parse(args[0]["words"][0])
+        assert isinstance(grid, int) and grid >= 1
+        if name == "nb_rows":
+            mean_sub = targs[0] == "NBLayerNorm"
+            assert source == plan.SOURCES[LN if mean_sub else RMS]
+            emu_rows(mean_sub, int(targs[2]), int(targs[3]), targs[4] == "true", grid, block, p, *args[1:])
+        elif name == "nb_chunked":
+            mean_sub = targs[0] == "NBLayerNorm"
+            emu_chunked(mean_sub, int(targs[2]), int(targs[3]), grid, block, p, *args[1:])
+        elif name.startswith("ln_v"):
+            assert source == plan.SOURCES[LN]
+            emu_rung(name[3:], int(targs[1]) if len(targs) > 1 else 0, grid, block, p, *args[1:])
+        else:
+            raise AssertionError(f"unknown kernel {expr}")
+
+
+# ============================================================================= emulated runs
+
+
+_NEXT_ADDRESS = [1 << 20]
+
+
+def _address(nbytes: int) -> int:
+    """A fresh 256-byte aligned fake device address with room for nbytes (+ a gap)."""
+    addr = _NEXT_ADDRESS[0]
+    _NEXT_ADDRESS[0] += (nbytes // 256 + 2) * 256
+    return addr
+
+
+def _layout(values: np.ndarray, layout: str, itemsize: int, address: int | None = None):
+    """An Arr holding `values` in a harness layout (contig, transposed, sliced with NaN gaps)."""
+    shape = values.shape
+    address = _address(2 * (values.size + 1) * itemsize + 64) + (address or 0)  # address: an extra offset
+    if layout == "transposed":
+        stored = np.ascontiguousarray(np.swapaxes(values, -1, -2))
+        strides = list(np.array(stored.strides) // 8)
+        strides[-1], strides[-2] = strides[-2], strides[-1]
+        return Arr(Buf(stored), shape, strides, 0, itemsize, address)
+    if layout == "sliced":
+        wide = np.full(shape[:-1] + (2 * shape[-1] + 1,), np.nan)
+        wide[..., 1::2][..., :shape[-1]] = values
+        strides = list(np.array(wide.strides) // 8)
+        strides[-1] = 2
+        return Arr(Buf(wide), shape, strides, 1, itemsize, address)
+    strides = np.array(np.empty(shape).strides, dtype=np.int64) // 8 if shape else ()
+    return Arr(Buf(values if values.size else np.zeros(1)), shape, tuple(strides), 0, itemsize, address)
+
+
+def _out(shape, itemsize):
+    return _layout(np.full(shape, np.nan), "contig", itemsize)
+
+
+def emulate(op, shape, dt="f32", has_w=True, has_b=True, layouts=("contig", "contig"), variant="best",
+            num_sms=4, occupancy=None, seed=0, misalign=False, calls=1):
+    """Run `variant` through _norm_plan.run on the emulator; check against the float64 oracle."""
+    rng = np.random.default_rng(seed)
+    item = plan.ITEMSIZE[dt]
+    if op == RMS:
+        has_b = False
+    n = shape[-1]
+    dev = EmuDevice()
+    entry = None
+    for call_no in range(calls):
+        x_v = rng.uniform(-2, 2, shape) + rng.uniform(-1, 1, shape[:-1] + (1,))
+        dy_v = rng.uniform(-1, 1, shape)
+        w_v = rng.uniform(0.5, 1.5, (n,))
+        mean_v = x_v.mean(axis=-1) if op == LN else None
+        if op == LN:
+            rstd_v = 1 / np.sqrt(((x_v - x_v.mean(axis=-1, keepdims=True)) ** 2).mean(axis=-1) + 1e-5)
+        else:
+            rstd_v = 1 / np.sqrt((x_v ** 2).mean(axis=-1) + 1e-6)
+        arrays = {"x": _layout(x_v, layouts[1], item, item if misalign else 0),
+                  "dy": _layout(dy_v, layouts[0], item),
+                  "weight": _layout(w_v, "contig", item) if has_w else None,
+                  "mean": _layout(np.asarray(mean_v), "contig", 8 if dt == "f64" else 4) if op == LN else None,
+                  "rstd": _layout(np.asarray(rstd_v), "contig", 8 if dt == "f64" else 4),
+                  "dx": _out(shape, item),
+                  "dweight": _out((n,), item) if has_w else None,
+                  "dbias": _out((n,), item) if has_b else None}
+        arrs = tuple(arrays[k] for k in plan.NAMES)
+        ptrs = [0 if a is None else a.data.ptr for a in arrs]
+        aligned = not any(ptrs[plan.NAMES.index(k)] % 16 for k in ("x", "dy", "dx", "weight"))
+        if entry is None:
+            entry = plan.build_entry(op, variant, dt, arrays, aligned, num_sms, occupancy)
+        plan.check_overlap(entry, ptrs)
+        plan.run(dev, entry, arrs)
+        if op == LN:
+            want = layernorm_backward_numpy(dy_v, x_v, w_v if has_w else None, 1e-5, has_b)
+        else:
+            want = rmsnorm_backward_numpy(dy_v, x_v, w_v, 1e-6)
+        for name in ("dx", "dweight", "dbias"):
+            got = arrays[name]
+            if got is None:
+                assert name not in want
+                continue
+            if got.size:
+                np.testing.assert_allclose(got.values(), want[name], rtol=1e-9, atol=1e-9,
+                                           err_msg=f"{name} call {call_no} {dev.launches}")
+                assert (got.writes() == 1).all(), f"{name}: elements written {got.writes()} times"
+    return entry, dev
+
+
+def test_small_n_takes_several_rows_per_block():
+    entry, dev = emulate(LN, (40, 5), num_sms=2)  # N = 5: scalar, gw = 8, 64 groups per block
+    launch = entry.launch
+    assert launch.kind == "rows" and launch.vec == 1 and launch.gw == 8 and launch.vpt == 1
+    assert launch.nparts == 1 and not launch.colsum  # 40 rows fit one step of one block
+    entry, dev = emulate(LN, (300, 8), num_sms=2)  # vec 4: gw = 2, 256 groups; 2 blocks, partial rows
+    launch = entry.launch
+    assert launch.kind == "rows" and launch.vec == 4 and launch.gw == 2 and launch.vpt == 1
+    assert launch.nparts == 2 and launch.colsum and dev.launches[-1] == "nb_colsum<float>"
+    assert launch.rows_per_block % (plan.ROWS_BLOCK // launch.gw) == 0
+
+
+@pytest.mark.parametrize("op", [LN, RMS])
+@pytest.mark.parametrize("dt", ["f32", "bf16", "f64"])
+@pytest.mark.parametrize("shape", [(3, 5), (2, 2, 6), (7,), (1, 17), (4, 1), (37, 64), (9, 256), (5, 1023)])
+def test_emulated_best_matches_oracle(op, dt, shape):
+    entry, _ = emulate(op, shape, dt, num_sms=3)
+    assert entry.launch.kind == "rows"
+
+
+@pytest.mark.parametrize("has_w,has_b", [(True, True), (True, False), (False, True), (False, False)])
+@pytest.mark.parametrize("shape,num_sms", [((13, 24), 1), ((70, 24), 4), ((9, 1100), 4)])
+def test_emulated_best_affine_and_bias_forms(has_w, has_b, shape, num_sms):
+    entry, dev = emulate(LN, shape, "f32", has_w=has_w, has_b=has_b, num_sms=num_sms)
+    if not (has_w or has_b):
+        assert not entry.launch.colsum and "nb_colsum<float>" not in dev.launches
+
+
+def test_m1_needs_no_second_stage():
+    for shape in [(1, 4096), (4096,), (1, 17)]:
+        entry, dev = emulate(LN, shape, "bf16", num_sms=132)
+        assert entry.launch.nparts == 1 and not entry.launch.colsum and len(dev.launches) == 1
+    entry, _ = emulate(LN, (1, 4096), "bf16")
+    assert entry.launch.vec == 8 and entry.launch.gw == 256 and entry.launch.vpt == 2
+
+
+@pytest.mark.parametrize("op", [LN, RMS])
+@pytest.mark.parametrize("dt,n", [("f32", 9000), ("bf16", 8200), ("f64", 2050), ("f32", 4097)])
+def test_large_n_is_chunked(op, dt, n):
+    entry, dev = emulate(op, (3, n), dt, num_sms=2, calls=2)  # the second call reuses the workspace
+    launch = entry.launch
+    assert launch.kind == "chunked" and launch.colsum and dev.launches[-1].startswith("nb_colsum")
+    assert launch.vec == (1 if n % (16 // plan.ITEMSIZE[dt]) else 16 // plan.ITEMSIZE[dt])
+    assert n > plan.CHUNK_BLOCK * launch.vpt * launch.vec  # several chunks
+
+
+def test_chunked_tiles_and_parts(monkeypatch):
+    monkeypatch.setattr(plan, "TILE_ROWS", 2)
+    entry, _ = emulate(LN, (11, 4100), "f32", num_sms=2, has_b=False)
+    assert entry.launch.kind == "chunked" and entry.launch.nparts == 2 and entry.launch.tile_rows == 2
+    entry, _ = emulate(LN, (5, 4100), "f32", num_sms=1, has_w=False)
+    assert entry.launch.nparts == 1 and entry.launch.colsum
+
+
+@pytest.mark.parametrize("layouts", [("transposed", "contig"), ("contig", "transposed"), ("sliced", "contig"),
+                                     ("contig", "sliced"), ("transposed", "sliced")])
+@pytest.mark.parametrize("shape", [(33, 65), (4, 5, 6), (3, 40)])
+def test_emulated_strided_inputs(layouts, shape):
+    entry, _ = emulate(LN, shape, "bf16", layouts=layouts, num_sms=2)
+    assert entry.launch.vec == 1  # a strided N or an odd row stride: scalar accesses
+    if shape == (4, 5, 6) and "transposed" in layouts:
+        assert len(entry.layout.sizes) == 2  # (4, 5) leading dims do not merge
+    emulate(RMS, shape, "f32", layouts=layouts, num_sms=2)
+
+
+def test_zero_rows_write_zero_sums():
+    for shape in [(0, 8), (2, 0, 16)]:
+        entry, dev = emulate(LN, shape, "bf16")
+        assert entry.launch.kind == "zero" and dev.launches == []
+        emulate(RMS, shape, "f32")
+
+
+def test_misaligned_pointer_takes_scalar_path():
+    entry, _ = emulate(LN, (6, 64), "f32", misalign=True)
+    assert entry.launch.vec == 1
+    entry, _ = emulate(LN, (6, 64), "f32")
+    assert entry.launch.vec == 4
+
+
+def test_occupancy_sets_the_grid():
+    entry, _ = emulate(LN, (64, 1024), "f32", num_sms=2, occupancy=lambda expr, block: 2)  # gw 128: 4 rows a step
+    assert entry.launch.nparts == 4
+
+
+@pytest.mark.parametrize("rung", plan.RUNGS)
+@pytest.mark.parametrize("shape", [(3, 5), (2, 2, 6), (7,), (4, 1), (40, 33), (5, 1100)])
+def test_emulated_rungs_match_oracle(rung, shape):
+    entry, dev = emulate(LN, shape, "f32", variant=rung, num_sms=2)
+    assert entry.launch.kind == rung and dev.launches[0].startswith(f"ln_{rung}<")
+
+
+@pytest.mark.parametrize("rung", plan.RUNGS)
+@pytest.mark.parametrize("has_w,has_b", [(True, False), (False, True), (False, False)])
+def test_emulated_rungs_affine_and_bias_forms(rung, has_w, has_b):
+    emulate(LN, (6, 10), "bf16", has_w=has_w, has_b=has_b, variant=rung, layouts=("sliced", "transposed"))
+
+
+def test_rungs_on_zero_rows():
+    for rung in plan.RUNGS:
+        entry, dev = emulate(LN, (0, 8), "f32", variant=rung)
+        assert entry.launch.kind == "zero" and dev.launches == []
+
+
+# ============================================================================= planning
+
+
+def _contig(shape):
+    out, acc = [], 1
+    for s in reversed(shape):
+        out.append(acc)
+        acc *= max(s, 1)
+    return tuple(reversed(out))
+
+
+def test_merge_lead():
+    sizes, strides = plan.merge_lead((4, 1, 5, 6), [(30, 30, 6, 1), (60, 60, 12, 2)])
+    assert sizes == (120,) and strides == ((1,), (2,))
+    sizes, strides = plan.merge_lead((4, 5), [(5, 1), (1, 4)])  # one tensor transposed: no merge
+    assert sizes == (4, 5) and strides == ((5, 1), (1, 4))
+    assert plan.merge_lead((), [(), ()]) == ((), ((), ()))
+    assert plan.merge_lead((1, 1), [(3, 3)]) == ((), ((),))
+
+
+def test_layout_of_contiguous_rank3():
+    shape = (4, 8, 64)
+    st = {k: _contig(shape) for k in ("x", "dy", "dx")}
+    st.update(mean=_contig(shape[:-1]), rstd=_contig(shape[:-1]), weight=(1,), dweight=(1,), dbias=(1,))
+    layout = plan.make_layout(LN, shape, st)
+    assert layout.rows == 32 and layout.n == 64 and layout.sizes == (32,)
+    assert layout.strides == ((64,), (64,), (64,), (1,), (1,)) and layout.col == (1, 1, 1, 1)
+    assert plan.vector_width(layout, 2, True, True) == 8 and plan.vector_width(layout, 2, False, True) == 1
+
+
+@pytest.mark.parametrize("dt,n,vec,vpt,gw", [
+    ("bf16", 4096, 8, 2, 256), ("bf16", 8192, 8, 2, 512), ("bf16", 1024, 8, 2, 64), ("f32", 2048, 4, 2, 256),
+    ("f32", 4096, 4, 2, 512), ("f16", 4096, 8, 2, 256), ("bf16", 64, 8, 1, 8), ("f32", 1, 1, 1, 1),
+    ("bf16", 1023, 1, 8, 128), ("f64", 2048, 2, 2, 512)])
+def test_rows_config_of_the_perf_shapes(dt, n, vec, vpt, gw):
+    assert plan.rows_config(n, vec, plan.ITEMSIZE[dt]) == (vpt, gw)
+
+
+@pytest.mark.parametrize("dt,n,vec", [("bf16", 8200, 8), ("f32", 4100, 4), ("f64", 2050, 2), ("bf16", 12289, 1),
+                                      ("bf16", 65536, 8), ("f32", 65536, 4)])
+def test_rows_that_do_not_fit_are_chunked(dt, n, vec):
+    assert plan.rows_config(n, vec, plan.ITEMSIZE[dt]) is None
+
+
+def _layout_for(shape):
+    st = {k: _contig(shape) for k in ("x", "dy", "dx")}
+    st.update(mean=_contig(shape[:-1]), rstd=_contig(shape[:-1]), weight=(1,), dweight=(1,), dbias=(1,))
+    return plan.make_layout(LN, shape, st)
+
+
+@pytest.mark.parametrize("shape,dt", [((2048, 4096), "bf16"), ((16, 64, 2048), "f32"), ((8192, 8192), "bf16"),
+                                      ((262145, 8192), "bf16"), ((2048, 4096), "f32")])
+def test_perf_shapes_plan_one_block_per_sm(shape, dt):
+    layout = _layout_for(shape)
+    launch = plan.plan_best(LN, dt, layout, True, True, 16 // plan.ITEMSIZE[dt], num_sms=132)
+    assert launch.kind == "rows" and launch.colsum
+    assert 120 <= launch.nparts <= 132 and launch.nparts * launch.rows_per_block >= layout.rows
+    assert (launch.nparts - 1) * launch.rows_per_block < layout.rows
+    assert launch.expr in plan.all_kernel_exprs(LN, dt)
+
+
+def test_all_kernel_exprs_cover_every_plan():
+    for op in (LN, RMS):
+        for dt in plan.DTYPES:
+            exprs = set(plan.all_kernel_exprs(op, dt))
+            item = plan.ITEMSIZE[dt]
+            for n in list(range(1, 70)) + [127, 128, 129, 1000, 1023, 1024, 2048, 4095, 4096, 4097, 8192, 8193, 65536]:
+                for vec in {1, 16 // item}:
+                    if vec > 1 and n % vec:
+                        continue
+                    shape = (3, n)
+                    layout = _layout_for(shape)
+                    launch = plan.plan_best(op, dt, layout, True, op == LN, vec)
+                    assert launch.expr in exprs, (op, dt, n, vec, launch.expr)
+            if op == LN:
+                for rung in plan.RUNGS:
+                    for n in (1, 1000, 1025, 16384):
+                        assert plan.plan_rung(rung, dt, _layout_for((2, n)), True, True).expr in exprs
+
+
+def test_v5_limit():
+    with pytest.raises(ValueError, match="cupy@v5: N = 16385, expected at most 16384"):
+        plan.plan_rung("v5", "f32", _layout_for((2, 16385)), True, True)
+    from backends.cupy import layernorm_backward as ln_mod
+
+    case = SimpleNamespace(params={"shape": [2, 16385]})
+    assert "N = 16385 > 16384" in ln_mod._v5_supports(case)
+    assert ln_mod._v5_supports(SimpleNamespace(params={"shape": [2, 16384]})) is None
+
+
+def test_rungs_are_layernorm_only():
+    shape = (4, 8)
+    arrays = {"x": _layout(np.ones(shape), "contig", 4), "dy": _layout(np.ones(shape), "contig", 4),
+              "weight": _layout(np.ones(8), "contig", 4), "mean": None, "rstd": _layout(np.ones(4), "contig", 4),
+              "dx": _out(shape, 4), "dweight": _out((8,), 4), "dbias": None}
+    with pytest.raises(ValueError, match="rmsnorm_backward: variant 'v2' has no kernel"):
+        plan.build_entry(RMS, "v2", "f32", arrays, True, 4)
+
+
+def test_layout_limits_are_clear_errors():
+    shape = (2,) * 8 + (4,)
+    st = {"x": _contig((3,) * 8 + (4,))}  # a padded buffer: no two leading dims merge
+    st.update(dy=_contig(shape), dx=_contig(shape), mean=_contig(shape[:-1]), rstd=_contig(shape[:-1]))
+    with pytest.raises(ValueError, match="leading dims that do not merge, expected at most 6"):
+        plan.make_layout(LN, shape, st)
+
+
+def test_overlapping_output_is_rejected():
+    shape = (4, 8)
+    arrays = {"x": _layout(np.ones(shape), "contig", 4), "dy": _layout(np.ones(shape), "contig", 4),
+              "weight": _layout(np.ones(8), "contig", 4), "mean": None, "rstd": _layout(np.ones(4), "contig", 4),
+              "dx": _out(shape, 4), "dweight": _out((8,), 4), "dbias": None}
+    entry = plan.build_entry(RMS, "best", "f32", arrays, True, 4)
+    ptrs = [0 if arrays[k] is None else arrays[k].data.ptr for k in plan.NAMES]
+    plan.check_overlap(entry, ptrs)
+
+    def moved(name, to):
+        out = list(ptrs)
+        out[plan.NAMES.index(name)] = ptrs[plan.NAMES.index(to)] + (64 if name == "dx" else 0)
+        return out
+
+    with pytest.raises(ValueError, match="rmsnorm_backward: dx shares memory with x"):
+        plan.check_overlap(entry, moved("dx", "x"))
+    with pytest.raises(ValueError, match="rmsnorm_backward: dweight shares memory with weight"):
+        plan.check_overlap(entry, moved("dweight", "weight"))
+    with pytest.raises(ValueError, match="rmsnorm_backward: dx shares memory with dweight"):
+        plan.check_overlap(entry, moved("dweight", "dx"))
+    plan.check_overlap(entry, moved("rstd", "x"))  # inputs may share memory
+
+
+def test_strided_output_is_rejected():
+    shape = (4, 8)
+    wide = _out((4, 16), 4)
+    dx = Arr(wide.buf, shape, (16, 2), 0, 4, wide.data.ptr)  # every other column: not contiguous
+    arrays = {"x": _layout(np.ones(shape), "contig", 4), "dy": _layout(np.ones(shape), "contig", 4),
+              "weight": _layout(np.ones(8), "contig", 4), "mean": None, "rstd": _layout(np.ones(4), "contig", 4),
+              "dx": dx, "dweight": _out((8,), 4), "dbias": None}
+    with pytest.raises(ValueError, match=r"rmsnorm_backward: dx must be C-contiguous, got strides \(64, 8\)"):
+        plan.build_entry(RMS, "best", "f32", arrays, True, 4)
+    assert plan._c_contiguous((3, 1, 5), (20, 4, 4), 4) and plan._c_contiguous((0, 5), (4, 8), 4)
+    assert not plan._c_contiguous((3, 5), (4, 12), 4)
+
+
+def test_weight_without_dweight_is_rejected():
+    shape = (4, 8)
+    arrays = {"x": _layout(np.ones(shape), "contig", 4), "dy": _layout(np.ones(shape), "contig", 4),
+              "weight": _layout(np.ones(8), "contig", 4), "mean": _layout(np.ones(4), "contig", 4),
+              "rstd": _layout(np.ones(4), "contig", 4), "dx": _out(shape, 4), "dweight": None, "dbias": None}
+    with pytest.raises(ValueError, match="weight and dweight must come together"):
+        plan.build_entry(LN, "best", "f32", arrays, True, 4)
+
+
+# ============================================================================= backend surface
+
+
+def test_variants_registered_in_ladder_order():
+    from backends.cupy import cupy_backend, layernorm_backward, rmsnorm_backward  # noqa: F401
+
+    ln = [v for (op, v) in cupy_backend.impls if op == LN]
+    assert ln == ["v1", "v2", "v3", "v4", "v5", "best"]
+    assert [v for (op, v) in cupy_backend.impls if op == RMS] == ["best"]
+    for op in (LN, RMS):
+        best = cupy_backend.impls[(op, "best")]
+        assert best.deterministic and set(best.dtypes) == {"f32", "f16", "bf16", "f64"}
+    assert not any(cupy_backend.impls[(LN, r)].deterministic for r in plan.RUNGS)
+    assert hasattr(cupy_backend.impls[(LN, "best")].fn, "unchecked")
+
+
+def test_importing_the_modules_does_not_import_cupy():
+    code = ("import sys; import backends.cupy.layernorm_backward, backends.cupy.rmsnorm_backward, "
+            "backends.cupy._norm_plan; assert 'cupy' not in sys.modules, 'cupy imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=str(_nvrtc.CUDA_DIR.parent.parent))

@@ -1,0 +1,234 @@
+"""The cupy norm kernels' CUDA source, executed on the CPU, judged by the harness.
+
+tests/cuda_host.py compiles backends/cuda/{layernorm,rmsnorm}_backward.cuh with g++ against a CUDA
+stand-in (a fiber per thread, real __syncthreads barriers and warp shuffles, bit-exact bfloat16 and
+float16 conversions; divergent barriers or shuffles are reported, not hung on).  `cupyhost` below is
+the cupy backend's host code (_norm_plan.build_entry / check_overlap / run, the same planning and
+launch sequence) over that device, registered as a numpy backend for the CPU, so the harness's own
+`run_case` checks it: NaN-poisoned outputs inside canary bands, NaN bands around the inputs,
+inputs unchanged, repeated calls bitwise equal for `best`, the stale-input recheck, the float64
+oracle and its tolerance model.  The planner sees 3 SMs, so cases with enough rows take several
+blocks and the partial-row second stage.
+
+What this cannot check: timing, the memory model across blocks (blocks run one after another),
+and the GPU's own rounding (no FMA contraction on the host): the GPU batch
+(scripts/gpu/cuda_norms.sh) runs the same cases on the device.
+"""
+from __future__ import annotations
+
+import ctypes
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import cuda_host
+from backends.cupy import _norm_plan as plan
+from cases import select
+from cases.registry import Case
+from harness import dtypes
+from harness.registry import Backend
+from harness.runner import run_case
+
+LN, RMS = plan.LN, plan.RMS
+WHY = cuda_host.available()
+pytestmark = pytest.mark.skipif(WHY is not None, reason=f"CUDA-on-CPU stand-in unavailable: {WHY}")
+
+NUM_SMS = 3
+DEVICE = cuda_host.HostCudaDevice()
+_ENTRIES: dict = {}
+
+cupyhost = Backend("cupyhost", framework="numpy", devices=("cpu",), register=False,
+                   description="the cupy norm kernels' CUDA source run on the CPU (tests/cuda_host)")
+
+
+def _impl(op: str, variant: str, num_sms: int = NUM_SMS):
+    def fn(inputs, outs, params):
+        arrays = {"x": inputs["x"], "dy": inputs["dy"], "weight": inputs.get("weight"), "mean": inputs.get("mean"),
+                  "rstd": inputs["rstd"], "dx": outs["dx"], "dweight": outs.get("dweight"), "dbias": outs.get("dbias")}
+        arrs = tuple(arrays[k] for k in plan.NAMES)
+        ptrs = [0 if a is None else cuda_host.address(a) for a in arrs]
+        aligned = not (ptrs[plan.X] | ptrs[plan.DY] | ptrs[plan.DX] | ptrs[plan.W]) & 15
+        key = (op, variant, num_sms, aligned, *[None if a is None else (a.shape, a.strides, a.dtype) for a in arrs])
+        entry = _ENTRIES.get(key)
+        if entry is None:  # kept, as the cupy backend keeps it: later calls reuse its workspace
+            entry = _ENTRIES[key] = plan.build_entry(op, variant, dtypes.from_any(arrs[0].dtype), arrays, aligned,
+                                                     num_sms)
+        plan.check_overlap(entry, ptrs)
+        plan.run(DEVICE, entry, arrs)
+    return fn
+
+
+def _v5_supports(case):
+    from backends.cupy.layernorm_backward import _v5_supports as supports
+
+    return supports(case)
+
+
+for _variant in plan.RUNGS + ("best",):
+    cupyhost.impl(LN, variant=_variant, dtypes=plan.DTYPES, deterministic=_variant == "best",
+                  supports=_v5_supports if _variant == "v5" else None)(_impl(LN, _variant))
+cupyhost.impl(RMS, variant="best", dtypes=plan.DTYPES)(_impl(RMS, "best"))
+for _op in (LN, RMS):  # 40 SMs: 16 or more partial rows, every row slice of nb_colsum in use
+    cupyhost.impl(_op, variant="best_40sm", dtypes=plan.DTYPES)(_impl(_op, "best", 40))
+
+
+def _case(op, dtype, shape, **params):
+    c = Case(op, dtype, {"shape": list(shape), **params}, frozenset({"full"}), "test")
+    from harness.registry import get_op
+
+    get_op(op).validate(c)
+    return c
+
+
+# Paths the smoke set does not reach: rows too long for registers (column chunks, scalar and
+# vector), several partial rows of a chunked launch, strided long rows, tall narrow cases, and
+# blocks that take several steps of wide (multi-warp) rows.
+EXTRA = [
+    _case(LN, "f32", (7, 9000)),
+    _case(LN, "bf16", (5, 8200), bias=False),
+    _case(LN, "f16", (4, 8193), affine=False),
+    _case(LN, "f64", (9, 2050)),
+    _case(LN, "bf16", (6, 8200), x_layout="transposed"),
+    _case(LN, "f32", (1, 4100)),
+    _case(RMS, "bf16", (5, 8200), eps=1e-5),
+    _case(RMS, "f32", (4, 4099), dy_layout="sliced"),
+    _case(RMS, "f64", (3, 2050)),
+    _case(LN, "bf16", (1500, 8)),
+    _case(RMS, "f16", (700, 24)),
+    _case(LN, "bf16", (40, 2048)),   # 4 groups of 128 threads, 4 steps: the row-sum buffers' reuse
+    _case(RMS, "bf16", (12, 8192), eps=1e-5),  # one 512-thread group, 4 steps
+]
+
+
+MANY_PARTS = [
+    _case(LN, "f32", (300, 1024)),
+    _case(LN, "f32", (40, 4100), bias=False),
+    _case(RMS, "bf16", (260, 1024)),
+]
+
+
+def _ids(cases):
+    return [c.id for c in cases]
+
+
+def _check(impl_id: str, case) -> None:
+    op_impls = {i.variant: i for (o, _), i in cupyhost.impls.items() if o == case.op}
+    impl = op_impls[impl_id]
+    result = run_case(impl, case, "cpu", run_seed=0)
+    if result.status == "SKIP":
+        assert impl_id == "v5" and "v5" in result.reason, result.reason
+        return
+    assert result.status == "PASS", f"{impl.id} {case.id}: {result.status} {result.reason}\n" + \
+        "\n".join(r.line() for r in result.outputs)
+
+
+@pytest.mark.parametrize("case", select("smoke", op=LN), ids=_ids(select("smoke", op=LN)))
+@pytest.mark.parametrize("variant", ["best", *plan.RUNGS])
+def test_layernorm_smoke_on_host(variant, case):
+    _check(variant, case)
+
+
+@pytest.mark.parametrize("case", select("smoke", op=RMS), ids=_ids(select("smoke", op=RMS)))
+def test_rmsnorm_smoke_on_host(case):
+    _check("best", case)
+
+
+@pytest.mark.parametrize("case", EXTRA, ids=_ids(EXTRA))
+def test_long_rows_and_partial_rows_on_host(case):
+    _check("best", case)
+    shape = case.params["shape"]
+    if case.op == LN and shape[-1] <= 8200 and np.prod(shape[:-1]) <= 64:  # long rows through two rungs too
+        for rung in ("v2", "v5"):
+            _check(rung, case)
+
+
+@pytest.mark.parametrize("case", MANY_PARTS, ids=_ids(MANY_PARTS))
+def test_many_partial_rows_on_host(case):
+    _check("best_40sm", case)
+
+
+def test_the_extra_cases_reach_their_paths():
+    seen = set()
+    for case, sms in [(c, NUM_SMS) for c in EXTRA] + [(c, 40) for c in MANY_PARTS]:
+        x = np.zeros(case.params["shape"], dtypes.numpy_dtype(case.dtype))
+        n = x.shape[-1]
+        arrays = {"x": x, "dy": x, "weight": np.zeros(n, x.dtype), "mean": None if case.op == RMS else x[..., 0],
+                  "rstd": x[..., 0], "dx": x.copy(), "dweight": np.zeros(n, x.dtype), "dbias": None}
+        arrays["mean"] = None if case.op == RMS else np.zeros(x.shape[:-1], np.float64 if case.dtype == "f64"
+                                                                else np.float32)
+        arrays["rstd"] = np.zeros(x.shape[:-1], np.float64 if case.dtype == "f64" else np.float32)
+        entry = plan.build_entry(case.op, "best", case.dtype, arrays, True, sms)
+        seen.add((entry.launch.kind, entry.launch.vec > 1, entry.launch.nparts > 1))
+        if sms == 40:
+            assert entry.launch.nparts >= 2 * (plan.COLSUM_BLOCK // 32), entry.launch
+    assert {("chunked", True, True), ("chunked", False, True), ("rows", True, True)} <= seen
+
+
+# ============================================================================= the stand-in itself
+
+
+def _build(source: str) -> ctypes.CDLL:
+    tmp = Path(tempfile.mkdtemp())
+    (tmp / "k.cpp").write_text('#include "cuda_host_runtime.h"\n' + cuda_host.SET_SCHEDULE + source)
+    subprocess.run([cuda_host.CXX, *cuda_host.FLAGS, f"-I{cuda_host.HERE}", str(tmp / "k.cpp"), "-o",
+                    str(tmp / "k.so")], check=True, capture_output=True)
+    return ctypes.CDLL(str(tmp / "k.so"))
+
+
+FAULTS = r"""
+__global__ void divergent_sync(int* out) { if (threadIdx.x < 40) __syncthreads(); out[threadIdx.x] = 1; }
+__global__ void divergent_shfl(int* out) { int v = 1; if (threadIdx.x % 32 < 16) v = __shfl_xor_sync(0xffffffffu, v, 1); out[threadIdx.x] = v; }
+__global__ void fine(int* out) {
+  __shared__ int s[64];
+  s[threadIdx.x] = threadIdx.x;
+  __syncthreads();
+  int v = s[63 - threadIdx.x];
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  out[blockIdx.x * 64 + threadIdx.x] = v;
+}
+// Each warp's lane 0 publishes a shuffled value, one barrier, everyone reads both: the next
+// step's write can land before a lagging warp has read this step's value (a second barrier, or
+// two buffers, is missing).  Round robin runs every thread to its next shuffle first and hides it.
+__global__ void racy(int* out) {
+  __shared__ int s[2];
+  for (int step = 0; step < 3; ++step) {
+    int v = __shfl_xor_sync(0xffffffffu, step, 1);
+    if (threadIdx.x % 32 == 0) s[threadIdx.x / 32] = v;
+    __syncthreads();
+    out[step * 64 + threadIdx.x] = s[0] + s[1];
+  }
+}
+#define WRAP(k) extern "C" int run_##k(int* out, char* err, int n) { \
+  return cuhost::launch(dim3{2, 1, 1}, dim3{64, 1, 1}, [&] { k(out); }, err, n); }
+WRAP(divergent_sync)
+WRAP(divergent_shfl)
+WRAP(fine)
+WRAP(racy)
+"""
+
+
+def test_stand_in_reports_divergence_and_runs_good_kernels():
+    lib = _build(FAULTS)
+    out = np.zeros(192, np.int32)
+    err = ctypes.create_string_buffer(512)
+    ptr = out.ctypes.data_as(ctypes.POINTER(ctypes.c_int))
+    assert lib.run_fine(ptr, err, 512) == 0, err.value
+    # Warp w of block b sums s[63 - t] over its lanes t: 63 - (32w + 0..31) summed.
+    want = np.repeat([sum(63 - t for t in range(32)), sum(63 - t for t in range(32, 64))], 32)
+    assert (out[:128] == np.tile(want, 2)).all()
+    assert lib.run_divergent_sync(ptr, err, 512) == 1
+    assert b"__syncthreads" in err.value or b"barrier" in err.value, err.value
+    assert lib.run_divergent_shfl(ptr, err, 512) == 1 and b"shuffle" in err.value, err.value
+    racy_ok = np.repeat([0, 2, 4], 64)  # step + step over the two warps
+    got = {}
+    for schedule in range(cuda_host.SCHEDULES):
+        lib.set_schedule(schedule)
+        out[...] = -1
+        assert lib.run_racy(ptr, err, 512) == 0, err.value
+        got[schedule] = out[:192].copy()
+    lib.set_schedule(0)
+    assert (got[0] == racy_ok).all()  # round robin hides the race
+    assert not (got[1] == racy_ok).all() and not (got[2] == racy_ok).all()  # warp-serial shows it
