@@ -73,6 +73,13 @@ class OutputReport:
         d["worst_index"] = list(self.worst_index)
         return d
 
+    @classmethod
+    def from_json(cls, d: dict) -> "OutputReport":
+        """The report back from its JSON (details are not in it)."""
+        keys = {"name", "passed", "max_abs", "max_rel", "rel_l2", "mismatches", "numel", "worst_ratio", "message"}
+        return cls(**{k: v for k, v in d.items() if k in keys},
+                   max_abs_index=tuple(d.get("max_abs_index") or ()), worst_index=tuple(d.get("worst_index") or ()))
+
 
 def tolerance(ref: np.ndarray, scale: np.ndarray, n: int, dtype: str) -> np.ndarray:
     """The per-element bound of the model above."""
