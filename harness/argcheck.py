@@ -12,8 +12,8 @@ raises on the first problem:
            numpy.ndarray)                                                    (TypeError)
   dtypes   the anchor input (the op's first input: a, x, dy or q) has a dtype the
            implementation supports; every other tensor has the anchor's dtype, except the
-           forward's saved statistics (mean, rstd, lse): float32, float64 when the anchor is
-           float64                                                           (TypeError)
+           forward's saved statistics (OpSpec.stats: layernorm's mean and rstd, attention's
+           lse): float32, float64 when the anchor is float64                 (TypeError)
   params,  the op's own argument rule, OpSpec.check_args(call), declared with the op in
   shapes   oracle/<op>.py: the params it reads are valid, and every input and output has the
            shape the op implies from the anchor inputs and the params (a broadcast, a conv
@@ -47,8 +47,6 @@ from typing import Mapping
 
 from harness import dtypes as _dtypes
 from harness.registry import DEFAULT_VARIANT, get_op
-
-STATS = ("mean", "rstd", "lse")  # saved forward statistics: float32, or float64 for float64 data
 
 # ----------------------------------------------------------------------------- frameworks
 
@@ -212,12 +210,7 @@ class Call:
         return out
 
 
-# ----------------------------------------------------------------------------- names and shapes of an op
-
-
-def expected_names(op: str, params: Mapping) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(inputs, outputs) the op takes and gives with these params (OpSpec.names)."""
-    return get_op(op).names(params)
+# ----------------------------------------------------------------------------- an op without its own rule
 
 
 def _shapes_of_params(c: Call) -> None:
@@ -266,7 +259,7 @@ def check(op: str, inputs, outs, params, *, who: str, framework: str,
             hint = " (the params decide which exist)" if spec.io_names is not None else ""
             call.fail(TypeError, f"unexpected {label} {extra!r}, expected {label}s {', '.join(wanted)}{hint}")
     anchor = call.anchor = want_in[0]
-    _check_dtypes(call, anchor, dtypes)
+    _check_dtypes(call, anchor, dtypes, spec.stats)
     (spec.check_args or _shapes_of_params)(call)
     _check_devices(call, anchor, _FRAMEWORKS[framework], devices)
 
@@ -274,7 +267,7 @@ def check(op: str, inputs, outs, params, *, who: str, framework: str,
 _MISSING = object()
 
 
-def _check_dtypes(call: Call, anchor: str, supported: tuple[str, ...]) -> None:
+def _check_dtypes(call: Call, anchor: str, supported: tuple[str, ...], saved: tuple[str, ...]) -> None:
     want = call.arrays[anchor].dtype
     short = _short(want)
     if short not in supported:
@@ -283,7 +276,7 @@ def _check_dtypes(call: Call, anchor: str, supported: tuple[str, ...]) -> None:
                              f" (what {call.who} supports)")
     stats = _dtypes.accumulate_dtype(short)
     for name, x in call.arrays.items():
-        if name in STATS:
+        if name in saved:
             if _short(x.dtype) != stats:
                 call.fail(TypeError, f"argument {name!r} has dtype {dtype_name(x.dtype)}, expected "
                                      f"{_dtypes.long_name(stats)} (saved statistics are float32, float64 for "

@@ -36,7 +36,7 @@ from math import prod, sqrt
 
 import numpy as np
 
-from harness import dtypes
+from harness import dtypes, status
 
 SAFETY = 8.0
 
@@ -58,7 +58,7 @@ class OutputReport:
 
     def line(self) -> str:
         """One line in the style kernel engineers already print."""
-        verdict = "PASS" if self.passed else "FAIL"
+        verdict = status.PASS if self.passed else status.FAIL
         if self.message and not self.numel:
             return f"[{self.name}] {verdict} {self.message}"
         idx = ",".join(map(str, self.max_abs_index))

@@ -2,7 +2,10 @@
 
 An op (`OpSpec`) is declared once, in its `oracle/<op>.py` module: its inputs,
 outputs, params, both oracles, the input generator, the error model that the
-tolerances use and the cost model that the benchmarks use.
+tolerances use, the cost model that the benchmarks use, the argument rule every
+implementation's entry runs, and what the stress path and the fuzz tests need.  Ops are
+found in the `oracle` package and in the `gradoracle.ops` entry-point group (an installed
+package; its OpSpec names the module of its cases, `cases_module`).
 
 A backend is a module that makes a `Backend` and registers one function per op
 (and per variant) with the `Backend.impl` decorator.  Backends are found in the
@@ -78,6 +81,9 @@ class OpSpec:
     # io_names(params) -> (inputs, outputs) a call has with these params, for an op whose params
     # decide which tensors exist (layernorm's affine and bias).  None: all of `inputs`, `outputs`.
     io_names: Callable[[Mapping], tuple[tuple[str, ...], tuple[str, ...]]] | None = None
+    # Inputs that are the forward's saved statistics (layernorm's mean and rstd, attention's lse): held
+    # in the accumulation dtype (float32; float64 for float64 data), not the case dtype.
+    stats: tuple[str, ...] = ()
     # Every tensor either has the row axis (axis 0 of the largest tensor) or is shared by all rows,
     # so a huge case can be built and judged in row chunks (harness/stress.py).
     row_separable: bool = False

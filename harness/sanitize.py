@@ -413,10 +413,7 @@ def inner_main(argv: list[str]) -> int:
     except Exception:  # noqa: BLE001 - no cupy: nothing to turn off
         pass
     sys.argv = ["python -m harness", *argv]
-    try:
-        runpy.run_module("harness", run_name="__main__", alter_sys=True)
-    except SystemExit as done:  # harness/__main__.py exits with the run's status
-        return done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
+    runpy.run_module("harness", run_name="__main__", alter_sys=True)  # exits with the run's status (SystemExit)
     return 0
 
 

@@ -684,4 +684,5 @@ SPEC = register_op(OpSpec(
     validate=_validate,
     exact_inputs=exact_inputs,
     check_args=_check_args,
+    stats=("lse",),
 ))

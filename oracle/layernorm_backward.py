@@ -370,5 +370,6 @@ SPEC = register_op(OpSpec(
     validate=_validate,
     check_args=_check_args,
     io_names=_io_names,
+    stats=("mean", "rstd"),
     row_separable=True,
 ))

@@ -202,5 +202,6 @@ SPEC = register_op(OpSpec(
     wrt={"dx": "x", "dweight": "weight"},
     validate=_validate,
     check_args=_check_args,
+    stats=("rstd",),
     row_separable=True,
 ))
