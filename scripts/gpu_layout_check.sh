@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU check of the harness layout (issue 12: one prepare(), select(), result row; multi_gpu/
-# and report/ split; sanitize running the CLI as a program).  One device call, under 9 minutes,
+# and report/ split; sanitize running the CLI as a program).  One device call, under 10 minutes,
 # on one GPU, from the repo root:
 #   OUT=dir scripts/gpu_layout_check.sh
 # Writes 7 files to $OUT (the device tool brings back at most 8):
@@ -32,27 +32,27 @@ summary() { echo "$@" >> "$OUT/summary.txt"; }
 } > "$OUT/list.txt" 2>&1
 summary "list: exit $? at $(elapsed)"
 
-timeout -k 10 240 python3 -m harness run --cases smoke --seed 1 --json "$WORK/smoke.json" > "$OUT/smoke.log" 2>&1
+timeout -k 10 180 python3 -m harness run --cases smoke --seed 1 --json "$WORK/smoke.json" > "$OUT/smoke.log" 2>&1
 summary "run --cases smoke: exit $? at $(elapsed): $(tail -1 "$OUT/smoke.log")"
 gzip -c "$WORK/smoke.json" > "$OUT/smoke.json.gz" 2>/dev/null
 
-timeout -k 10 150 python3 -m harness bench --cases perf --per-op 1 --interleave --budget 0.2 --time-limit 100 \
+timeout -k 10 110 python3 -m harness bench --cases perf --per-op 1 --interleave --budget 0.2 --time-limit 80 \
   --no-plots -q --report "$WORK/bench" > "$WORK/bench.log" 2>&1
 summary "bench --cases perf --per-op 1: exit $? at $(elapsed): $(tail -3 "$WORK/bench.log" | head -1)"
 cp "$WORK/bench/results.json" "$WORK/bench/report.md" "$OUT/bench/" 2>/dev/null
 summary "  oracles: $(python3 -c "import json, collections; r = json.load(open('$WORK/bench/results.json'))['rows']; print(dict(collections.Counter(x['oracle'] for x in r)))" 2>&1)"
 
-timeout -k 10 150 python3 -m harness run --sanitize memcheck --backend cupy --op binary_backward --cases smoke \
-  --seed 1 --case-timeout 130 --json "$WORK/sanitize.json" > "$WORK/sanitize.log" 2>&1
+timeout -k 10 110 python3 -m harness run --sanitize memcheck --backend cupy --op binary_backward --cases smoke \
+  --seed 1 --case-timeout 100 --json "$WORK/sanitize.json" > "$WORK/sanitize.log" 2>&1
 summary "run --sanitize memcheck --backend cupy: exit $? at $(elapsed): $(tail -1 "$WORK/sanitize.log")"
 cp "$WORK/sanitize.json" "$OUT/sanitize.json" 2>/dev/null
 
-timeout -k 10 90 python3 -m harness run --gpus 1 --op binary_backward --backend cupy --cases smoke --seed 1 \
+timeout -k 10 60 python3 -m harness run --gpus 1 --op binary_backward --backend cupy --cases smoke --seed 1 \
   --json "$WORK/gpus1.json" > "$WORK/gpus1.log" 2>&1
 summary "run --gpus 1: exit $? at $(elapsed): $(tail -1 "$WORK/gpus1.log")"
 summary "  rows per gpu: $(python3 -c "import json, collections; r = json.load(open('$WORK/gpus1.json'))['results']; print(dict(collections.Counter(str(x.get('gpu')) for x in r)))" 2>&1)"
 
-timeout -k 10 90 python3 -m pytest -q -p no:cacheprovider tests/test_correctness.py --device cuda \
+timeout -k 10 60 python3 -m pytest -q -p no:cacheprovider tests/test_correctness.py --device cuda \
   --op binary_backward --backend triton --backend cupy --dtype bf16 > "$WORK/pytest.log" 2>&1
 summary "pytest test_correctness --device cuda (binary_backward, triton and cupy, bf16): exit $? at $(elapsed): $(tail -1 "$WORK/pytest.log")"
 cat "$OUT/summary.txt"
