@@ -24,7 +24,7 @@ import random
 import pytest
 
 from harness.frameworks import default_device, interpret_triton_without_gpu
-from harness.multi_gpu import pin_xdist_worker, xdist_pin_report
+from harness.multi_gpu.xdist import pin_xdist_worker, xdist_pin_report
 
 pin_xdist_worker()  # pytest -n N: worker gwK sees GPU K mod #GPUs only; before anything initialises CUDA
 interpret_triton_without_gpu()  # before any backend imports triton
@@ -77,27 +77,26 @@ def _cases(config, bench: bool = False) -> str:
     return config.getoption("--cases") or ("perf" if bench else "smoke")
 
 
-def correctness_params(config):
-    """(op, impl, case) triples from the registries, ordered by case so each oracle runs once."""
-    from cases import select
-    from harness.registry import discover, impls_for
+def _selected(config, cases):
+    """harness/selection.py's (case, [impls]) for --op, --dtype and --backend, in case order (each oracle runs once)."""
+    from harness.registry import discover
+    from harness.selection import select
 
     discover()
-    wanted_ops, wanted_impls = config.getoption("--op"), config.getoption("--backend")
-    dtypes = config.getoption("--dtype")
+    return select(cases, config.getoption("--op"), config.getoption("--dtype"), config.getoption("--backend"))
+
+
+def _param(case, impl, device: str, slow: bool):
+    marks = [pytest.mark.gpu] if device.startswith("cuda") else []
+    if slow and case.tags & {"perf", "stress"}:
+        marks.append(pytest.mark.slow)
+    return pytest.param(case.op, impl, case, id=f"{case.op}-{impl.id}-{case.id}", marks=marks)
+
+
+def correctness_params(config):
+    """(op, impl, case) triples from the registries, ordered by case so each oracle runs once."""
     device = _device(config)
-    params = []
-    for case in select(_cases(config)):
-        if (wanted_ops and case.op not in wanted_ops) or (dtypes and case.dtype not in dtypes):
-            continue
-        for impl in impls_for(case.op):
-            if wanted_impls and impl.id not in wanted_impls and impl.backend.name not in wanted_impls:
-                continue
-            marks = [pytest.mark.gpu] if device.startswith("cuda") else []
-            if case.tags & {"perf", "stress"}:
-                marks.append(pytest.mark.slow)
-            params.append(pytest.param(case.op, impl, case, id=f"{case.op}-{impl.id}-{case.id}", marks=marks))
-    return params
+    return [_param(case, impl, device, True) for case, impls in _selected(config, _cases(config)) for impl in impls]
 
 
 def benchmarks_requested(config) -> bool:
@@ -109,35 +108,21 @@ def benchmarks_requested(config) -> bool:
 
 def benchmark_params(config):
     """(op, impl, case) for test_benchmark: --cases (default perf) if asked for, else the smoke benchmark."""
-    from cases import select
-    from harness.registry import discover, get_op, impls_for
+    from harness.registry import get_op
 
-    discover()
-    wanted_ops, wanted_impls = config.getoption("--op"), config.getoption("--backend")
-    dtypes = config.getoption("--dtype")
     device = _device(config)
     requested = benchmarks_requested(config)
-    cases = [c for c in select(_cases(config, bench=True) if requested else "smoke")
-             if not (wanted_ops and c.op not in wanted_ops) and not (dtypes and c.dtype not in dtypes)]
+    pairs = _selected(config, _cases(config, bench=True) if requested else "smoke")
     if not requested:  # per op, its smallest smoke case moving at least 4 KiB (else its largest)
         by_op: dict = {}
-        for c in cases:
-            by_op.setdefault(c.op, []).append((get_op(c.op).cost(c).bytes, c))
-        picks = []
+        for c, impls in pairs:
+            by_op.setdefault(c.op, []).append((get_op(c.op).cost(c).bytes, c, impls))
+        pairs = []
         for sized in by_op.values():
             sized.sort(key=lambda sc: sc[0])
-            picks.append(next((c for size, c in sized if size >= 4096), sized[-1][1]))
-        cases = picks
-    params = []
-    for case in cases:
-        for impl in impls_for(case.op):
-            if wanted_impls and impl.id not in wanted_impls and impl.backend.name not in wanted_impls:
-                continue
-            marks = [pytest.mark.gpu] if device.startswith("cuda") else []
-            if case.tags & {"perf", "stress"} and requested:
-                marks.append(pytest.mark.slow)
-            params.append(pytest.param(case.op, impl, case, id=f"{case.op}-{impl.id}-{case.id}", marks=marks))
-    return params
+            pick = next((p for p in sized if p[0] >= 4096), sized[-1])
+            pairs.append((pick[1], pick[2]))
+    return [_param(case, impl, device, requested) for case, impls in pairs for impl in impls]
 
 
 def pytest_generate_tests(metafunc):

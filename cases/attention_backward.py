@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from itertools import product
 
-from cases.registry import add
+from cases.registry import add, strategy
 
 OP = "attention_backward"
 SMOKE, FULL, PERF, PERF_ONLY = {"smoke"}, {"full"}, {"full", "perf"}, {"perf"}
@@ -117,3 +117,49 @@ case("f32", SMOKE, 1, 128, 128, 2, 2, 64, causal=True, score_std=4.0)
 case("bf16", FULL, 1, 128, 128, 2, 2, 64, score_std=4.0)
 case("f16", SMOKE, 1, 64, 64, 2, 2, 64, causal=True, softmax_scale=0.05)
 case("bf16", FULL, 2, 2048, 2048, 16, 4, 128, causal=True, score_std=6.0)
+
+
+# ----------------------------------------------------------------------------- fuzzing (harness/fuzz.py)
+
+
+@strategy(OP)
+def fuzz_cases(tiny: bool = False):
+    """B, Sq and Sk drawn independently (Sq != Sk both ways, Sq = 1 decoding, sometimes a wide
+    Sk: a long cache), GQA/MQA as Hkv kv heads times a group of 1-3, head dim 1-16 or 32/64,
+    causal, a window [left, right] (sides -1 or 0..max(Sq, Sk), so some mask whole rows),
+    softcap, an explicit softmax scale and a larger score spread (a peaked softmax)."""
+    from hypothesis import strategies as st
+
+    from harness import fuzz
+
+    def window_side(draw, longest: int) -> int:
+        """-1 (unbounded, the simple side) or 0..longest: 0 and small values against Sq != Sk
+        leave whole query rows without a key."""
+        return draw(st.one_of(st.just(-1), st.integers(0, longest)))
+
+    @st.composite
+    def draw_case(draw):
+        big = 5 if tiny else 12
+        b = draw(st.integers(1, 2))
+        sq, sk = draw(st.integers(1, big)), draw(st.integers(1, big))
+        hkv, group = draw(st.integers(1, 2)), draw(st.integers(1, 3))
+        d = draw(st.one_of(st.integers(1, 8 if tiny else 16), st.sampled_from((32, 64))))
+        sk = fuzz.wide(draw, tiny, b * sq * hkv * group * max(d, 8)) or sk  # the scores are B*Hq*Sq*Sk
+        params: dict = {"B": b, "Sq": sq, "Sk": sk, "Hq": hkv * group, "Hkv": hkv, "D": d}
+        if draw(st.booleans()):
+            params["causal"] = True
+        window = [window_side(draw, max(sq, sk)), window_side(draw, max(sq, sk))]
+        if window != [-1, -1]:
+            params["window"] = window
+        softcap = draw(st.sampled_from((0.0, 1.0, 5.0, 30.0)))
+        if softcap:
+            params["softcap"] = softcap
+        scale = draw(st.sampled_from((None, 0.3, 1.0)))
+        if scale is not None:
+            params["softmax_scale"] = scale
+        score_std = draw(st.sampled_from((None, 4.0)))
+        if score_std is not None:
+            params["score_std"] = score_std
+        return fuzz.valid_case(OP, draw(st.sampled_from(fuzz.DTYPES)), params)
+
+    return draw_case()

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from itertools import product
 
-from cases.registry import add
+from cases.registry import add, strategy
 from oracle.binary_backward import FNS
 
 OP = "binary_backward"
@@ -87,3 +87,57 @@ for dtype in ("bf16", "f16", "f32"):
 BIG = (2049, 1 << 20)
 for b in [(1 << 20,), (2049, 1), BIG]:
     case("mul", BIG, b, "bf16", tags=STRESS)
+
+
+# ----------------------------------------------------------------------------- fuzzing (harness/fuzz.py)
+
+
+def _resize_broadcast_dim(a: list[int], b: list[int], back: int, size: int) -> tuple[list[int], list[int]]:
+    """Make the result dim `back` (counted from the right, 1 = last) `size`, keeping a and b
+    broadcastable: each operand that has the dim and is not 1 there gets `size`; if both are 1
+    (or lack it), the first that has it gets `size` and the other broadcasts along it."""
+    a, b = list(a), list(b)
+    owners = [s for s in (a, b) if len(s) >= back]
+    changed = False
+    for s in owners:
+        if s[-back] != 1:
+            s[-back], changed = size, True
+    if not changed:
+        owners[0][-back] = size
+    return a, b
+
+
+@strategy(OP)
+def fuzz_cases(tiny: bool = False):
+    """fn (simplest first), dtype, two mutually broadcastable shapes (ranks 0-4, either side
+    broadcast, rank mismatch, sometimes a wide last dim or a size-0 dim), and a layout for a,
+    b and grad_out."""
+    from math import prod
+
+    from hypothesis import strategies as st
+    from hypothesis.extra import numpy as hnp
+
+    from harness import fuzz
+
+    @st.composite
+    def draw_case(draw):
+        fn = draw(st.sampled_from(FNS))
+        dtype = draw(st.sampled_from(fuzz.DTYPES))
+        shapes = draw(hnp.mutually_broadcastable_shapes(num_shapes=2, min_dims=0, max_dims=3 if tiny else 4,
+                                                        max_side=3 if tiny else 5))
+        a, b = (list(s) for s in shapes.input_shapes)
+        out = shapes.result_shape
+        rank = len(out)
+        if rank:
+            # Only the last dim widens: its position then survives the shrinker dropping other
+            # dims (a drawn position would point at another dim and lose the failure).
+            wide = fuzz.wide(draw, tiny, prod(out[:-1]))
+            if wide:
+                a, b = _resize_broadcast_dim(a, b, 1, wide)
+            if draw(st.booleans()):
+                a, b = _resize_broadcast_dim(a, b, draw(st.integers(1, rank)), 0)
+        params = {"fn": fn, "a": a, "b": b}
+        fuzz.set_layouts(draw, params, {"a_layout": len(a), "b_layout": len(b), "g_layout": rank})
+        return fuzz.valid_case(OP, dtype, params)
+
+    return draw_case()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from itertools import product
 
-from cases.registry import add
+from cases.registry import add, strategy
 
 OPS = ("conv_backward_data", "conv_backward_weight")
 SMOKE, FULL, PERF = {"smoke"}, {"full"}, {"full", "perf"}  # PERF: timed and checked
@@ -153,3 +153,60 @@ for dtype in ("bf16", "f32"):
     conv(dtype, PERF, 32, 144, 144, [56, 56], [3, 3], stride=2, padding=1, groups=144, layout=NHWC)
     conv(dtype, PERF, 32, 128, 128, [56, 56], [3, 3], padding=1, groups=32, layout=NHWC)
     conv(dtype, PERF, 4, 64, 64, [8, 56, 56], [3, 3, 3], padding=1, layout=NHWC)
+
+
+# ----------------------------------------------------------------------------- fuzzing (harness/fuzz.py)
+
+
+def _fuzz_params(draw, tiny: bool, layout_keys: tuple[str, str]) -> dict:
+    """A valid geometry: rank 1-3; groups 1-3 with 1-3 channels per group on each side (1 in
+    is depthwise); per dim kernel, stride (above the kernel too), padding (above kernel/2
+    too), dilation, and an input size from the smallest the dilated kernel allows upward
+    (so the output size is >= 1: valid by construction, and shrinking keeps it valid); in 1D
+    sometimes a wide signal."""
+    from hypothesis import strategies as st
+
+    from harness import fuzz
+
+    rank = draw(st.integers(1, 3))
+    small = tiny or rank == 3
+    groups, cig, cog = draw(st.integers(1, 3)), draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    dims = []  # per spatial dim: (input size, kernel, stride, padding, dilation)
+    for _ in range(rank):
+        k = draw(st.integers(1, 3 if small else 4))
+        s, p, dil = draw(st.integers(1, 4)), draw(st.integers(0, 3)), draw(st.integers(1, 3))
+        extra = draw(st.integers(0, 3 if small else 6))
+        if rank == 1:
+            extra = fuzz.wide(draw, tiny, 9 * 3 * 4) or extra  # N * channels * kernel at most
+        dims.append((max(1, dil * (k - 1) + 1 - 2 * p) + extra, k, s, p, dil))
+    spatial, kernel, stride, padding, dilation = (list(v) for v in zip(*dims))
+    params = {"n": draw(st.integers(1, 2)), "cin": groups * cig, "cout": groups * cog, "spatial": spatial,
+              "kernel": kernel, "stride": stride, "padding": padding, "dilation": dilation, "groups": groups,
+              "layout": draw(st.sampled_from((NCHW, NHWC)))}
+    fuzz.set_layouts(draw, params, {key: rank + 2 for key in layout_keys})  # every conv tensor has rank >= 3
+    return params
+
+
+def _fuzz_strategy(op: str, layout_keys: tuple[str, str], tiny: bool):
+    from hypothesis import strategies as st
+
+    from harness import fuzz
+
+    @st.composite
+    def draw_case(draw):
+        params = _fuzz_params(draw, tiny, layout_keys)
+        return fuzz.valid_case(op, draw(st.sampled_from(fuzz.DTYPES)), params)
+
+    return draw_case()
+
+
+@strategy("conv_backward_data")
+def fuzz_data_cases(tiny: bool = False):
+    """A geometry (_fuzz_params), layouts of dy and w."""
+    return _fuzz_strategy("conv_backward_data", ("dy_layout", "w_layout"), tiny)
+
+
+@strategy("conv_backward_weight")
+def fuzz_weight_cases(tiny: bool = False):
+    """A geometry (_fuzz_params), layouts of dy and x."""
+    return _fuzz_strategy("conv_backward_weight", ("dy_layout", "x_layout"), tiny)

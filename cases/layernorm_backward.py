@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from itertools import product
 
-from cases.registry import add
+from cases.registry import add, strategy
 from harness.registry import get_op
 
 OP = "layernorm_backward"
@@ -78,3 +78,48 @@ case((8192, 4096), "bf16", tags={"perf"}, affine=False, bias=False)
 # starts at flat offset 2**31, so a kernel whose row offset row * N is an int32 goes wrong there).
 BIG = (262145, 8192)
 case(BIG, "bf16", tags=STRESS)
+
+
+# ----------------------------------------------------------------------------- fuzzing (harness/fuzz.py)
+
+FUZZ_EPS = (None, 1e-5, 1e-3, 0.5)  # None: the op's default
+
+
+def fuzz_norm_params(draw, tiny: bool) -> dict:
+    """shape = leading dims (0-2 of them: M = their product, M = 1 included) + [N], N from 1 up,
+    mostly not a multiple of 4 or 8, sometimes wide; sometimes no rows at all; eps; layouts of
+    dy and x.  Shared with rmsnorm's strategy."""
+    from math import prod
+
+    from hypothesis import strategies as st
+
+    from harness import fuzz
+
+    lead = draw(st.lists(st.integers(1, 3 if tiny else 5), max_size=2))
+    n = draw(st.integers(1, 24 if tiny else 70))
+    n = fuzz.wide(draw, tiny, prod(lead)) or n
+    shape = fuzz.maybe_empty(draw, lead + [n], range(len(lead)))
+    params: dict = {"shape": shape}
+    eps = draw(st.sampled_from(FUZZ_EPS))
+    if eps is not None:
+        params["eps"] = eps
+    fuzz.set_layouts(draw, params, {"dy_layout": len(shape), "x_layout": len(shape)})
+    return params
+
+
+@strategy(OP)
+def fuzz_cases(tiny: bool = False):
+    """Norm shape and eps (fuzz_norm_params), weight (affine) and bias present or not."""
+    from hypothesis import strategies as st
+
+    from harness import fuzz
+
+    @st.composite
+    def draw_case(draw):
+        params = fuzz_norm_params(draw, tiny)
+        for key in ("affine", "bias"):
+            if not draw(st.sampled_from((True, False))):  # True (the default) is the simple side
+                params[key] = False
+        return fuzz.valid_case(OP, draw(st.sampled_from(fuzz.DTYPES)), params)
+
+    return draw_case()

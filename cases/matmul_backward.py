@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from itertools import product
 
-from cases.registry import add
+from cases.registry import add, strategy
 from harness.registry import get_op
 
 OP = "matmul_backward"
@@ -81,3 +81,35 @@ for k, n in [(4096, 4096), (4096, 14336), (14336, 4096)]:
 case((2, 2048, 4096), (4096, 4096), "bf16", tags={"perf"}, b_layout="transposed")  # (batch, seq, hidden)
 case((2048, 4096), (4096, 4096), "bf16", tags=FULL, b_layout="transposed")
 case((32, 2048, 128), (32, 128, 2048), "bf16", tags={"perf"})  # batched, attention-score-like
+
+
+# ----------------------------------------------------------------------------- fuzzing (harness/fuzz.py)
+
+
+@strategy(OP)
+def fuzz_cases(tiny: bool = False):
+    """Batch dims of a and b mutually broadcastable (either or both unbatched, size-1 batch
+    dims), M, K, N from 1 (M = 1: GEMV), sometimes a wide K (a long reduction) or one of them
+    0, layouts of a, b and dy."""
+    from math import prod
+
+    from hypothesis import strategies as st
+    from hypothesis.extra import numpy as hnp
+
+    from harness import fuzz
+
+    @st.composite
+    def draw_case(draw):
+        batch = draw(hnp.mutually_broadcastable_shapes(num_shapes=2, min_dims=0, max_dims=2 if tiny else 3,
+                                                       max_side=3))
+        top = 4 if tiny else 9
+        m, k, n = draw(st.integers(1, top)), draw(st.integers(1, top)), draw(st.integers(1, top))
+        k = fuzz.wide(draw, tiny, prod(batch.result_shape) * max(m, n)) or k
+        empty = draw(st.sampled_from((None, "m", "k", "n")))
+        m, k, n = (0 if empty == name else v for name, v in (("m", m), ("k", k), ("n", n)))
+        batch_a, batch_b = (list(s) for s in batch.input_shapes)
+        params = {"a": batch_a + [m, k], "b": batch_b + [k, n]}
+        fuzz.set_layouts(draw, params, {"a_layout": 2, "b_layout": 2, "dy_layout": 2})
+        return fuzz.valid_case(OP, draw(st.sampled_from(fuzz.DTYPES)), params)
+
+    return draw_case()

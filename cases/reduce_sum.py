@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from itertools import product
 
-from cases.registry import add
+from cases.registry import add, strategy
 from harness.registry import get_op
 
 OP = "reduce_sum"
@@ -120,3 +120,43 @@ BIG = (2049, 1 << 20)
 for ax in [(0,), (1,)]:
     axes(BIG, ax, "bf16", tags=STRESS)
 to(BIG, (1 << 20,), "bf16", tags=STRESS)
+
+
+# ----------------------------------------------------------------------------- fuzzing (harness/fuzz.py)
+
+
+@strategy(OP)
+def fuzz_cases(tiny: bool = False):
+    """x of rank 0-4 (sometimes a wide or a size-0 dim); the axes form (all, or a set of axes,
+    some written negative; keepdim) or the sum_to_shape form (drop leading dims, keep or
+    collapse each remaining one to 1); a layout for x."""
+    from math import prod
+
+    from hypothesis import strategies as st
+
+    from harness import fuzz
+
+    @st.composite
+    def draw_case(draw):
+        shape = draw(st.lists(st.integers(1, 4 if tiny else 7), max_size=3 if tiny else 4))
+        if shape:
+            i = draw(st.integers(0, len(shape) - 1))
+            shape[i] = fuzz.wide(draw, tiny, prod(shape) // shape[i]) or shape[i]
+        shape = fuzz.maybe_empty(draw, shape, range(len(shape)))
+        rank = len(shape)
+        params: dict = {"shape": shape}
+        if draw(st.sampled_from(("axes", "target"))) == "axes":
+            if draw(st.booleans()):
+                axes = draw(st.lists(st.integers(0, rank - 1), unique=True, max_size=rank)) if rank else []
+                params["axes"] = [a - rank if draw(st.booleans()) else a for a in axes]
+            else:
+                params["axes"] = None  # every axis
+            if draw(st.booleans()):
+                params["keepdim"] = True
+        else:
+            lead = draw(st.integers(0, rank))
+            params["target"] = [1 if draw(st.booleans()) else n for n in shape[lead:]]
+        fuzz.set_layouts(draw, params, {"x_layout": rank})
+        return fuzz.valid_case(OP, draw(st.sampled_from(fuzz.DTYPES)), params)
+
+    return draw_case()

@@ -1,21 +1,29 @@
-"""The case registry: every (op, dtype, params) the harness checks, with stable readable ids.
+"""The case registry: every (op, dtype, params) the harness checks, with stable readable ids,
+and each op's hypothesis strategy for fuzzing.
 
 Tags: 'smoke' (fast, runs in CI; every smoke case is also 'full'), 'full' (the whole
 correctness set), 'perf' (large, for timing), 'stress' (over 2**31 elements: int64 indexing).
 Cases also load from a JSON or YAML file: a list of
     {"op": "binary_backward", "dtype": "f32", "params": {...}, "tags": ["full"]}
 or a mapping {"cases": [...]} of the same.
+
+Where cases come from: each module of the `cases` package, and the module an op names as its
+`cases_module` (an op installed from a package, see harness.registry.load_ops), adds them with
+`add(...)` on import and registers its fuzz strategy with `@strategy(op)`.  `all_cases()`
+imports them all once.
 """
 from __future__ import annotations
 
+import importlib
 import json
+import pkgutil
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from harness import dtypes
-from harness.registry import get_op
+from harness.registry import get_op, load_ops
 
 TAGS = ("smoke", "full", "perf", "stress")
 
@@ -59,23 +67,53 @@ def add(op: str, dtype: str, tags: Iterable[str], **params) -> Case:
 
 
 _LOADED = False
+# Case modules that failed to import: module -> reason.  Listed by `harness list`; their ops have no cases.
+BROKEN: dict[str, str] = {}
 
 
 def all_cases() -> list[Case]:
-    # Each module of the cases package adds its op's cases on import.  A flag, not `if not _CASES`:
-    # a test that imports one case module first must not hide every other op's cases.
+    """Every registered case: each module of this package and each op's `cases_module` adds its
+    own on import.  A flag, not `if not _CASES`: a test that imports one case module first must not
+    hide every other op's cases."""
     global _LOADED
     if not _LOADED:
-        import importlib
-        import pkgutil
-
-        import cases
-
         _LOADED = True
-        for m in pkgutil.iter_modules(cases.__path__):
-            if m.name != "registry":
-                importlib.import_module(f"cases.{m.name}")
+        here = [str(Path(__file__).resolve().parent)]  # the package's own folder: no import of the package
+        modules = [f"{__package__}.{m.name}" for m in pkgutil.iter_modules(here)
+                   if m.name != "registry" and not m.name.startswith("_")]
+        modules += sorted({s.cases_module for s in load_ops().values() if s.cases_module} - set(modules))
+        for name in modules:
+            try:
+                importlib.import_module(name)
+            except Exception as exc:  # an installed op's broken cases must not take the others down
+                if name.startswith(f"{__package__}."):
+                    raise
+                BROKEN[name] = f"{type(exc).__name__}: {exc}"
     return list(_CASES)
+
+
+# ----------------------------------------------------------------------------- fuzz strategies
+
+_STRATEGIES: dict[str, Callable] = {}
+
+
+def strategy(op: str):
+    """Decorator registering `fn(tiny=False) -> hypothesis strategy of valid Cases of op` (harness/fuzz.py
+    draws from it).  `tiny=True`: smaller sizes, for slow implementations.  Import hypothesis inside
+    `fn`: the harness runs without it."""
+    def register(fn):
+        if _STRATEGIES.get(op, fn) is not fn:
+            raise ValueError(f"a fuzz strategy for op {op!r} is registered twice")
+        _STRATEGIES[op] = fn
+        return fn
+
+    return register
+
+
+def strategies() -> dict[str, Callable]:
+    """op -> its registered strategy builder, once every case module is loaded."""
+    all_cases()
+    return dict(_STRATEGIES)
 
 
 def from_json(obj: dict, source: str) -> Case:

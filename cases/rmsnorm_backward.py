@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from itertools import product
 
-from cases.registry import add
+from cases.layernorm_backward import fuzz_norm_params
+from cases.registry import add, strategy
 from harness.registry import get_op
 
 OP = "rmsnorm_backward"
@@ -67,3 +68,20 @@ case((1024, 2048), "f32", tags=PERF)
 # starts at flat offset 2**31, so a kernel whose row offset row * N is an int32 goes wrong there).
 BIG = (262145, 8192)
 case(BIG, "bf16", tags=STRESS, eps=1e-5)
+
+
+# ----------------------------------------------------------------------------- fuzzing (harness/fuzz.py)
+
+
+@strategy(OP)
+def fuzz_cases(tiny: bool = False):
+    """Norm shape and eps (cases.layernorm_backward.fuzz_norm_params)."""
+    from hypothesis import strategies as st
+
+    from harness import fuzz
+
+    @st.composite
+    def draw_case(draw):
+        return fuzz.valid_case(OP, draw(st.sampled_from(fuzz.DTYPES)), fuzz_norm_params(draw, tiny))
+
+    return draw_case()

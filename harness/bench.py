@@ -11,26 +11,34 @@ sees differs from the one that is judged, and a cached or stale result fails.
 Outputs with more than 4M elements are judged on 1M elements gathered on the device, with
 the NaN count checked over all of them (`runner.judge(sample_above=...)`); `--full-validation`
 judges every element.  While one case is timed, up to `prefetch` later cases have their
-inputs generated and their numpy oracle computed in threads (host work only: an oracle
-that runs on the GPU, JAX for the largest cases, is computed in the main thread between
-timings so it never overlaps a measurement).
+inputs generated and their numpy oracle computed in threads (`prepare.prepare(defer_gpu=True)`:
+host work only; an oracle that runs on the GPU, JAX for the largest cases, is computed in the
+main thread between timings, `prepare.finish`, so it never overlaps a measurement).
+
+Rows are `results.CaseResult`s with the bench's own keys in `extra` (backend, variant,
+baseline, variant_rank, framework, case_json, cost, footprint_bytes); the results document
+holds their JSON, to which harness/report/figures.py adds `figures`.
 """
 from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from collections import OrderedDict, deque
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from harness import ceilings as _ceilings
-from harness import runner, timing
-from harness.registry import Impl, baseline_for, get_op, impls_for
+from harness import prepare as _prepare
+from harness import prepared as _prepared
+from harness import runner, status, timing
+from harness.registry import Impl, baseline_for, get_op
+from harness.report.figures import add_figures
+from harness.report.files import SCHEMA
+from harness.results import CaseResult
+from harness.selection import select
 
 
 @dataclass
@@ -39,7 +47,7 @@ class BenchOptions:
     timing: timing.TimingConfig = field(default_factory=timing.TimingConfig)
     seed: int = 0
     oracle: str = "auto"
-    sample_above: int | None = runner.SAMPLE_ABOVE
+    sample_above: int | None = _prepared.SAMPLE_ABOVE
     prefetch: int = 0
     time_limit_s: float | None = None
     progress: bool = True
@@ -103,34 +111,19 @@ class Progress:
 
 @dataclass
 class CaseInputs:
-    final: runner.Prepared      # set 0 and its oracle: judges the final call
+    final: _prepared.Prepared   # set 0 and its oracle: judges the final call (its oracle may be pending)
     timing: dict                # set 1 (HostTensors): what the timed calls read
-    pending: tuple | None = None  # (oracle, where) still to run in the main thread (GPU oracles)
 
 
-def prepare_host(case, seed: int, oracle: str, device: str) -> CaseInputs:
-    """Both input sets; the oracle too when it runs on the host (safe in a thread)."""
-    spec = get_op(case.op)
-    s0 = runner.input_seed(case, seed, 0)
-    inputs = spec.generate(case, np.random.default_rng(s0))
-    inputs64 = {k: v.float64() for k, v in inputs.items()}
-    which, where = runner.choose_oracle(oracle, inputs64, device)
-    ref = None
-    if where == "cpu":
-        ref = spec.jax_oracle(inputs64, case.params, on="cpu") if which == "jax" else \
-            spec.numpy_oracle(inputs64, case.params)
-    scale = spec.error_scale(inputs64, case.params)
-    label = which if where == "cpu" else f"{which}@{where}"
-    final = runner.Prepared(inputs, inputs64, ref, scale, label, s0)
-    return CaseInputs(final, runner.generate(case, seed, 1), None if ref is not None else (which, where))
+def case_inputs(case, seed: int, oracle: str, device: str) -> CaseInputs:
+    """Both input sets (harness/prepare.py); set 0's oracle too when it runs on the host (safe in a thread)."""
+    final = _prepare.prepare(case, seed, oracle, device, 0, cache=False, defer_gpu=True)
+    return CaseInputs(final, _prepare.generate(case, seed, 1))
 
 
 def finish(case, inputs: CaseInputs) -> CaseInputs:
     """Run a GPU oracle left pending (main thread, between measurements)."""
-    if inputs.pending is not None:
-        _, where = inputs.pending
-        inputs.final.ref = get_op(case.op).jax_oracle(inputs.final.inputs64, case.params, on=where)
-        inputs.pending = None
+    _prepare.finish(inputs.final, case)
     return inputs
 
 
@@ -219,15 +212,15 @@ def repro(impl: Impl, case, seed: int, device: str) -> str:
     return runner.repro_command(impl, case, seed, device) + " --time"
 
 
-def base_row(impl: Impl, case, opts: BenchOptions) -> dict:
-    spec = get_op(case.op)
-    cost = spec.cost(case)
-    return {"op": case.op, "case": case.id, "case_json": case.to_json(), "dtype": case.dtype, "impl": impl.id,
-            "backend": impl.backend.name, "variant": impl.variant, "baseline": bool(impl.baseline),
-            "variant_rank": variant_rank(impl), "framework": impl.backend.framework, "status": "SKIP",
-            "reason": "", "oracle": "", "seed": opts.seed, "outputs": [],
-            "cost": {"bytes": int(cost.bytes), "flops": int(cost.flops)}, "timing": None,
-            "repro": repro(impl, case, opts.seed, opts.device)}
+def base_row(impl: Impl, case, opts: BenchOptions) -> CaseResult:
+    """A SKIP row of `impl` on `case` with the bench's keys (the module docstring); the caller fills the verdict."""
+    cost = get_op(case.op).cost(case)
+    return CaseResult(case.op, impl.id, case.id, case.dtype, opts.device, status.SKIP, seed=opts.seed,
+                      repro=repro(impl, case, opts.seed, opts.device),
+                      extra={"case_json": case.to_json(), "backend": impl.backend.name, "variant": impl.variant,
+                             "baseline": bool(impl.baseline), "variant_rank": variant_rank(impl),
+                             "framework": impl.backend.framework,
+                             "cost": {"bytes": int(cost.bytes), "flops": int(cost.flops)}})
 
 
 _UNKNOWN = object()
@@ -235,52 +228,51 @@ _UNKNOWN = object()
 
 def bench_pair(impl: Impl, case, inputs: CaseInputs, opts: BenchOptions, clock=None, uploads: dict | None = None,
                skip=_UNKNOWN) -> dict:
-    """Time and re-validate one implementation on one case; the result row (no figures yet).
+    """Time and re-validate one implementation on one case; the result row's JSON (no figures yet).
 
     skip: impl.skip_reason(case, device) if the caller has it already."""
     row = base_row(impl, case, opts)
     reason = impl.skip_reason(case, opts.device) if skip is _UNKNOWN else skip
     if reason:
-        row["reason"] = reason
-        return row
-    row["oracle"] = inputs.final.oracle
-    row["footprint_bytes"] = runner.footprint_bytes(case, inputs.timing)
+        row.reason = reason
+        return row.to_json()
+    row.oracle = inputs.final.oracle
+    row.extra["footprint_bytes"] = runner.footprint_bytes(case, inputs.timing)
     try:
         tr = runner.timed_check(impl, case, opts.device, inputs.timing, inputs.final, opts.timing, clock,
                                 opts.sample_above, uploads)
     except Exception as exc:  # one broken implementation must not end a long run
-        row["status"], row["reason"] = "ERROR", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-        return row
-    row["status"], row["reason"] = tr.status, tr.reason
-    if tr.status == "FAIL" and tr.reason == runner.REVALIDATION:  # stale, or just inaccurate on these inputs?
-        row["reason"] = runner.diagnose_revalidation(impl, None, inputs.final, case, opts.device, inputs.timing)
-    row["status"], row["reason"] = runner.known_status(impl, case, opts.device, row["status"], row["reason"],
-                                                       tr.outputs)
-    row["outputs"] = [o.to_json() for o in tr.outputs]
-    row["timing"] = tr.samples.to_json() if tr.samples is not None else None
-    return row
+        row.status, row.reason = status.ERROR, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        return row.to_json()
+    row.status, row.reason = tr.status, tr.reason
+    if tr.status == status.FAIL and tr.reason == runner.REVALIDATION:  # stale, or just inaccurate on these inputs?
+        row.reason = runner.diagnose_revalidation(impl, None, inputs.final, case, opts.device, inputs.timing)
+    row.status, row.reason = runner.known_status(impl, case, opts.device, row.status, row.reason, tr.outputs)
+    row.outputs = tr.outputs
+    if tr.samples is not None:
+        row.timing, row.time_ms = tr.samples.to_json(), tr.samples.median
+    return row.to_json()
 
 
 # ----------------------------------------------------------------------------- the run
 
 
 def plan(cases, ops=None, wanted=None, dtypes=None, per_op: int | None = None, interleave: bool = False) -> list:
-    """[(case, [impls])], baseline first; `wanted` holds backend or backend@variant names.
+    """[(case, [impls])] of harness/selection.py in the cases' order, baseline first; `wanted` holds
+    backend or backend@variant names.
 
     per_op: at most this many cases of each op (the first in registry order).  interleave: take
     the ops in turn (first case of each op, then the second, ...), so a run cut short by a time
     limit still covers every op.
     """
     by_op: dict = {}
-    for case in cases:
-        if (ops and case.op not in ops) or (dtypes and case.dtype not in dtypes):
-            continue
-        impls = [i for i in impls_for(case.op) if not wanted or i.id in wanted or i.backend.name in wanted]
-        if impls and (per_op is None or len(by_op.get(case.op, [])) < per_op):
+    pairs = select(cases, ops, dtypes, wanted)
+    for case, impls in pairs:
+        if per_op is None or len(by_op.get(case.op, [])) < per_op:
             by_op.setdefault(case.op, []).append((case, impls))
     if not interleave:
-        order = {id(c): k for k, c in enumerate(cases)}
-        return sorted((p for ps in by_op.values() for p in ps), key=lambda p: order[id(p[0])])
+        keep = {id(c) for ps in by_op.values() for c, _ in ps}
+        return [p for p in pairs if id(p[0]) in keep]
     out, k = [], 0
     while any(k < len(ps) for ps in by_op.values()):
         out += [ps[k] for ps in by_op.values() if k < len(ps)]
@@ -289,9 +281,7 @@ def plan(cases, ops=None, wanted=None, dtypes=None, per_op: int | None = None, i
 
 
 def run(pairs: list, opts: BenchOptions, ceilings: dict | None, command: str = "") -> dict:
-    """Measure every (case, impl) of `pairs`; the results document (see harness.report)."""
-    from harness import report
-
+    """Measure every (case, impl) of `pairs`; the results document (see harness/report/files.py)."""
     clock = timing.ClockMonitor.for_device(opts.device)
     total = sum(len(impls) for _, impls in pairs)
     progress = Progress(total, enabled=opts.progress)
@@ -310,7 +300,7 @@ def run(pairs: list, opts: BenchOptions, ceilings: dict | None, command: str = "
     def over_time() -> bool:
         return limit is not None and time.monotonic() - started > limit
 
-    fetch = Prefetch(runnable, lambda item: prepare_host(item[0], opts.seed, opts.oracle, opts.device), opts.prefetch)
+    fetch = Prefetch(runnable, lambda item: case_inputs(item[0], opts.seed, opts.oracle, opts.device), opts.prefetch)
     try:
         for (case, impls), prepared in fetch:
             if over_time():
@@ -328,8 +318,9 @@ def run(pairs: list, opts: BenchOptions, ceilings: dict | None, command: str = "
                 if isinstance(prepared, Exception):
                     row = base_row(impl, case, opts)
                     reason = skips[(id(case), impl.id)]
-                    row["status"], row["reason"] = ("SKIP", reason) if reason else \
-                        ("ERROR", f"preparing the case failed: {type(prepared).__name__}: {prepared}")
+                    row.status, row.reason = (status.SKIP, reason) if reason else \
+                        (status.ERROR, f"preparing the case failed: {type(prepared).__name__}: {prepared}")
+                    row = row.to_json()
                 else:
                     if impl.backend.before_timing and skips[(id(case), impl.id)] is None:
                         impl.backend.before_timing()
@@ -356,12 +347,12 @@ def run(pairs: list, opts: BenchOptions, ceilings: dict | None, command: str = "
             for impl in impls:
                 if (case.op, case.id, impl.id) not in done:
                     row = base_row(impl, case, opts)
-                    row["reason"] = skips[(id(case), impl.id)] or f"not run: {interrupted}"
-                    rows.append(row)
+                    row.reason = skips[(id(case), impl.id)] or f"not run: {interrupted}"
+                    rows.append(row.to_json())
     position = {(c.op, c.id, i.id): k for k, (c, i) in enumerate((c, i) for c, impls in pairs for i in impls)}
     rows.sort(key=lambda r: position.get((r["op"], r["case"], r["impl"]), len(position)))
     results = {
-        "schema": report.SCHEMA, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": command,
+        "schema": SCHEMA, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": command,
         "device": _ceilings.device_info(opts.device), "versions": _ceilings._versions(), "ceilings": ceilings,
         "config": {**opts.timing.to_json(), "seed": opts.seed, "oracle": opts.oracle,
                    "sample_above": opts.sample_above, "prefetch": opts.prefetch, "time_limit_s": opts.time_limit_s},
@@ -371,7 +362,7 @@ def run(pairs: list, opts: BenchOptions, ceilings: dict | None, command: str = "
         "elapsed_s": round(time.monotonic() - started, 2), "interrupted": interrupted,
         "rows": rows,
     }
-    report.add_figures(results)
+    add_figures(results)
     return results
 
 
@@ -417,7 +408,7 @@ class BenchSession:
     def inputs(self, case) -> CaseInputs:
         key = (case.op, case.id)
         if key not in self._inputs:
-            self._inputs[key] = finish(case, prepare_host(case, self.opts.seed, self.opts.oracle, self.opts.device))
+            self._inputs[key] = finish(case, case_inputs(case, self.opts.seed, self.opts.oracle, self.opts.device))
             while len(self._inputs) > 2:
                 self._inputs.popitem(last=False)
         self._inputs.move_to_end(key)
@@ -429,14 +420,14 @@ class BenchSession:
             return bench_pair(impl, case, None, self.opts)
         row = bench_pair(impl, case, self.inputs(case), self.opts, self.clock)
         key = (case.op, case.id)
-        t = row["timing"]["median"] if row["status"] == "PASS" and row.get("timing") else None
+        t = row["timing"]["median"] if row["status"] == status.PASS and row.get("timing") else None
         if t and impl.baseline:
             self.baselines[key] = t
         base = baseline_for(case.op)
         if t and base is not None and not impl.baseline and key not in self.baselines \
                 and base.skip_reason(case, self.opts.device) is None:
             b = bench_pair(base, case, self.inputs(case), self.opts, self.clock)
-            if b["status"] == "PASS" and b.get("timing"):
+            if b["status"] == status.PASS and b.get("timing"):
                 self.baselines[key] = b["timing"]["median"]
         fig = _ceilings.figures(row["cost"]["bytes"], row["cost"]["flops"], t, self.ceilings, case.dtype)
         if t and key in self.baselines and base is not None:

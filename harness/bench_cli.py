@@ -80,14 +80,14 @@ def _command(argv) -> str:
 
 
 def cmd_bench(args, argv=None) -> int:
-    from harness import bench, ceilings, report
+    from harness import bench, ceilings, prepared
+    from harness.report import benchmarks_md, files
 
     if args.from_json:
-        results = report.load(args.from_json)
+        results = files.load(args.from_json)
     else:
         if not args.report and not args.benchmarks_md:
             raise SystemExit("error: bench needs --report DIR and/or --benchmarks-md FILE")
-        from cases import select
         from harness.registry import discover
 
         discover()
@@ -97,10 +97,10 @@ def cmd_bench(args, argv=None) -> int:
                                   warmup_budget_s=args.warmup_budget, rotate=args.rotate, cold_sets=args.cold_sets,
                                   graph_calls=args.graph_calls, hold=not args.no_hold)
         opts = bench.BenchOptions(device, cfg, args.seed, args.oracle,
-                                  None if args.full_validation else bench.runner.SAMPLE_ABOVE,
+                                  None if args.full_validation else prepared.SAMPLE_ABOVE,
                                   bench.default_prefetch() if args.prefetch is None else args.prefetch,
                                   args.time_limit, not args.quiet)
-        pairs = bench.plan(select(args.cases), args.op, args.backend, args.dtype, args.per_op, args.interleave)
+        pairs = bench.plan(args.cases, args.op, args.backend, args.dtype, args.per_op, args.interleave)
         if args.backend and not pairs:
             raise SystemExit(f"error: no implementation named {', '.join(args.backend)} runs the selected cases")
         ceil = ceilings.get(device, refresh=args.refresh_ceilings)
@@ -109,30 +109,31 @@ def cmd_bench(args, argv=None) -> int:
         results = bench.run(pairs, opts, ceil, _command(argv))
     written = []
     if args.report:
-        out = report.write(results, args.report, plots=not args.no_plots)
+        out = files.write(results, args.report, plots=not args.no_plots)
         written += [str(out["results"]), str(out["report"])] + [str(p) for p in out["plots"]]
     if args.benchmarks_md:
-        written.append(str(report.update_benchmarks_md(results, args.benchmarks_md, args.plots_link)))
+        written.append(str(benchmarks_md.update_benchmarks_md(results, args.benchmarks_md, args.plots_link)))
     rows = results["rows"]
     counts = status.counts(r["status"] for r in rows)
     for r in rows:
-        if r["status"] in ("FAIL", "ERROR", "XFAIL"):
+        if r["status"] in status.REPRO:
             print(f"{r['status']} {r['op']} {r['impl']} {r['case']}: {r['reason']}\n  reproduce: {r.get('repro', '')}")
-    known = "".join(f", {counts[s]} {s.lower()}ed" for s in ("XFAIL", "XPASS") if counts[s])
-    print(f"{counts['PASS'] + counts['XPASS']} timed, {counts['FAIL'] + counts['ERROR']} failed, {counts['SKIP']} skipped"
+    known = "".join(f", {counts[s]} {s.lower()}ed" for s in (status.XFAIL, status.XPASS) if counts[s])
+    failed = sum(counts[s] for s in status.FAILED)
+    print(f"{counts[status.PASS] + counts[status.XPASS]} timed, {failed} failed, {counts[status.SKIP]} skipped"
           + known
           + (f" in {results.get('elapsed_s')}s" if results.get("elapsed_s") is not None else "")
           + (f" ({results['interrupted']})" if results.get("interrupted") else ""))
     for w in written:
         print(f"wrote {w}")
-    return 1 if counts["FAIL"] or counts["ERROR"] else 0
+    return 1 if failed else 0
 
 
 def cmd_compare(args) -> int:
-    from harness import report
+    from harness.report import compare, files
 
-    result = report.compare(report.load(args.a), report.load(args.b))
-    print(report.format_compare(result, args.a, args.b, show_all=args.all))
+    result = compare.compare(files.load(args.a), files.load(args.b))
+    print(compare.format_compare(result, args.a, args.b, show_all=args.all))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
     return 1 if args.fail_on_slower and result["summary"]["counts"]["SLOWER"] else 0
@@ -140,10 +141,10 @@ def cmd_compare(args) -> int:
 
 def cmd_ceilings(args) -> int:
     from harness import ceilings
+    from harness.report.text import ceilings_line
 
     device = frameworks.default_device() if args.device == "auto" else args.device
     record = ceilings.get(device, refresh=args.refresh)
-    from harness.report import ceilings_line
 
     print(f"{record['device']['name']}: {ceilings_line({'ceilings': record})}")
     print(f"cache: {record.get('cached')}")

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import argparse
 import functools
-import gzip
-import json
 import random
 import sys
 import time
-from pathlib import Path
 
 from harness import bench_cli, frameworks, status
-from harness.registry import BACKENDS, BROKEN, discover, impls_for, load_ops
+from harness.registry import BACKENDS, BROKEN, BROKEN_OPS, discover, load_ops
+from harness.results import CHECKPOINT_S, resumed, write_run
+from harness.selection import SelectionError, select
 
 
 def _parse(argv):
@@ -51,7 +50,7 @@ def _parse(argv):
                           "tool, one process per backend; report clean or its errors (harness/sanitize.py)")
     run.add_argument("--gpus", type=int, default=None, metavar="N",
                      help="spread the cases over N worker processes, one per GPU (CUDA_VISIBLE_DEVICES; N CPU "
-                          "workers with --device cpu), and merge their results (harness/multi_gpu.py)")
+                          "workers with --device cpu), and merge their results (harness/multi_gpu/)")
     run.add_argument("--show-skips", action="store_true", help="print skipped rows too")
     run.add_argument("-v", "--verbose", action="store_true", help="print every output's error line")
     run.set_defaults(run_parser=run)  # --gpus rebuilds its workers' command lines from it
@@ -64,6 +63,7 @@ def _parse(argv):
 
 def cmd_list() -> int:
     from cases import all_cases
+    from cases.registry import BROKEN as BROKEN_CASES
 
     ops = load_ops()
     discover()
@@ -86,29 +86,20 @@ def cmd_list() -> int:
                   + (f" ({', '.join(flags)})" if flags else ""))
     for name, reason in sorted(BROKEN.items()):
         print(f"  {name}: unavailable ({reason})")
+    for name, reason in sorted(BROKEN_OPS.items()):
+        print(f"  op {name}: unavailable ({reason})")
     print("\ncase sets:")
     every = all_cases()
     for op in sorted(ops):
         counts = {t: sum(1 for c in every if c.op == op and t in c.tags) for t in ("smoke", "full", "perf", "stress")}
         print(f"  {op}: " + ", ".join(f"{t}={n}" for t, n in counts.items()))
+    for module, reason in sorted(BROKEN_CASES.items()):
+        print(f"  cases of {module}: unavailable ({reason})")
     print("  (or --cases FILE.json / FILE.yaml, or --cases '<json case>')")
     return 0
 
 
-def _selected_impls(op: str, wanted: list[str] | None):
-    impls = impls_for(op)
-    if not wanted:
-        return impls
-    chosen = [i for i in impls if i.id in wanted or i.backend.name in wanted]
-    unknown = [w for w in wanted if not any(w in (i.id, i.backend.name) for i in impls_for(op))]
-    if unknown and not chosen:
-        known = ", ".join(i.id for i in impls)
-        raise SystemExit(f"error: no implementation {', '.join(unknown)} of {op}: registered are {known}")
-    return chosen
-
-
 def cmd_run(args) -> int:
-    from cases import select
     from harness import isolate
 
     if args.repeat is not None:  # run_case reads it from the environment, so --isolate/--gpus workers see it too
@@ -124,22 +115,17 @@ def cmd_run(args) -> int:
 
         return sanitize.cmd_sanitize(args)
     if args.gpus:
-        from harness import multi_gpu
+        from harness.multi_gpu.workers import cmd_gpus
 
-        return multi_gpu.cmd_gpus(args)
+        return cmd_gpus(args)
     discover()
     device = frameworks.default_device() if args.device == "auto" else args.device
     if args.seed is None:
         args.seed = random.SystemRandom().randrange(1 << 31)
-    cases = select(args.cases)
-    ops = args.op or sorted({c.op for c in cases})
-    if args.backend and not args.op:  # no --op: the ops the chosen backends implement (an unknown name still errors)
-        ops = [op for op in ops if any(w in (i.id, i.backend.name) for w in args.backend for i in impls_for(op))] \
-            or ops[:1]
-    if args.dtype:
-        cases = [c for c in cases if c.dtype in args.dtype]
-    if args.shard:
-        cases = shard(cases, args.shard)
+    try:  # op by op as printed; an unknown backend name or a bad --shard is an error
+        pairs = select(args.cases, args.op, args.dtype, args.backend, shard_spec=args.shard, by_op=True, strict=True)
+    except SelectionError as exc:
+        raise SystemExit(f"error: {exc}") from None
     results, done = resumed(args.resume)
     started = time.time()
     print(f"device={device} cases={args.cases} seed={args.seed} oracle={args.oracle}")
@@ -154,20 +140,18 @@ def cmd_run(args) -> int:
         _device_name(device)  # now, while CUDA is sure to answer
     runner, stopped = isolate.make_runner(args, device), False  # in this process, or --isolate workers
     try:
-        for op in ops:
-            impls = _selected_impls(op, args.backend)
-            for case in (c for c in cases if c.op == op):
-                for impl in impls:
-                    if (impl.id, case.id) in done:
-                        continue
-                    r = runner.run(impl, case)
-                    results.append(r)
-                    _print_row(r, args)
-                    if runner.lost:  # a sticky CUDA error: nothing more can run in this process
-                        raise isolate.RunStopped(runner.lost)
-                    if time.time() - saved > CHECKPOINT_S:
-                        save(f"checkpoint after {len(results)} results (the run did not finish)")
-                        saved = time.time()
+        for case, impls in pairs:
+            for impl in impls:
+                if (impl.id, case.id) in done:
+                    continue
+                r = runner.run(impl, case)
+                results.append(r)
+                _print_row(r, args)
+                if runner.lost:  # a sticky CUDA error: nothing more can run in this process
+                    raise isolate.RunStopped(runner.lost)
+                if time.time() - saved > CHECKPOINT_S:
+                    save(f"checkpoint after {len(results)} results (the run did not finish)")
+                    saved = time.time()
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM (e.g. `timeout`): report and save what ran
         interrupted = f"interrupted after {len(results)} results"
         print(f"\n{interrupted}")
@@ -179,73 +163,29 @@ def cmd_run(args) -> int:
         raise
     finally:
         runner.close()
-    counts = _counts(results)
+    counts = status.counts(r.status for r in results)
     print(status.summary(counts, time.time() - started))
     save(interrupted)
     if stopped:
         return isolate.STICKY_EXIT
-    return 1 if any(counts[s] for s in FAILED) or interrupted else 0
-
-
-CHECKPOINT_S = 20  # --json is rewritten this often during a run
-
-
-FAILED = status.FAILED  # statuses that fail a run (CRASH, TIMEOUT: harness/isolate.py)
-
-
-def _counts(results) -> dict:
-    return status.counts(r.status for r in results)
+    return 1 if any(counts[s] for s in status.FAILED) or interrupted else 0
 
 
 def write_results(path: str, results: list, device: str, args, interrupted: str | None) -> None:
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(f"{path}.tmp")
-    tmp.write_text(json.dumps({
-        "device": device, "device_name": _device_name(device), "cases": args.cases, "seed": args.seed,
-        "oracle": args.oracle, "versions": _versions(), "counts": _counts(results), "interrupted": interrupted,
-        "results": [r.to_json() for r in results]}, indent=1))
-    tmp.replace(path)
-
-
-def shard(cases: list, spec: str) -> list:
-    """Every N-th case from the K-th: `--shard K/N` over the same selection covers it in N parts."""
-    try:
-        k, n = (int(x) for x in spec.split("/"))
-        if not 0 <= k < n:
-            raise ValueError
-    except ValueError:
-        raise SystemExit(f"error: --shard expects K/N with 0 <= K < N, got {spec!r}") from None
-    return cases[k::n]
-
-
-class _Stored:
-    """A result read back from a results JSON (what --resume carries over)."""
-
-    def __init__(self, row: dict):
-        self.row, self.status = row, row["status"]
-
-    def to_json(self) -> dict:
-        return self.row
-
-
-def resumed(path: str | None) -> tuple[list, set]:
-    """(results of an earlier run, the (impl, case) pairs they cover); empty without --resume."""
-    if not path:
-        return [], set()
-    raw = gzip.decompress(Path(path).read_bytes()) if path.endswith(".gz") else Path(path).read_bytes()
-    rows = json.loads(raw)["results"]
-    return [_Stored(r) for r in rows], {(r["impl"], r["case"]) for r in rows}
+    """The run's --json (harness/results.py): what ran, with the selection and the environment."""
+    write_run(path, {"device": device, "device_name": _device_name(device), "cases": args.cases, "seed": args.seed,
+                     "oracle": args.oracle, "versions": _versions()}, [r.to_json() for r in results], interrupted)
 
 
 def _print_row(r, args) -> None:
-    if r.status == "SKIP" and not args.show_skips:
+    if r.status == status.SKIP and not args.show_skips:
         return
     worst = max(r.outputs, key=lambda o: o.worst_ratio, default=None)
     rel = f"{max(o.max_rel for o in r.outputs):9.2e}" if r.outputs else " " * 9
     ratio = f"{worst.worst_ratio:8.3f}" if worst else " " * 8
     t = f"{r.time_ms:9.4f}" if r.time_ms is not None else " " * 9
     print(f"{r.status:6} {r.op:16} {r.impl:16} {r.case:48} {rel} {ratio} {t}")
-    if r.status in FAILED or r.status == status.XFAIL or args.verbose:
+    if r.status in status.REPRO or args.verbose:
         print("\n".join("       " + line for line in r.report().splitlines()[1:]))
 
 

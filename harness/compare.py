@@ -36,7 +36,7 @@ from math import prod, sqrt
 
 import numpy as np
 
-from harness import dtypes
+from harness import dtypes, status
 
 SAFETY = 8.0
 
@@ -58,7 +58,7 @@ class OutputReport:
 
     def line(self) -> str:
         """One line in the style kernel engineers already print."""
-        verdict = "PASS" if self.passed else "FAIL"
+        verdict = status.PASS if self.passed else status.FAIL
         if self.message and not self.numel:
             return f"[{self.name}] {verdict} {self.message}"
         idx = ",".join(map(str, self.max_abs_index))
@@ -72,6 +72,13 @@ class OutputReport:
         d["max_abs_index"] = list(self.max_abs_index)
         d["worst_index"] = list(self.worst_index)
         return d
+
+    @classmethod
+    def from_json(cls, d: dict) -> "OutputReport":
+        """The report back from its JSON (details are not in it)."""
+        keys = {"name", "passed", "max_abs", "max_rel", "rel_l2", "mismatches", "numel", "worst_ratio", "message"}
+        return cls(**{k: v for k, v in d.items() if k in keys},
+                   max_abs_index=tuple(d.get("max_abs_index") or ()), worst_index=tuple(d.get("worst_index") or ()))
 
 
 def tolerance(ref: np.ndarray, scale: np.ndarray, n: int, dtype: str) -> np.ndarray:

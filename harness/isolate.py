@@ -43,43 +43,18 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from harness.compare import OutputReport
+from harness import status
 from harness.cuda_errors import sticky_cuda_error
 from harness.registry import ENV_BACKENDS
-from harness.runner import CaseResult, repro_command, run_case
+from harness.results import CaseResult
+from harness.runner import repro_command, run_case
 
-CRASH_STATUSES = ("CRASH", "TIMEOUT")
 DEFAULT_CASE_TIMEOUT_S = 300.0
 SETUP_TIMEOUT_S = 900.0  # a worker's start, or a backend's first import and build (torch_ext compiles)
 STICKY_EXIT = 3  # a worker (or `harness run`) that stopped on a lost CUDA context exits with this
 STDERR_LINES = 12
-
-
-@dataclass
-class IsolatedResult(CaseResult):
-    """A CaseResult built here (a crash) or read back from a worker, with fields beyond CaseResult's."""
-
-    extra: dict = field(default_factory=dict)  # e.g. {"crash": {"signal": "SIGSEGV", ...}}
-
-    def to_json(self) -> dict:
-        return {**super().to_json(), **self.extra}
-
-
-def result_from_json(row: dict) -> IsolatedResult:
-    """A result row (CaseResult.to_json()) back as an object the CLI can print and count."""
-    names = {f.name for f in fields(CaseResult)}
-    out_names = {f.name for f in fields(OutputReport)}
-    outputs = []
-    for o in row.get("outputs") or []:
-        kw = {k: v for k, v in o.items() if k in out_names}
-        for k in ("max_abs_index", "worst_index"):
-            kw[k] = tuple(kw.get(k) or ())
-        outputs.append(OutputReport(**kw))
-    known = {k: v for k, v in row.items() if k in names and k != "outputs"}
-    return IsolatedResult(**known, outputs=outputs, extra={k: v for k, v in row.items() if k not in names})
 
 
 def repro(impl, case, run_seed: int, device: str) -> str:
@@ -95,9 +70,10 @@ def named(impl, command: str) -> str:
     return command
 
 
-def _crash_row(impl, case, device: str, seed: int, status: str, reason: str, **details) -> IsolatedResult:
-    return IsolatedResult(case.op, impl.id, case.id, case.dtype, device, status, reason=reason, seed=seed,
-                          repro=repro(impl, case, seed, device), extra={"crash": details} if details else {})
+def _crash_row(impl, case, device: str, seed: int, verdict: str, reason: str, **details) -> CaseResult:
+    """A row this process writes for the case (a crash, a timeout, a worker's error); `details` go under "crash"."""
+    return CaseResult(case.op, impl.id, case.id, case.dtype, device, verdict, reason=reason, seed=seed,
+                      repro=repro(impl, case, seed, device), extra={"crash": details} if details else {})
 
 
 class RunStopped(Exception):
@@ -122,16 +98,16 @@ class InProcessRunner:
             if name is None:
                 raise
             return self._lost(impl, case, name, f"{type(exc).__name__}: {exc}")
-        if result.status == "ERROR" and sticky_cuda_error(result.reason):
+        if result.status == status.ERROR and sticky_cuda_error(result.reason):
             return self._lost(impl, case, sticky_cuda_error(result.reason), result.reason)
         return result
 
-    def _lost(self, impl, case, name: str, message: str) -> IsolatedResult:
+    def _lost(self, impl, case, name: str, message: str) -> CaseResult:
         first, *more = message.strip().splitlines() or [name]
         self.lost = (f"CUDA context lost ({name}) in {impl.id} on {case.op} {case.id}: {first}\n"
                      f"Later cases cannot run in this process: the run stops here. "
                      f"Run with --isolate to run every case in a worker process that is replaced after a crash.")
-        return _crash_row(impl, case, self.device, self.seed, "CRASH",
+        return _crash_row(impl, case, self.device, self.seed, status.CRASH,
                           f"CUDA context lost ({name}): {first}" + _block(more, ""), cuda_error=name)
 
     def close(self) -> None:
@@ -364,7 +340,7 @@ class IsolatedRunner:
                     started = time.monotonic()
                     deadline = started + self.case_timeout
                 elif "result" in message:
-                    row = result_from_json(message["result"])
+                    row = CaseResult.from_json(message["result"])
                     row.repro = named(impl, row.repro)  # the worker cannot tell a hand-registered backend
                     return row
                 elif "error" in message:
@@ -372,21 +348,21 @@ class IsolatedRunner:
         except _Died:
             return self._died(impl, case, worker, offset)
 
-    def _died(self, impl, case, worker: _Worker, offset: int) -> IsolatedResult:
+    def _died(self, impl, case, worker: _Worker, offset: int) -> CaseResult:
         how, details = exit_description(worker.wait())
         lines = stderr_excerpt(worker.stderr_since(offset))
         self.worker = None
         reason = f"the worker process {how} during this case" + (_block(lines) if lines else " (nothing on stderr)")
-        return _crash_row(impl, case, self.device, self.seed, "CRASH", reason, stderr=lines, **details)
+        return _crash_row(impl, case, self.device, self.seed, status.CRASH, reason, stderr=lines, **details)
 
-    def _timeout(self, impl, case, worker: _Worker, offset: int, waited: float) -> IsolatedResult:
+    def _timeout(self, impl, case, worker: _Worker, offset: int, waited: float) -> CaseResult:
         worker.dump_stacks()
         worker.kill()
         self.worker = None
         lines = stderr_excerpt(worker.stderr_since(offset))
         reason = (f"no result after {waited:.0f} s (--case-timeout {self.case_timeout:g}); the worker was killed"
                   + (_block(lines) if lines else ""))
-        return _crash_row(impl, case, self.device, self.seed, "TIMEOUT", reason, stderr=lines,
+        return _crash_row(impl, case, self.device, self.seed, status.TIMEOUT, reason, stderr=lines,
                           timeout_s=self.case_timeout)
 
     def _error(self, impl, case, worker: _Worker, offset: int, message: dict) -> CaseResult:
@@ -394,11 +370,11 @@ class IsolatedRunner:
             worker.wait()
             self.worker = None
             first, *more = message["error"].strip().splitlines() or [""]
-            return _crash_row(impl, case, self.device, self.seed, "CRASH",
+            return _crash_row(impl, case, self.device, self.seed, status.CRASH,
                               f"CUDA context lost ({message['sticky']}), the worker was replaced: {first}"
                               + _block(more, ""), cuda_error=message["sticky"])
         lines = [line for line in message.get("traceback", []) if not _noise(line)]
-        return _crash_row(impl, case, self.device, self.seed, "ERROR", message["error"] + _block(lines, ""))
+        return _crash_row(impl, case, self.device, self.seed, status.ERROR, message["error"] + _block(lines, ""))
 
 
 def make_runner(args, device: str):

@@ -2,7 +2,10 @@
 
 An op (`OpSpec`) is declared once, in its `oracle/<op>.py` module: its inputs,
 outputs, params, both oracles, the input generator, the error model that the
-tolerances use and the cost model that the benchmarks use.
+tolerances use, the cost model that the benchmarks use, the argument rule every
+implementation's entry runs, and what the stress path and the fuzz tests need.  Ops are
+found in the `oracle` package and in the `gradoracle.ops` entry-point group (an installed
+package; its OpSpec names the module of its cases, `cases_module`).
 
 A backend is a module that makes a `Backend` and registers one function per op
 (and per variant) with the `Backend.impl` decorator.  Backends are found in the
@@ -70,7 +73,29 @@ class OpSpec:
     # with those replaced by their exact float64 values.  The JAX vjp recomputes the forward, so
     # the oracle cross-checks compare the two on these (tests/test_oracles.py).
     exact_inputs: Callable[..., dict] | None = None
+    # The argument rule every implementation's entry runs (harness/argcheck.py):
+    # check_args(call) checks the params the op reads and every shape, through the helpers of
+    # argcheck.Call (fail, expect, expect_param_shape, broadcast, flag, number, ints).  None: each
+    # tensor must have the shape shapes() gives for the call's params.
+    check_args: Callable[[Any], None] | None = None
+    # io_names(params) -> (inputs, outputs) a call has with these params, for an op whose params
+    # decide which tensors exist (layernorm's affine and bias).  None: all of `inputs`, `outputs`.
+    io_names: Callable[[Mapping], tuple[tuple[str, ...], tuple[str, ...]]] | None = None
+    # Inputs that are the forward's saved statistics (layernorm's mean and rstd, attention's lse): held
+    # in the accumulation dtype (float32; float64 for float64 data), not the case dtype.
+    stats: tuple[str, ...] = ()
+    # Every tensor either has the row axis (axis 0 of the largest tensor) or is shared by all rows,
+    # so a huge case can be built and judged in row chunks (harness/stress.py).
+    row_separable: bool = False
+    # The module that registers this op's cases and its hypothesis strategy (cases.registry.add,
+    # cases.registry.strategy), when it is not a module of the `cases` package: an op installed
+    # from a package (the `gradoracle.ops` entry points) names its own.
+    cases_module: str | None = None
 
+
+    def names(self, params: Mapping) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """(inputs, outputs) a call has with these params (io_names, or all of them)."""
+        return self.io_names(params) if self.io_names is not None else (self.inputs, self.outputs)
 
     def outputs_of(self, case) -> tuple[str, ...]:
         """The outputs this case has: those of `outputs` that shapes(case) lists."""
@@ -85,6 +110,11 @@ class OpSpec:
 
 
 OPS: dict[str, OpSpec] = {}
+# Entry points of `gradoracle.ops` whose module failed to import: name -> reason.  Listed by
+# `harness list`, named by get_op; never fatal to the ops that did load.
+BROKEN_OPS: dict[str, str] = {}
+OPS_GROUP = "gradoracle.ops"
+_ops_loaded = False
 
 
 def register_op(spec: OpSpec) -> OpSpec:
@@ -95,14 +125,30 @@ def register_op(spec: OpSpec) -> OpSpec:
 
 
 def get_op(name: str) -> OpSpec:
-    load_ops()
     if name not in OPS:
-        raise KeyError(f"unknown op {name!r}: registered ops are {', '.join(sorted(OPS)) or 'none'}")
+        load_ops()
+    if name not in OPS:
+        broken = "".join(f"; entry point {k!r} of {OPS_GROUP} failed: {why}" for k, why in sorted(BROKEN_OPS.items()))
+        raise KeyError(f"unknown op {name!r}: registered ops are {', '.join(sorted(OPS)) or 'none'}{broken}")
     return OPS[name]
 
 
 def load_ops() -> dict[str, OpSpec]:
-    importlib.import_module("oracle")  # its __init__ imports every op module
+    """Every op: the modules of the `oracle` package, then each `gradoracle.ops` entry point's module
+    (an installed op package; see README "Adding an op")."""
+    global _ops_loaded
+    if not _ops_loaded:
+        _ops_loaded = True  # first: an op module that asks for an op while loading finds what is there
+        try:
+            importlib.import_module("oracle")  # its __init__ imports every op module
+        except BaseException:
+            _ops_loaded = False  # the next call raises again, as this one does
+            raise
+        for ep in importlib.metadata.entry_points(group=OPS_GROUP):
+            try:
+                importlib.import_module(ep.value.split(":")[0])
+            except Exception as exc:  # one broken package must not take the other ops down
+                BROKEN_OPS[ep.name] = f"import of {ep.value} failed: {type(exc).__name__}: {exc}"
     return OPS
 
 

@@ -21,7 +21,7 @@ and reads, mutated inputs) and two more checks:
   bit-for-bit unchanged although the inputs changed (`recheck="changed"`).  The bound is on
   measured time because oracle cost does not follow size (a small conv weight-gradient oracle
   takes seconds, a large elementwise one milliseconds); the tier that ran is in the result.
-  The second oracle is computed once per case and shared by every implementation (`prepare`
+  The second oracle is computed once per case and shared by every implementation (harness/prepare.py
   caches it); on an unloaded CPU core every smoke case is under the bound.  Timed runs skip the
   check: `timed_check` re-validates the final timed call against the second set's oracle anyway.
 """
@@ -30,152 +30,17 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import time
-import zlib
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from math import prod
 
 import numpy as np
 
-from harness import dtypes, frameworks, guards, status, stress, timing
+from harness import dtypes, frameworks, guards, prepared as _prepared, status, stress, timing
 from harness.compare import OutputReport, compare, tolerance
+from harness.prepare import generate, prepare
+from harness.prepared import Prepared, sample_index
 from harness.registry import ENV_BACKENDS, Impl, env_backend_modules, get_op, timed_callable
-
-# Outputs with more elements than this are judged on a sample (see `judge`) when the caller asks.
-SAMPLE_ABOVE = 1 << 22
-SAMPLE_SIZE = 1 << 20
-
-
-@dataclass
-class Prepared:
-    """A case's inputs and its oracle verdict, shared by every backend that runs it."""
-
-    inputs: dict  # name -> HostTensor (exact values in the case dtype)
-    inputs64: dict  # name -> float64 ndarray of the same values
-    ref: dict  # output name -> float64 oracle value
-    scale: dict  # output name -> (error scale ndarray, reduction length)
-    oracle: str  # which oracle judged: numpy, jax, or jax@cuda
-    seed: int
-    nan_counts: dict = field(default_factory=dict)  # output name -> NaNs in the oracle's value (lazy)
-    oracle_s: float = 0.0  # seconds the preparation took (inputs, oracle, error scale): bounds the stale check
-    # output name -> (flat indices, oracle values, error scales) there: a huge case's outputs whose
-    # oracle exists only at a sample (harness/stress.py; `ref` then holds a shape-only placeholder)
-    samples: dict = field(default_factory=dict)
-
-    def nan_count(self, name: str) -> int:
-        if name not in self.nan_counts:
-            self.nan_counts[name] = int(np.isnan(self.ref[name]).sum())
-        return self.nan_counts[name]
-
-
-REPRO_STATUSES = status.REPRO  # the rows whose report ends with the repro command
-
-
-@dataclass
-class CaseResult:
-    op: str
-    impl: str
-    case: str
-    dtype: str
-    device: str
-    status: str  # one of harness/status.py: PASS, FAIL, SKIP, ERROR, XFAIL, XPASS; CRASH, TIMEOUT (isolate.py)
-    outputs: list[OutputReport] = field(default_factory=list)
-    reason: str = ""
-    time_ms: float | None = None
-    oracle: str = ""
-    seed: int = 0
-    repro: str = ""
-    timing: dict | None = None  # the sample set of a timed run (timing.Samples.to_json())
-    calls: int = 0  # implementation calls behind the verdict (repeats, then the stale check)
-    spread: float | None = None  # run-to-run max |call i - call 1| / tolerance over the repeats; None: one call
-    recheck: str = ""  # the stale-output check that ran: "oracle", "changed", or "" (none)
-
-    @property
-    def passed(self) -> bool:
-        return self.status in status.OK
-
-    def report(self) -> str:
-        head = f"{self.op} {self.impl} {self.case} [{self.device}, oracle={self.oracle}, seed={self.seed}]: {self.status}"
-        lines = [head] + [f"  {o.line()}" for o in self.outputs]
-        if self.spread:
-            lines.append(f"  run-to-run spread over {self.calls if self.recheck == '' else self.calls - 1} calls "
-                         f"on the same inputs: {self.spread:.3g} x tolerance")
-        if self.reason:
-            lines.append(f"  {self.reason}")
-        if self.status in REPRO_STATUSES and self.repro:
-            lines.append(f"  reproduce: {self.repro}")
-        return "\n".join(lines)
-
-    def to_json(self) -> dict:
-        return {"op": self.op, "impl": self.impl, "case": self.case, "dtype": self.dtype, "device": self.device,
-                "status": self.status, "reason": self.reason, "time_ms": self.time_ms, "oracle": self.oracle,
-                "seed": self.seed, "outputs": [o.to_json() for o in self.outputs], "repro": self.repro,
-                "timing": self.timing, "calls": self.calls, "spread": self.spread, "recheck": self.recheck}
-
-
-_PREPARED: OrderedDict = OrderedDict()
-_PREPARED_MAX = 3  # large cases hold several GB of float64; keep only the most recent
-
-
-# Above this many bytes of float64 inputs, "auto" hands the oracle to JAX (jit, x64) on the GPU:
-# the numpy definition of a perf-size attention or conv would take hours on the host.
-NUMPY_ORACLE_MAX_BYTES = 1 << 30
-
-
-def choose_oracle(oracle: str, inputs64: dict, device: str) -> tuple[str, str]:
-    """(oracle, where it runs): 'auto' is numpy unless the case is large and a GPU is in use."""
-    if oracle != "auto":
-        return oracle, "cpu"
-    big = sum(v.nbytes for v in inputs64.values()) > NUMPY_ORACLE_MAX_BYTES
-    return ("jax", "cuda") if big and device.startswith("cuda") else ("numpy", "cpu")
-
-
-def input_seed(case, run_seed: int = 0, variant: int = 0) -> int:
-    """Variant 0 is the case's seed (what `run` checks); variants 1, 2, ... are other input sets of it."""
-    seed = case.seed(run_seed)
-    return seed if variant == 0 else zlib.crc32(f"{seed}/{variant}".encode())
-
-
-def generate(case, run_seed: int = 0, variant: int = 0) -> dict:
-    """The case's inputs (HostTensors) for a seed variant, without an oracle."""
-    if stress.applies(case):
-        return stress.generate(case, input_seed(case, run_seed, variant))
-    return get_op(case.op).generate(case, np.random.default_rng(input_seed(case, run_seed, variant)))
-
-
-def prepare(case, run_seed: int = 0, oracle: str = "auto", device: str = "cpu", variant: int = 0) -> Prepared:
-    key = (id(case), case.id, run_seed, oracle, device, variant)
-    if key in _PREPARED:
-        _PREPARED.move_to_end(key)
-        return _PREPARED[key]
-    if stress.applies(case):  # a huge case holds GBs of inputs: drop the other huge ones first
-        for k in [k for k, p in _PREPARED.items() if p.oracle.endswith(stress.ORACLE_SUFFIX)]:
-            del _PREPARED[k]
-    prepared = build_prepared(case, run_seed, oracle, device, variant)
-    _PREPARED[key] = prepared
-    while len(_PREPARED) > _PREPARED_MAX:
-        _PREPARED.popitem(last=False)
-    return prepared
-
-
-def build_prepared(case, run_seed: int = 0, oracle: str = "auto", device: str = "cpu", variant: int = 0) -> Prepared:
-    """Inputs (seed variant `variant`) and the oracle's verdict, uncached: the bench prepares ahead in threads."""
-    if stress.applies(case):  # over HUGE_NUMEL elements: row chunks and a sampled oracle
-        return stress.build_prepared(case, input_seed(case, run_seed, variant), oracle)
-    started = time.perf_counter()
-    spec = get_op(case.op)
-    seed = input_seed(case, run_seed, variant)
-    inputs = spec.generate(case, np.random.default_rng(seed))
-    inputs64 = {k: v.float64() for k, v in inputs.items()}
-    oracle, where = choose_oracle(oracle, inputs64, device)
-    if oracle == "jax":
-        ref = spec.jax_oracle(inputs64, case.params, on=where)
-    else:
-        ref = spec.numpy_oracle(inputs64, case.params)
-    label = oracle if where == "cpu" else f"{oracle}@{where}"
-    scale = spec.error_scale(inputs64, case.params)
-    return Prepared(inputs, inputs64, ref, scale, label, seed, oracle_s=time.perf_counter() - started)
+from harness.results import CaseResult
 
 
 def env_prefix(impl: Impl) -> str:
@@ -203,7 +68,7 @@ def call(impl: Impl, prepared: Prepared, case, device: str):
 def judge(impl: Impl, prepared: Prepared, case, outs: dict, sample_above: int | None = None) -> list[OutputReport]:
     """Each output against the oracle.
 
-    sample_above: outputs with more elements are judged on SAMPLE_SIZE elements gathered on
+    sample_above: outputs with more elements are judged on prepared.SAMPLE_SIZE elements gathered on
     the device (plus the first and the last) under the same tolerance model, and their NaN
     count is checked over every element, so unwritten (still poisoned) elements fail wherever
     they are.  None (the default): every element.
@@ -230,12 +95,6 @@ def judge(impl: Impl, prepared: Prepared, case, outs: dict, sample_above: int | 
     return reports
 
 
-def sample_index(numel: int, size: int, seed: int) -> np.ndarray:
-    """Sorted flat indices: `size` uniform draws plus the first and the last element."""
-    rng = np.random.default_rng(seed)
-    return np.unique(np.concatenate([rng.integers(0, numel, size), [0, numel - 1]])).astype(np.int64)
-
-
 def _sampled_compare(fw, name: str, x, prepared: Prepared, n: int, dtype: str) -> OutputReport:
     ref, scale = prepared.ref[name], prepared.scale[name][0]
     if tuple(x.shape) != tuple(ref.shape):
@@ -246,7 +105,7 @@ def _sampled_compare(fw, name: str, x, prepared: Prepared, n: int, dtype: str) -
     if name in prepared.samples:  # the oracle of a huge case exists only at its sample
         idx, ref_at, scale_at = prepared.samples[name]
     else:
-        idx = sample_index(numel, SAMPLE_SIZE, prepared.seed)
+        idx = sample_index(numel, _prepared.SAMPLE_SIZE, prepared.seed)
         ref_at, scale_at = ref.reshape(-1)[idx], scale.reshape(-1)[idx]
     report = compare(name, fw.gather64(x, idx), ref_at, scale_at, n, dtype)
     for attr in ("max_abs_index", "worst_index"):
@@ -349,9 +208,9 @@ def timed_check(impl: Impl, case, device: str, timing_inputs: dict, final: Prepa
         got = results.get(j) if run.graph is None else sets[j][2]
         reports = judge(impl, final, case, got or {}, sample_above)
     except (ValueError, TypeError, NotImplementedError) as exc:
-        return TimedResult("ERROR", reason=f"{type(exc).__name__}: {exc}")
+        return TimedResult(status.ERROR, reason=f"{type(exc).__name__}: {exc}")
     passed = all(o.passed for o in reports)
-    return TimedResult("PASS" if passed else "FAIL", run.samples, reports, "" if passed else REVALIDATION)
+    return TimedResult(status.PASS if passed else status.FAIL, run.samples, reports, "" if passed else REVALIDATION)
 
 
 def diagnose_revalidation(impl: Impl, first: Prepared | None, alt: Prepared, case, device: str,
@@ -363,9 +222,9 @@ def diagnose_revalidation(impl: Impl, first: Prepared | None, alt: Prepared, cas
     inaccurate on the second input set."""
     try:
         _, outs = call(impl, alt, case, device)
-        if all(o.passed for o in judge(impl, alt, case, outs, SAMPLE_ABOVE)):
+        if all(o.passed for o in judge(impl, alt, case, outs, _prepared.SAMPLE_ABOVE)):
             return REVALIDATION + " A plain call on the same inputs passes."
-        if first is not None and all(o.passed for o in judge(impl, first, case, outs, SAMPLE_ABOVE)):
+        if first is not None and all(o.passed for o in judge(impl, first, case, outs, _prepared.SAMPLE_ABOVE)):
             return REVALIDATION + " A plain call on them returns the first input set's result."
         fw = frameworks.adapter(impl.backend.framework)
         if first is None and other_inputs is not None:  # no oracle for the other set: compare the outputs
@@ -443,7 +302,7 @@ def _repeat(result: CaseResult, impl: Impl, prepared: Prepared, case, guarded, f
             reports = judge(impl, prepared, case, again)
         if found or not _passed(reports):
             result.spread = _spread(fw, prepared, case, first, again)
-            result.status = "FAIL"
+            result.status = status.FAIL
             result.outputs = (reports or list(result.outputs)) + found
             result.reason = (f"call {i} of {calls} on the same inputs (fresh poisoned outputs) "
                              + ("differs from call 1" if impl.deterministic else "fails the oracle; call 1 passed")
@@ -468,7 +327,7 @@ def _recheck(result: CaseResult, impl: Impl, prepared: Prepared, case, device: s
     reports = judge(impl, alt, case, got) if full else _unchanged(fw, before, got)
     if _passed(reports) and not found:
         return
-    result.status = "FAIL"
+    result.status = status.FAIL
     result.outputs = (reports if full else result.outputs + reports) + found
     if not _passed(reports):
         result.reason = _stale_reason(impl, prepared, alt, case, device, got) if full else \
@@ -516,7 +375,7 @@ def run_case(impl: Impl, case, device: str, run_seed: int = 0, oracle: str = "au
     """Check `impl` on `case`: one guarded call judged against the oracle, the repeats, the
     stale-output check (`recheck`; untimed runs only), then, when `timed` and still passing,
     the timed run and its re-validation.  See the module docstring for the defaults."""
-    result = CaseResult(case.op, impl.id, case.id, case.dtype, device, "SKIP",
+    result = CaseResult(case.op, impl.id, case.id, case.dtype, device, status.SKIP,
                         repro=repro_command(impl, case, run_seed, device))
     reason = impl.skip_reason(case, device)
     if reason:
@@ -561,26 +420,26 @@ def _checked(result: CaseResult, impl: Impl, case, device: str, run_seed: int, o
         outs, found = guarded.call()
         result.calls = 1
         result.outputs = judge(impl, prepared, case, outs) + found
-        result.status = "PASS" if _passed(result.outputs) else "FAIL"
-        if result.status == "PASS" and calls > 1:
+        result.status = status.PASS if _passed(result.outputs) else status.FAIL
+        if result.status == status.PASS and calls > 1:
             _repeat(result, impl, prepared, case, guarded, outs, calls)
-        if result.status == "PASS" and recheck and not timed:
+        if result.status == status.PASS and recheck and not timed:
             _recheck(result, impl, prepared, case, device, run_seed, oracle, guarded)
     except (ValueError, TypeError, NotImplementedError) as exc:
-        result.status, result.reason = "ERROR", f"{type(exc).__name__}: {exc}"
+        result.status, result.reason = status.ERROR, f"{type(exc).__name__}: {exc}"
         return
-    if timed and result.status == "PASS":
+    if timed and result.status == status.PASS:
         # Timed on the inputs just checked; the final call gets another input set (variant 1).
         alt = prepare(case, run_seed, oracle, device, variant=1)
         del guarded, outs
         tr = timed_check(impl, case, device, prepared.inputs, alt, timing_config or timing.TimingConfig.quick(),
-                         sample_above=SAMPLE_ABOVE)
+                         sample_above=_prepared.SAMPLE_ABOVE)
         if tr.samples is not None:
             result.time_ms = tr.samples.median
             result.timing = tr.samples.to_json()
-        if tr.status != "PASS":
+        if tr.status != status.PASS:
             result.status, result.reason = tr.status, tr.reason
             result.outputs = tr.outputs or result.outputs
             result.repro += " --time"
-            if tr.status == "FAIL":
+            if tr.status == status.FAIL:
                 result.reason = diagnose_revalidation(impl, prepared, alt, case, device)

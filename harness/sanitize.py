@@ -54,6 +54,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.status import FAILED, SKIP
+
 TOOLS = ("memcheck", "racecheck", "initcheck", "synccheck")
 ERROR_EXITCODE = 86
 PRINT_LIMIT = 20
@@ -215,7 +217,7 @@ def verdict(report: SanitizerReport, run: dict | None, timed_out: bool) -> tuple
         return "incomplete", "the sanitizer printed no ERROR SUMMARY (it did not finish, or could not start)"
     if run is None:
         return "incomplete", "the run under the sanitizer wrote no results (it crashed or could not start)"
-    ran = sum(v for k, v in (run.get("counts") or {}).items() if k != "SKIP")
+    ran = sum(v for k, v in (run.get("counts") or {}).items() if k != SKIP)
     if run.get("interrupted"):
         return "incomplete", f"the run under the sanitizer stopped: {run['interrupted']}"
     if not ran:
@@ -369,8 +371,6 @@ def cmd_sanitize(args) -> int:
             runs.append(sanitize_backend(sanitizer, args.sanitize, backend, args, "cuda", logdir, timeout))
         _print_run(runs[-1])
     clean = all(r.status == "clean" for r in runs)
-    from harness.status import FAILED
-
     failed = any((r.counts or {}).get(s) for r in runs for s in FAILED)
     print(f"sanitize {args.sanitize}: {sum(r.status == 'clean' for r in runs)} of {len(runs)} backends clean"
           + ("; some cases failed their oracle check (see the run logs)" if failed else ""))
@@ -401,7 +401,10 @@ def _print_run(r: BackendRun) -> None:
 
 
 def inner_main(argv: list[str]) -> int:
-    """The sanitized process: cupy's memory pools off (torch's cache is off by environment), then `harness run`."""
+    """The sanitized process: cupy's memory pools off (torch's cache is off by environment), then the
+    `python -m harness` program with `argv`, run as a program (runpy): the CLI sits above this module."""
+    import runpy
+
     try:
         import cupy
 
@@ -409,9 +412,9 @@ def inner_main(argv: list[str]) -> int:
         cupy.cuda.set_pinned_memory_allocator(None)
     except Exception:  # noqa: BLE001 - no cupy: nothing to turn off
         pass
-    from harness.cli import main
-
-    return main(argv)
+    sys.argv = ["python -m harness", *argv]
+    runpy.run_module("harness", run_name="__main__", alter_sys=True)  # exits with the run's status (SystemExit)
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,14 +1,14 @@
 """Huge cases (the `stress` set: over 2**31 elements): inputs built in row chunks, a sampled oracle.
 
 Why the ordinary path cannot take them.  A stress case has 2**31 + a few elements in its
-largest tensors (bf16: 4.3 GB each).  `runner.build_prepared` holds every input in float64
+largest tensors (bf16: 4.3 GB each).  The ordinary path (harness/prepare.py) holds every input in float64
 (17 GB each), the oracle's outputs and their error scales in float64 (17 GB per big output,
 twice), and its numpy temporaries on top; `judge` copies each output back as float64 and
 compares it with a dozen more 17 GB arrays.  A binary_backward stress case would need well
 over 128 GB of host memory; the JAX oracle on the GPU ("auto" above 1 GiB) would need
 4 x 17 GB of the 80 GB card, and JAX keeps what it once allocated.
 
-What this module does instead, for the ops whose rows are independent (ROW_SEPARABLE: every
+What this module does instead, for the ops whose rows are independent (OpSpec.row_separable: every
 tensor either has the row axis, axis 0 of the largest tensor, or is shared by all rows):
 
 - **inputs**: the op's own generator is run on row chunks of the case (the same case with
@@ -24,7 +24,7 @@ tensor either has the row axis, axis 0 of the largest tensor, or is shared by al
   model's s and n, harness/compare.py, add up so).  `tests/test_stress.py` checks this
   equals the whole-case oracle on small cases of every op.
 - **verdict**: a row-split output of more than SAMPLE_ABOVE elements keeps its oracle value
-  and error scale only at a sample of flat indices: runner.SAMPLE_SIZE uniform ones, plus
+  and error scale only at a sample of flat indices: prepared.SAMPLE_SIZE uniform ones, plus
   every element in a window around each 2**31 and 2**32 boundary and at the end, where an
   int32 offset goes wrong first.  `runner.judge` gathers the output at those indices on
   the device and compares them under the same tolerance model; its NaN count is checked
@@ -53,10 +53,10 @@ from math import prod
 
 import numpy as np
 
+from harness import prepared as _prepared
 from harness.registry import get_op
 from harness.tensors import HostTensor, contiguous_strides
 
-ROW_SEPARABLE = ("binary_backward", "reduce_sum", "layernorm_backward", "rmsnorm_backward")
 # A case whose largest tensor has more elements takes this path ($GRADORACLE_HUGE_NUMEL lowers it
 # for a dry run of the stress batch on small cases).
 HUGE_NUMEL = int(os.environ.get("GRADORACLE_HUGE_NUMEL", 1 << 30))
@@ -100,7 +100,7 @@ _PLANS: dict = {}
 
 def row_plan(case) -> RowPlan | None:
     """The case's row plan, or None when it is not a huge, row-separable, contiguous case."""
-    if case.op not in ROW_SEPARABLE:
+    if not get_op(case.op).row_separable:
         return None
     key = (case.op, case.id, case.dtype)
     if key not in _PLANS:
@@ -109,8 +109,6 @@ def row_plan(case) -> RowPlan | None:
 
 
 def _make_plan(case) -> RowPlan | None:
-    if case.op not in ROW_SEPARABLE:
-        return None
     if any(k.endswith("_layout") and v != "contig" for k, v in case.params.items()):
         return None  # chunks are stacked as contiguous rows
     spec = get_op(case.op)
@@ -149,7 +147,7 @@ def _make_plan(case) -> RowPlan | None:
 
 
 def applies(case) -> bool:
-    """Whether `case` takes this module's path (huge and row-separable): runner.build_prepared asks."""
+    """Whether `case` takes this module's path (huge and row-separable): harness/prepare.py asks."""
     return row_plan(case) is not None
 
 
@@ -238,16 +236,14 @@ class _Build:
 
     def run(self) -> tuple[dict, dict, dict, dict, dict]:
         """(inputs, ref, scale, samples, nan counts); the last four empty without an oracle."""
-        from harness import runner
-
         bounds = self.plan.bounds()
         got0 = self.chunk_inputs(0, *bounds[0])
         if self.oracle is not None:
             self.shared64 = {k: t.float64() for k, t in self.inputs.items() if k in self.plan.shared}
             for name in self.spec.outputs_of(self.case):
                 numel = prod(self.shapes[name])
-                if name in self.plan.split and numel > runner.SAMPLE_ABOVE:
-                    self.sampled[name] = sample_indices(numel, runner.SAMPLE_SIZE, self.seed)
+                if name in self.plan.split and numel > _prepared.SAMPLE_ABOVE:
+                    self.sampled[name] = sample_indices(numel, _prepared.SAMPLE_SIZE, self.seed)
 
         def task(item):
             c, (r0, r1) = item
@@ -292,7 +288,7 @@ class _Build:
 
 
 def sample_indices(numel: int, size: int, seed: int) -> np.ndarray:
-    """What runner.sample_index draws (`size` uniform flat indices, the first and the last), plus
+    """What prepared.sample_index draws (`size` uniform flat indices, the first and the last), plus
     every element within BOUNDARY of the 2**31 and 2**32 flat offsets and the last BOUNDARY ones:
     sorted, unique, int64.  (Sorted by hand: np.unique takes seconds on a million indices.)"""
     rng = np.random.default_rng(seed)
@@ -325,14 +321,12 @@ def generate(case, seed: int) -> dict:
 
 
 def build_prepared(case, seed: int, oracle: str = "auto"):
-    """runner.Prepared for a huge case: inputs, the chunked oracle, the samples (module docstring)."""
-    from harness import runner
-
+    """prepared.Prepared for a huge case: inputs, the chunked oracle, the samples (module docstring)."""
     started = time.perf_counter()
     which = "jax" if oracle == "jax" else "numpy"
     inputs, ref, scale, samples, nans = _Build(case, seed, which).run()
     inputs64 = {k: t.float64() for k, t in inputs.items() if k in row_plan(case).shared}
-    return runner.Prepared(inputs, inputs64, ref, scale, which + ORACLE_SUFFIX, seed, nan_counts=nans,
+    return _prepared.Prepared(inputs, inputs64, ref, scale, which + ORACLE_SUFFIX, seed, nan_counts=nans,
                            oracle_s=time.perf_counter() - started, samples=samples)
 
 

@@ -1,8 +1,16 @@
-"""Reference oracles: one module per op, each declaring the op (see harness.registry.OpSpec).
+"""Reference oracles: one module per op, each declaring the op (harness.registry.OpSpec) on import.
 
-numpy oracles are explicit float64 formulas, readable as the spec; JAX oracles
-differentiate the forward with jax.vjp, an independent derivation.  Every module here
-that is not a helper (broadcast, conv_common, jax_setup) declares one op on import.
+What lives here: `<op>.py` holds everything the harness knows about an op -- its spec (the
+module docstring: semantics, layouts, dtypes, accumulation rules), the numpy oracle (explicit
+float64 formulas, readable as the spec), the JAX oracle (jax.vjp of the forward, an independent
+derivation), shapes, the input generator, the error and cost models, the argument rule every
+implementation's entry runs (`check_args`), and flags such as `row_separable`.  Helpers that
+are not ops: broadcast, conv_common, jax_setup (every use of JAX imports it from there).
+
+What may be touched: add an op by adding `<op>.py` here and `cases/<op>.py` (README "Adding an
+op"); nothing in harness/ names an op.  Change an existing oracle only with its cross-checks
+(tests/test_oracles.py, the fuzz oracle agreement).  Ops from installed packages come through
+the `gradoracle.ops` entry points instead (harness.registry.load_ops).
 """
 import importlib
 import pkgutil

@@ -140,6 +140,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from harness import dtypes
+from harness.argcheck import fmt_shape
 from harness.registry import Cost, OpSpec, register_op
 from harness.tensors import from_values, nonzero_uniform
 
@@ -629,6 +630,37 @@ def _validate(case):
             raise _bad(key, "a finite number >= 0 (0 = off)" if floor is not None else "a finite number > 0", value)
 
 
+def _check_args(c) -> None:
+    """The argument rule (harness/argcheck.py): causal, window, softcap, softmax_scale; q (B, Sq,
+    Hq, D) and k (B, Sk, Hkv, D) with Hkv dividing Hq, and the params' B/Sq/Sk/Hq/Hkv/D; v, dk,
+    dv like k; o, do, dq like q; lse (B, Hq, Sq)."""
+    c.flag("causal", False)
+    window = c.params.get("window", (-1, -1))
+    if (not isinstance(window, (list, tuple)) or len(window) != 2
+            or not all(isinstance(w, int) and not isinstance(w, bool) and w >= -1 for w in window)):
+        c.fail(ValueError, f"params['window'] is {window!r}, expected [left, right], ints >= -1 (-1 = unbounded)")
+    c.number("softcap", 0.0, 0.0, strict=False, none_ok=True)
+    c.number("softmax_scale", None, 0.0, strict=True, none_ok=True)
+    q, k = c.shape("q"), c.shape("k")
+    for name, s, dims in (("q", q, "(B, Sq, Hq, D)"), ("k", k, "(B, Sk, Hkv, D)")):
+        if len(s) != 4 or min(s) < 1:
+            c.fail(ValueError, f"argument {name!r} has shape {fmt_shape(s)}, expected 4 dims {dims}, each >= 1")
+    c.expect("q", tuple(c.params.get(key, n) for key, n in zip(("B", "Sq", "Hq", "D"), q)),
+             lambda: "params B, Sq, Hq, D")
+    b, sq, hq, d = q
+    c.expect("k", (b, c.params.get("Sk", k[1]), c.params.get("Hkv", k[2]), d),
+             lambda: f"(B, Sk, Hkv, D) with B and D of q {fmt_shape(q)}")
+    hkv = k[2]
+    if hq % hkv:
+        c.fail(ValueError, f"argument 'k' has {hkv} heads (Hkv = k.shape[2]), expected a divisor of "
+                           f"Hq = {hq} (q.shape[2]): each kv head serves Hq / Hkv query heads")
+    for name in ("v", "dk", "dv"):
+        c.expect(name, k, lambda: "the shape of k")
+    for name in ("o", "do", "dq"):
+        c.expect(name, q, lambda: "the shape of q")
+    c.expect("lse", (b, hq, sq), lambda: f"(B, Hq, Sq) of q {fmt_shape(q)}")
+
+
 SPEC = register_op(OpSpec(
     name=OP,
     doc=__doc__,
@@ -651,4 +683,6 @@ SPEC = register_op(OpSpec(
     wrt={"dq": "q", "dk": "k", "dv": "v"},
     validate=_validate,
     exact_inputs=exact_inputs,
+    check_args=_check_args,
+    stats=("lse",),
 ))

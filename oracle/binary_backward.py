@@ -42,6 +42,7 @@ from math import prod
 import numpy as np
 
 from harness import dtypes
+from harness.argcheck import fmt_shape
 from harness.registry import Cost, OpSpec, register_op
 from harness.tensors import from_grid, from_values, layout_error, nonzero_uniform
 from oracle.broadcast import broadcast_shape, sum_to_shape
@@ -212,6 +213,19 @@ def _validate(case):
             raise ValueError(f"{where}: param {key!r} ({tensor} has rank {ranks[tensor]}): {why}")
 
 
+def _check_args(c) -> None:
+    """The argument rule (harness/argcheck.py): fn, and a, b, grad_out, grad_a, grad_b broadcast-consistent."""
+    fn = c.params.get("fn")
+    if fn not in FNS:
+        c.fail(ValueError, f"params['fn'] is {fn!r}, expected one of {', '.join(FNS)}")
+    c.expect_param_shape("a", "a")
+    c.expect_param_shape("b", "b")
+    a, b = c.shape("a"), c.shape("b")
+    c.expect("grad_out", c.broadcast("a", "b"), lambda: f"the broadcast of a {fmt_shape(a)} and b {fmt_shape(b)}")
+    c.expect("grad_a", a, lambda: "the shape of a")
+    c.expect("grad_b", b, lambda: "the shape of b")
+
+
 SPEC = register_op(OpSpec(
     name="binary_backward",
     doc=__doc__,
@@ -229,4 +243,6 @@ SPEC = register_op(OpSpec(
     loss=_loss,
     wrt={"grad_a": "a", "grad_b": "b"},
     validate=_validate,
+    check_args=_check_args,
+    row_separable=True,
 ))

@@ -149,6 +149,14 @@ def _validate(case):
     cc.validate(OP, case.params, ("dy_layout", "w_layout"))
 
 
+def _check_args(c) -> None:
+    """The argument rule (harness/argcheck.py): the geometry, and dy, w, dx of its shapes."""
+    geo = cc.check_geometry(c)
+    c.expect("dy", geo.y_shape, lambda: f"{cc.dy_dims(geo)} of the params' geometry")
+    c.expect("w", geo.w_shape, lambda: "the weight shape of the params' geometry")
+    c.expect("dx", geo.x_shape, lambda: "the input shape of the params' geometry")
+
+
 SPEC = register_op(OpSpec(
     name=OP,
     doc=__doc__,
@@ -165,4 +173,5 @@ SPEC = register_op(OpSpec(
     loss=_loss,
     wrt={"dx": "x"},
     validate=_validate,
+    check_args=_check_args,
 ))

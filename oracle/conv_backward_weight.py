@@ -138,6 +138,14 @@ def _validate(case):
     cc.validate(OP, case.params, ("dy_layout", "x_layout"))
 
 
+def _check_args(c) -> None:
+    """The argument rule (harness/argcheck.py): the geometry, and dy, x, dw of its shapes."""
+    geo = cc.check_geometry(c)
+    c.expect("dy", geo.y_shape, lambda: f"{cc.dy_dims(geo)} of the params' geometry")
+    c.expect("x", geo.x_shape, lambda: "the input shape of the params' geometry")
+    c.expect("dw", geo.w_shape, lambda: "the weight shape of the params' geometry")
+
+
 SPEC = register_op(OpSpec(
     name=OP,
     doc=__doc__,
@@ -154,4 +162,5 @@ SPEC = register_op(OpSpec(
     loss=_loss,
     wrt={"dw": "w"},
     validate=_validate,
+    check_args=_check_args,
 ))

@@ -305,3 +305,18 @@ PARAMS = {
               "(NWC/NHWC/NDHWC, weight (Cout, *k, Cin/g))",
     "out": "optional: dy's spatial size, checked against the output-size formula",
 }
+
+
+def check_geometry(c):
+    """The argument rules' shared part (harness/argcheck.py): the params' geometry, its own
+    message (which names the param) raised through the call; the Geometry."""
+    try:
+        return geometry(c.params, c.op)
+    except (ValueError, TypeError, KeyError) as exc:
+        text = str(exc)
+        c.fail(ValueError, text[len(c.op) + 2:] if text.startswith(f"{c.op}: ") else text)
+
+
+def dy_dims(geo: Geometry) -> str:
+    """dy's dims in words, for messages: (N, *O, Cout) or (N, Cout, *O)."""
+    return "(N, *O, Cout)" if geo.channels_last else "(N, Cout, *O)"

@@ -82,6 +82,7 @@ from math import prod
 import numpy as np
 
 from harness import dtypes
+from harness.argcheck import fmt_shape
 from harness.registry import Cost, OpSpec, register_op
 from harness.tensors import LAYOUTS, from_values, nonzero_uniform
 
@@ -308,6 +309,45 @@ def _validate(case):
             raise ValueError(f"{OP} case: param {key!r} must be true or false, got {case.params[key]!r}")
 
 
+def check_norm_rows(c) -> tuple[tuple[int, ...], int]:
+    """The argument rule's shapes for layernorm and rmsnorm: x (at least 1 dim, N = its last
+    >= 1), dy and dx like x, weight/dweight/dbias (N,), mean/rstd one per row; x's shape and N."""
+    c.expect_param_shape("x", "shape")
+    x = c.shape("x")
+    if not x or x[-1] < 1:
+        c.fail(ValueError, f"argument 'x' has shape {fmt_shape(x)}, expected at least 1 dim and a last "
+                           "(normalised) dim N >= 1")
+    n = x[-1]
+    c.expect("dy", x, lambda: "the shape of x")
+    for name in ("weight", "dweight", "dbias"):
+        c.expect(name, (n,), lambda: f"N = x.shape[-1] of x {fmt_shape(x)}")
+    for name in ("mean", "rstd"):
+        c.expect(name, x[:-1], lambda: f"one per row of x {fmt_shape(x)}: x.shape[:-1]")
+    c.expect("dx", x, lambda: "the shape of x")
+    return x, n
+
+
+def _check_args(c) -> None:
+    """The argument rule (harness/argcheck.py): affine, bias, eps, and the norm shapes."""
+    c.flag("affine", True)
+    c.flag("bias", True)
+    c.number("eps", 1e-5, 0.0, strict=True)
+    check_norm_rows(c)
+
+
+_NAMES: dict = {}  # (affine, bias) -> (inputs, outputs): argcheck asks on every call
+
+
+def _io_names(params) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """weight and dweight exist when params affine is true, dbias when bias is (both default true)."""
+    key = (params.get("affine", True), params.get("bias", True))
+    if key not in _NAMES:
+        affine, bias = key
+        _NAMES[key] = (tuple(n for n in SPEC.inputs if n != "weight" or affine),
+                       tuple(n for n in SPEC.outputs if (n != "dweight" or affine) and (n != "dbias" or bias)))
+    return _NAMES[key]
+
+
 SPEC = register_op(OpSpec(
     name=OP,
     doc=__doc__,
@@ -328,4 +368,8 @@ SPEC = register_op(OpSpec(
     loss=_loss,
     wrt={"dx": "x", "dweight": "weight", "dbias": "bias"},
     validate=_validate,
+    check_args=_check_args,
+    io_names=_io_names,
+    stats=("mean", "rstd"),
+    row_separable=True,
 ))

@@ -50,6 +50,7 @@ from math import prod
 import numpy as np
 
 from harness import dtypes
+from harness.argcheck import broadcast, fmt_shape
 from harness.registry import Cost, OpSpec, register_op
 from harness.tensors import LAYOUTS, from_values, nonzero_uniform
 from oracle.broadcast import broadcast_shape, sum_to_shape
@@ -178,6 +179,29 @@ def _validate(case):
             raise ValueError(f"{where}: param {key!r} must be one of {', '.join(LAYOUTS)}, got {p[key]!r}")
 
 
+def _check_args(c) -> None:
+    """The argument rule (harness/argcheck.py): a (..., M, K), b (..., K, N) with broadcastable
+    batch dims, dy (*batch, M, N), da and db like a and b."""
+    c.expect_param_shape("a", "a")
+    c.expect_param_shape("b", "b")
+    a, b = c.shape("a"), c.shape("b")
+    for name, s, dims in (("a", a, "(..., M, K)"), ("b", b, "(..., K, N)")):
+        if len(s) < 2:
+            c.fail(ValueError, f"argument {name!r} has shape {fmt_shape(s)}, expected at least 2 dims {dims}")
+    if a[-1] != b[-2]:
+        c.fail(ValueError, f"argument 'b' has shape {fmt_shape(b)}, expected b.shape[-2] = {a[-1]} "
+                           f"(K, the last dim of a {fmt_shape(a)})")
+    batch = broadcast(a[:-2], b[:-2])
+    if isinstance(batch, str):
+        c.fail(ValueError, f"arguments 'a' {fmt_shape(a)} and 'b' {fmt_shape(b)} have batch dims "
+                           f"{fmt_shape(a[:-2])} and {fmt_shape(b[:-2])}, expected broadcastable batch dims, "
+                           f"got {batch}")
+    out = batch + (a[-2], b[-1])
+    c.expect("dy", out, lambda: f"(*batch, M, N) of a {fmt_shape(a)} @ b {fmt_shape(b)}")
+    c.expect("da", a, lambda: "the shape of a")
+    c.expect("db", b, lambda: "the shape of b")
+
+
 SPEC = register_op(OpSpec(
     name=OP,
     doc=__doc__,
@@ -195,4 +219,5 @@ SPEC = register_op(OpSpec(
     loss=_loss,
     wrt={"da": "a", "db": "b"},
     validate=_validate,
+    check_args=_check_args,
 ))

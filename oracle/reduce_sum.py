@@ -41,6 +41,7 @@ from math import prod
 import numpy as np
 
 from harness import dtypes
+from harness.argcheck import fmt_shape
 from harness.registry import Cost, OpSpec, register_op
 from harness.tensors import LAYOUTS, from_values, nonzero_uniform
 from oracle.broadcast import sum_to_shape
@@ -210,6 +211,34 @@ def _validate(case):
                          f"{2 if layout == 'transposed' else 1} shape, got {list(shape)}")
 
 
+def _check_args(c) -> None:
+    """The argument rule (harness/argcheck.py): x's shape, one form of params (target, or
+    axes/keepdim) that fits it, and y the shape the sum gives."""
+    c.expect_param_shape("x", "shape")
+    x = c.shape("x")
+    rank = len(x)
+    if "target" in c.params:
+        if "axes" in c.params or "keepdim" in c.params:
+            c.fail(ValueError, f"params has 'target' and {'axes' if 'axes' in c.params else 'keepdim'}, "
+                               "expected one form: target, or axes/keepdim")
+        target = c.ints("target", c.params["target"])
+        lead = rank - len(target)
+        if lead < 0 or any(t not in (n, 1) for t, n in zip(target, x[lead:])):
+            c.fail(ValueError, f"params['target'] is {list(target)}, expected a shape x {fmt_shape(x)} sums to "
+                               f"(at most {rank} dims aligned from the right, each equal to x's or 1)")
+        why = lambda: f"x {fmt_shape(x)} summed to params['target']"  # noqa: E731
+    else:
+        axes = c.params.get("axes")
+        if axes is not None:
+            axes = c.ints("axes", axes)
+            if any(not -rank <= ax < rank for ax in axes) or len({ax % rank for ax in axes}) != len(axes):
+                c.fail(ValueError, f"params['axes'] is {list(axes)}, expected distinct axes of x {fmt_shape(x)} "
+                                   f"in [{-rank}, {rank})")
+        c.flag("keepdim", False)
+        why = lambda: f"x {fmt_shape(x)} summed over params['axes']"  # noqa: E731
+    c.expect("y", out_shape(x, c.params), why)
+
+
 SPEC = register_op(OpSpec(
     name=OP,
     doc=__doc__,
@@ -230,4 +259,6 @@ SPEC = register_op(OpSpec(
     loss=_loss,
     wrt={"y": "v"},
     validate=_validate,
+    check_args=_check_args,
+    row_separable=True,
 ))

@@ -55,7 +55,7 @@ import numpy as np
 from harness import dtypes
 from harness.registry import Cost, OpSpec, register_op
 from harness.tensors import from_values, nonzero_uniform
-from oracle.layernorm_backward import stats_dtype, validate_norm_case
+from oracle.layernorm_backward import check_norm_rows, stats_dtype, validate_norm_case
 
 OP = "rmsnorm_backward"
 DEFAULT_EPS = 1e-6
@@ -177,6 +177,12 @@ def _validate(case):
     validate_norm_case(OP, case, {"shape", "eps", "dy_layout", "x_layout"})
 
 
+def _check_args(c) -> None:
+    """The argument rule (harness/argcheck.py): eps, and the norm shapes."""
+    c.number("eps", 1e-6, 0.0, strict=True)
+    check_norm_rows(c)
+
+
 SPEC = register_op(OpSpec(
     name=OP,
     doc=__doc__,
@@ -195,4 +201,7 @@ SPEC = register_op(OpSpec(
     loss=_loss,
     wrt={"dx": "x", "dweight": "weight"},
     validate=_validate,
+    check_args=_check_args,
+    stats=("rstd",),
+    row_separable=True,
 ))

@@ -64,7 +64,7 @@ def pytest_generate_tests(metafunc):
     device = _device(metafunc.config)
     wanted_ops, wanted_impls = metafunc.config.getoption("--op"), metafunc.config.getoption("--backend")
     params = []
-    for op in fuzz.STRATEGIES:
+    for op in fuzz.strategies():
         if wanted_ops and op not in wanted_ops:
             continue
         for impl in impls_for(op):
@@ -103,7 +103,7 @@ def test_fuzz(op_name, impl, fuzz_budget, request):
 # ----------------------------------------------------------------------------- the strategies themselves
 
 
-@pytest.mark.parametrize("op", list(fuzz.STRATEGIES))
+@pytest.mark.parametrize("op", list(fuzz.strategies()))
 def test_strategy_builds_valid_small_cases(op):
     """Every drawn case passes validate (inside the strategy), round-trips through JSON with the
     same id and params (so its repro line names the same inputs), and stays small."""
@@ -223,7 +223,7 @@ EDGES = {
 }
 
 
-@pytest.mark.parametrize("op", list(fuzz.STRATEGIES))
+@pytest.mark.parametrize("op", list(fuzz.strategies()))
 def test_strategy_reaches_the_edges(op):
     """hypothesis.find reaches each edge case named in EDGES (and shrinks it: cheap, no oracle runs)."""
     from hypothesis import find
@@ -241,14 +241,14 @@ def test_strategy_reaches_the_edges(op):
 ORACLE_BUDGET = (3, 60)  # (ci, deep) examples per op: the JAX oracle compiles each new shape
 
 
-@pytest.mark.parametrize("op", list(fuzz.STRATEGIES))
+@pytest.mark.parametrize("op", list(fuzz.strategies()))
 def test_oracles_agree_on_fuzzed_cases(op, fuzz_budget):
     """The numpy and JAX float64 oracles agree to float64 rounding on drawn cases, as
     tests/test_oracles.py checks them on the smoke cases (on the exact forward results where
     the op takes saved ones: attention's o and lse)."""
     import numpy as np
 
-    from harness.runner import build_prepared
+    from harness.prepare import prepare
 
     spec = get_op(op)
     examples = fuzz_budget["examples"] or ORACLE_BUDGET[fuzz_budget["profile"] == "deep"]
@@ -257,7 +257,7 @@ def test_oracles_agree_on_fuzzed_cases(op, fuzz_budget):
     @given(case=fuzz.cases(op))
     def agree(case):
         note(f"case: {json.dumps(case.to_json())}")
-        prep = build_prepared(case)
+        prep = prepare(case)
         inputs = prep.inputs64 if spec.exact_inputs is None else spec.exact_inputs(prep.inputs64, case.params)
         ref = prep.ref if spec.exact_inputs is None else spec.numpy_oracle(inputs, case.params)
         got = spec.jax_oracle(prep.inputs64, case.params)
@@ -300,11 +300,11 @@ VALIDATION_BUGS: dict = {}  # op -> a known validation bug, tracked by a strict 
 
 
 @pytest.mark.parametrize("op", [pytest.param(op, marks=pytest.mark.xfail(reason=VALIDATION_BUGS[op], strict=True))
-                                if op in VALIDATION_BUGS else op for op in fuzz.STRATEGIES])
+                                if op in VALIDATION_BUGS else op for op in fuzz.strategies()])
 def test_validate_accepts_only_runnable_cases(op):
     """What validate accepts must run: no unknown param may pass (it would be ignored), and the
     inputs and oracle of an accepted case must build without error."""
-    from harness.runner import build_prepared
+    from harness.prepare import prepare
 
     @fuzz.fuzz_settings("ci", 40)
     @given(case=_mutated_cases(op))
@@ -316,7 +316,7 @@ def test_validate_accepts_only_runnable_cases(op):
         spec = json.dumps(case.to_json())
         assert UNKNOWN_PARAM not in case.params, f"validate accepted an unknown param: {spec}"
         try:
-            build_prepared(case)
+            prepare(case)
         except Exception as exc:  # noqa: BLE001 - any error here is validate's miss
             raise AssertionError(f"validate accepted {spec}, then preparing it raised "
                                  f"{type(exc).__name__}: {exc}") from exc
@@ -325,7 +325,7 @@ def test_validate_accepts_only_runnable_cases(op):
 
 
 def test_every_op_has_a_strategy():
-    assert set(fuzz.STRATEGIES) == set(reg.load_ops())
+    assert set(fuzz.strategies()) == set(reg.load_ops())
 
 
 # ----------------------------------------------------------------------------- planted bugs: found, shrunk, replayed

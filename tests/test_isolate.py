@@ -13,7 +13,8 @@ import pytest
 
 import planted_crash
 from harness.cuda_errors import sticky_cuda_error
-from harness.isolate import InProcessRunner, IsolatedRunner, result_from_json, stderr_excerpt
+from harness.isolate import InProcessRunner, IsolatedRunner, stderr_excerpt
+from harness.results import CaseResult
 
 ROOT = Path(__file__).resolve().parents[1]
 CASE = '{"op":"binary_backward","dtype":"f32","params":{"fn":"mul","a":[2,3],"b":[3]}}'
@@ -177,7 +178,7 @@ def test_in_process_runner_turns_a_sticky_error_into_a_crash_row():
 
 def test_a_result_survives_the_trip_through_json():
     result = InProcessRunner("cpu", 5).run(planted_crash.planted_crash.impls[("binary_backward", "correct")], _case())
-    back = result_from_json(json.loads(json.dumps(result.to_json())))
+    back = CaseResult.from_json(json.loads(json.dumps(result.to_json())))
     assert back.to_json() == result.to_json()
     assert back.report() == result.report() and back.outputs[0].worst_ratio == result.outputs[0].worst_ratio
 

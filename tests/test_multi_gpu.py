@@ -1,4 +1,4 @@
-"""`harness run --gpus N` and pytest-xdist pinning (harness/multi_gpu.py).
+"""`harness run --gpus N` and pytest-xdist pinning (harness/multi_gpu/).
 
 On the CPU, `--gpus N --device cpu` runs N CPU workers: the merge is what is tested.
 """
@@ -11,7 +11,10 @@ from pathlib import Path
 import pytest
 
 from harness.cli import _parse
-from harness.multi_gpu import merge, pin_xdist_worker, visible_gpus, worker_argv
+from harness.multi_gpu.gpus import visible_gpus
+from harness.multi_gpu.merge import merge
+from harness.multi_gpu.workers import worker_argv
+from harness.multi_gpu.xdist import pin_xdist_worker
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,4 @@
-"""Checking a split run (harness/multi_gpu.py): `python -m harness.multi_gpu compare` on synthetic
+"""Checking a split run (harness/multi_gpu/check.py): `python -m harness.multi_gpu compare` on synthetic
 results, `compare-junit` on synthetic junit files, and the "GPU per worker" lines of `pytest -n N`."""
 import gzip
 import json
@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from harness import multi_gpu
-from harness.multi_gpu import compare_junit, compare_runs, format_comparison, pin_summary_lines, read_junit
+from harness.multi_gpu.check import compare_junit, compare_runs, format_comparison, read_junit, row_key
+from harness.multi_gpu.cli import main as multi_gpu_main
+from harness.multi_gpu.xdist import pin_summary_lines, worker_gpu_info
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -51,9 +52,9 @@ def test_a_different_status_a_missing_and_a_doubled_row_are_listed():
     two["results"].append(dict(two["results"][0]))
     c = compare_runs(one, two)
     assert not c["ok"] and not c["identical"] and c["split"]
-    assert c["status_differs"] == [[*multi_gpu.row_key(one["results"][3]), "PASS", "FAIL"]]
-    assert c["only_in_one"] == [list(multi_gpu.row_key(lost))] and c["only_in_two"] == []
-    assert c["duplicates_two"] == [list(multi_gpu.row_key(one["results"][0]))] and c["duplicates_one"] == []
+    assert c["status_differs"] == [[*row_key(one["results"][3]), "PASS", "FAIL"]]
+    assert c["only_in_one"] == [list(row_key(lost))] and c["only_in_two"] == []
+    assert c["duplicates_two"] == [list(row_key(one["results"][0]))] and c["duplicates_one"] == []
     text = format_comparison(c)
     assert "verdicts identical: NO (1 status differences, 1 rows only in one, 0 only in two, 1 duplicated)" in text
     assert "status differs: binary_backward | torch | c1 | f32 | PASS | FAIL" in text
@@ -101,12 +102,12 @@ def test_the_compare_command_reads_gz_writes_json_and_exits_by_the_verdict(tmp_p
     (tmp_path / "two.json").write_text(json.dumps(two))
     argv = ["compare", str(tmp_path / "one.json.gz"), str(tmp_path / "two.json"), "--wall-one", "90",
             "--wall-two", "50", "--json", str(tmp_path / "c.json")]
-    assert multi_gpu.main(argv) == 0
+    assert multi_gpu_main(argv) == 0
     assert "wall: one 90.0s, two 50.0s, speedup 1.80x" in capsys.readouterr().out
     assert json.loads((tmp_path / "c.json").read_text())["per_gpu"]["1"]["rows"] == 9
     two["results"][0]["status"] = "ERROR"
     (tmp_path / "two.json").write_text(json.dumps(two))
-    assert multi_gpu.main(argv) == 1
+    assert multi_gpu_main(argv) == 1
 
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">
@@ -125,8 +126,8 @@ def test_compare_junit_test_by_test(tmp_path, capsys):
     c = compare_junit(a, b)
     assert not c["same"] and c["differ"] == [["tests.test_a::test_y", "passed", "failed"]]
     assert c["counts_b"] == {"passed": 1, "failed": 1, "error": 0, "skipped": 1}
-    assert multi_gpu.main(["compare-junit", str(tmp_path / "a.xml"), str(tmp_path / "a.xml")]) == 0
-    assert multi_gpu.main(["compare-junit", str(tmp_path / "a.xml"), str(tmp_path / "b.xml")]) == 1
+    assert multi_gpu_main(["compare-junit", str(tmp_path / "a.xml"), str(tmp_path / "a.xml")]) == 0
+    assert multi_gpu_main(["compare-junit", str(tmp_path / "a.xml"), str(tmp_path / "b.xml")]) == 1
     assert "same outcome for every test: NO (1 differ)" in capsys.readouterr().out
 
 
@@ -143,7 +144,7 @@ def test_pin_summary_lines():
         "6 tests: 5 passed, 1 skipped",
         "gw10: no GPU pinned (CUDA_VISIBLE_DEVICES=None); 0 tests: ",
         "3 workers on 2 distinct GPU(s)"]
-    info = multi_gpu.worker_gpu_info({"PYTEST_XDIST_WORKER": "gw3", "CUDA_VISIBLE_DEVICES": "3"})
+    info = worker_gpu_info({"PYTEST_XDIST_WORKER": "gw3", "CUDA_VISIBLE_DEVICES": "3"})
     assert info["worker"] == "gw3" and info["cuda_visible_devices"] == "3"
 
 

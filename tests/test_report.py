@@ -1,11 +1,11 @@
-"""Reports from a synthetic results.json (harness/report.py), verdicts, the progress bar and the prefetcher."""
+"""Reports from a synthetic results.json (harness/report/), verdicts, the progress bar and the prefetcher."""
 import io
 import json
 
 import numpy as np
 import pytest
 
-from harness import report
+from harness.report import benchmarks_md, compare, figures, files, markdown
 from harness.bench import Prefetch, Progress
 from harness.timing import Samples
 
@@ -36,7 +36,7 @@ def synthetic():
                  row(case, "cupy@naive", 4.0 + k, variant="naive", rank=1),  # ...naive heads the ladder
                  row(case, "triton", status="FAIL", reason="timed re-validation: stale"),
                  row(case, "jax", status="SKIP", reason="jax: no GPU backend")]
-    results = {"schema": report.SCHEMA, "created": "2026-11-22T00:00:00", "command": "python -m harness bench --cases perf",
+    results = {"schema": files.SCHEMA, "created": "2026-11-22T00:00:00", "command": "python -m harness bench --cases perf",
                "device": {"kind": "cuda", "name": "Fake H100", "sms": 132, "l2_bytes": 50 << 20,
                           "memory_bytes": 80 << 30, "capability": "9.0", "cuda": "13.0", "driver": "580"},
                "versions": {"python": "3.12", "torch": "2.11"}, "ceilings": CEIL,
@@ -45,7 +45,7 @@ def synthetic():
                "clock": {"source": "nvml", "max_seen_mhz": 1980.0, "max_supported_mhz": 1980.0},
                "ops": {"binary_backward": {"cost_model": "bytes: each input read once, each output written once."}},
                "elapsed_s": 12.5, "interrupted": "", "rows": rows}
-    return report.add_figures(results)
+    return figures.add_figures(results)
 
 
 def test_figures_speedups_and_ladder_order():
@@ -53,7 +53,7 @@ def test_figures_speedups_and_ladder_order():
     by = {(r["case"], r["impl"]): r for r in res["rows"]}
     case = "mul[bf16,A=8x2048x4096,B=4096]"
     opt, naive, torch = (by[(case, i)]["figures"] for i in ("cupy@opt", "cupy@naive", "torch"))
-    assert report.ladders(res["rows"]) == {("binary_backward", "cupy"): ["cupy@naive", "cupy@opt"]}
+    assert figures.ladders(res["rows"]) == {("binary_backward", "cupy"): ["cupy@naive", "cupy@opt"]}
     med = {i: by[(case, i)]["timing"]["median"] for i in ("torch", "cupy@opt", "cupy@naive")}
     assert opt["speedup_vs_baseline"] == pytest.approx(med["torch"] / med["cupy@opt"])
     assert opt["speedup_vs_ladder_ref"] == pytest.approx(med["cupy@naive"] / med["cupy@opt"])
@@ -64,7 +64,7 @@ def test_figures_speedups_and_ladder_order():
 
 
 def test_markdown_report_has_every_figure_and_the_seed_table_shapes():
-    md = report.markdown(synthetic(), ["plots/roofline_binary_backward.png"])
+    md = markdown.markdown(synthetic(), ["plots/roofline_binary_backward.png"])
     assert "Fake H100 (132 SMs, L2 50.0 MiB" in md and "driver 580" in md
     assert "copy 3000 GB/s (read+write" in md and "fp32 (TF32 off) 50 TFLOP/s" in md
     assert "`python -m harness bench --cases perf`" in md and "torch 2.11" in md
@@ -84,37 +84,37 @@ def test_markdown_report_has_every_figure_and_the_seed_table_shapes():
 
 def test_benchmarks_md_regenerates_between_markers(tmp_path):
     path = tmp_path / "BENCHMARKS.md"
-    path.write_text("Notes written by hand.\n\n" + report.BEGIN + "\nold table\n" + report.END + "\n\nMore notes.\n")
+    path.write_text("Notes written by hand.\n\n" + benchmarks_md.BEGIN + "\nold table\n" + benchmarks_md.END + "\n\nMore notes.\n")
     res = synthetic()
-    report.update_benchmarks_md(res, path)
+    benchmarks_md.update_benchmarks_md(res, path)
     text = path.read_text()
     assert text.startswith("Notes written by hand.") and text.rstrip().endswith("More notes.")
-    assert "old table" not in text and text.count(report.BEGIN) == 1
+    assert "old table" not in text and text.count(benchmarks_md.BEGIN) == 1
     assert "**Device**: Fake H100" in text and "**Command**: `python -m harness bench --cases perf`" in text
     assert "| case | bytes | torch | cupy@opt | cupy@naive | triton | jax |" in text
     assert "Speedup against torch (same run):" in text and "time_ref = " in text
     res["rows"][1]["timing"] = timing(0.5)  # a rerun with new numbers updates the block in place
-    report.update_benchmarks_md(report.add_figures(res), path)
+    benchmarks_md.update_benchmarks_md(figures.add_figures(res), path)
     again = path.read_text()
-    assert again != text and again.startswith("Notes written by hand.") and again.count(report.BEGIN) == 1
+    assert again != text and again.startswith("Notes written by hand.") and again.count(benchmarks_md.BEGIN) == 1
     fresh = tmp_path / "NEW.md"
-    report.update_benchmarks_md(res, fresh)
-    assert fresh.read_text().startswith(report.BEGIN)
+    benchmarks_md.update_benchmarks_md(res, fresh)
+    assert fresh.read_text().startswith(benchmarks_md.BEGIN)
 
 
 def test_write_makes_json_markdown_and_plots(tmp_path):
     pytest.importorskip("matplotlib")
-    out = report.write(synthetic(), tmp_path / "rep")
-    assert json.loads(out["results"].read_text())["schema"] == report.SCHEMA
+    out = files.write(synthetic(), tmp_path / "rep")
+    assert json.loads(out["results"].read_text())["schema"] == files.SCHEMA
     names = sorted(p.name for p in out["plots"])
     assert names == ["bars_binary_backward_1.png", "roofline_binary_backward.png"]
     for p in out["plots"]:
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 10_000
     assert "plots/bars_binary_backward_1.png" in out["report"].read_text()
-    assert report.load(out["results"])["device"]["name"] == "Fake H100"
+    assert files.load(out["results"])["device"]["name"] == "Fake H100"
     (tmp_path / "bad.json").write_text(json.dumps({"schema": "x"}))
     with pytest.raises(ValueError, match="not a gradoracle bench results file"):
-        report.load(tmp_path / "bad.json")
+        files.load(tmp_path / "bad.json")
 
 
 # ----------------------------------------------------------------------------- verdicts
@@ -126,23 +126,23 @@ def T(median, lo, hi, p10, p90):
 
 def test_verdicts_from_intervals_and_spreads():
     a = T(1.00, 0.99, 1.01, 0.95, 1.05)
-    assert report.verdict(a, T(1.005, 1.00, 1.012, 0.96, 1.06)) == "SAME"  # CIs overlap
-    assert report.verdict(a, T(0.80, 0.79, 0.81, 0.76, 0.84)) == "FASTER"  # spreads apart too
-    assert report.verdict(a, T(1.30, 1.29, 1.31, 1.25, 1.36)) == "SLOWER"
-    assert report.verdict(a, T(1.03, 1.02, 1.04, 0.98, 1.08)) == "AMBIGUOUS"  # CIs apart, spreads overlap
+    assert compare.verdict(a, T(1.005, 1.00, 1.012, 0.96, 1.06)) == "SAME"  # CIs overlap
+    assert compare.verdict(a, T(0.80, 0.79, 0.81, 0.76, 0.84)) == "FASTER"  # spreads apart too
+    assert compare.verdict(a, T(1.30, 1.29, 1.31, 1.25, 1.36)) == "SLOWER"
+    assert compare.verdict(a, T(1.03, 1.02, 1.04, 0.98, 1.08)) == "AMBIGUOUS"  # CIs apart, spreads overlap
     noisy = T(1.00, 0.90, 1.10, 0.60, 1.60)
-    assert report.verdict(noisy, T(1.08, 1.01, 1.15, 0.70, 1.70)) == "SAME"  # 8% inside a noisy run's CI
+    assert compare.verdict(noisy, T(1.08, 1.01, 1.15, 0.70, 1.70)) == "SAME"  # 8% inside a noisy run's CI
 
 
 def test_verdicts_on_synthetic_sample_sets():
     def summary(median, spread, seed):
         return timing(median, spread, n=400, seed=seed)
 
-    same = report.verdict(summary(1.0, 0.01, 1), summary(1.0, 0.01, 2))
+    same = compare.verdict(summary(1.0, 0.01, 1), summary(1.0, 0.01, 2))
     assert same in ("SAME", "AMBIGUOUS")
-    assert report.verdict(summary(1.0, 0.005, 1), summary(0.9, 0.005, 2)) == "FASTER"
-    assert report.verdict(summary(1.0, 0.005, 1), summary(1.1, 0.005, 2)) == "SLOWER"
-    assert report.verdict(summary(1.0, 0.05, 1), summary(1.03, 0.05, 2)) == "AMBIGUOUS"
+    assert compare.verdict(summary(1.0, 0.005, 1), summary(0.9, 0.005, 2)) == "FASTER"
+    assert compare.verdict(summary(1.0, 0.005, 1), summary(1.1, 0.005, 2)) == "SLOWER"
+    assert compare.verdict(summary(1.0, 0.05, 1), summary(1.03, 0.05, 2)) == "AMBIGUOUS"
 
 
 def test_compare_two_runs(tmp_path):
@@ -152,18 +152,18 @@ def test_compare_two_runs(tmp_path):
         if r["case"] == case and r["impl"] == "cupy@opt":
             r["timing"] = timing(0.5)  # B made it twice as fast
     b["rows"] = [r for r in b["rows"] if not (r["impl"] == "torch" and r["case"] != case)]
-    result = report.compare(a, b)
+    result = compare.compare(a, b)
     v = {(r["case"], r["impl"]): r["verdict"] for r in result["rows"]}
     assert v[(case, "cupy@opt")] == "FASTER"
     assert v[(case, "torch")] == "SAME" and v[(case, "triton")] == "NOT_TIMED"
     assert v[("add[bf16,A=8x2048x4096,B=8x2048x1]", "torch")] == "ONLY_A"
     s = result["summary"]
     assert s["compared"] == 5 and s["within"] == 4 and s["fraction_within"] == pytest.approx(0.8)
-    text = report.format_compare(result, "a.json", "b.json")
+    text = compare.format_compare(result, "a.json", "b.json")
     assert "FASTER" in text and "medians within 2%: 4/5 = 80.0%" in text
     assert "SAME" not in text.split("\n", 3)[3].split("summary")[0]  # SAME rows only with --all
     b["config"] = {**b["config"], "mode": "hot"}
-    assert report.compare(a, b)["warnings"] == ["mode differs: cold vs hot"]
+    assert compare.compare(a, b)["warnings"] == ["mode differs: cold vs hot"]
 
 
 # ----------------------------------------------------------------------------- progress and prefetch

@@ -13,7 +13,8 @@ import pytest
 import planted_fuzz
 from cases import Case
 from harness import argcheck, runner, timing
-from harness.isolate import IsolatedRunner, result_from_json
+from harness.isolate import IsolatedRunner
+from harness.results import CaseResult
 from harness.registry import ENV_BACKENDS, Backend, discover, find_impl, timed_callable
 from oracle.binary_backward import partials
 from oracle.broadcast import sum_to_shape
@@ -37,7 +38,7 @@ def test_every_failed_row_prints_its_repro_line(status):
     row = runner.CaseResult("binary_backward", "x", "mul[f32]", "f32", "cpu", status, reason="why",
                             repro="python -m harness run --op binary_backward --backend x")
     assert row.report().splitlines()[-1] == "  reproduce: python -m harness run --op binary_backward --backend x"
-    again = result_from_json(row.to_json())  # what --isolate and --gpus read back from a worker
+    again = CaseResult.from_json(row.to_json())  # what --isolate and --gpus read back from a worker
     assert again.report().count("reproduce: ") == 1
 
 

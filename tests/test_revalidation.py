@@ -4,6 +4,7 @@ import pytest
 
 import planted
 from cases import Case
+from harness import prepared as prepared_mod
 from harness import runner, timing
 from harness.registry import Backend, discover, find_impl, impls_for
 from oracle.binary_backward import partials
@@ -110,7 +111,7 @@ def test_sampled_judging_checks_values_on_a_sample_and_nans_everywhere(monkeypat
     discover()
     torch_impl = find_impl("binary_backward", "torch")
     inputs, outs = runner.call(torch_impl, prepared, big, "cpu")
-    monkeypatch.setattr(runner, "SAMPLE_SIZE", 16)
+    monkeypatch.setattr(prepared_mod, "SAMPLE_SIZE", 16)
     reports = runner.judge(torch_impl, prepared, big, outs, sample_above=100)
     grad_a, grad_b = reports
     assert grad_a.passed and "sampled" in grad_a.message and grad_a.numel <= 18
@@ -138,7 +139,7 @@ def test_every_cuda_backend_times_and_revalidates(mode, monkeypatch):
     case = Case("binary_backward", "bf16", {"fn": "mul", "a": [64, 256], "b": [256]})
     final = runner.prepare(case, 0, "numpy")
     timing_inputs = runner.generate(case, 0, variant=1)
-    monkeypatch.setattr(runner, "SAMPLE_SIZE", 512)
+    monkeypatch.setattr(prepared_mod, "SAMPLE_SIZE", 512)
     cfg = timing.TimingConfig(mode=mode, budget_s=0.05, min_samples=5, warmup_budget_s=0.1)
     ran = 0
     for impl in impls_for("binary_backward"):
@@ -174,6 +175,6 @@ def test_bench_row_says_inaccurate_not_stale_for_a_wrong_kernel():
 
     impl = planted.planted.impls[("binary_backward", "copy_input")]  # wrong, but follows its inputs
     opts = bench.BenchOptions("cpu", timing.TimingConfig(mode="hot", budget_s=0.01, min_samples=3), progress=False)
-    inputs = bench.finish(CASE, bench.prepare_host(CASE, 0, "numpy", "cpu"))
+    inputs = bench.finish(CASE, bench.case_inputs(CASE, 0, "numpy", "cpu"))
     row = bench.bench_pair(impl, CASE, inputs, opts)
     assert row["status"] == "FAIL" and row["reason"].startswith("fails on a second input set"), row["reason"]

@@ -25,7 +25,8 @@ import pytest
 
 from cases import select
 from cases.registry import Case
-from harness import dtypes, runner, stress
+from harness import dtypes, prepare, runner, stress
+from harness import prepared as prepared_mod
 from harness.registry import Backend, find_impl, get_op, impls_for
 
 MEMORY_BOUND = ("binary_backward", "reduce_sum", "layernorm_backward", "rmsnorm_backward")
@@ -116,13 +117,13 @@ def tiny_thresholds(monkeypatch):
     monkeypatch.setattr(stress, "HUGE_NUMEL", 10)
     monkeypatch.setattr(stress, "CHUNK_ELEMS", 12)
     monkeypatch.setattr(stress, "BOUNDARY", 2)
-    monkeypatch.setattr(runner, "SAMPLE_ABOVE", 20)
-    monkeypatch.setattr(runner, "SAMPLE_SIZE", 8)
+    monkeypatch.setattr(prepared_mod, "SAMPLE_ABOVE", 20)
+    monkeypatch.setattr(prepared_mod, "SAMPLE_SIZE", 8)
     monkeypatch.setattr(stress, "_PLANS", {})
     monkeypatch.setattr(stress, "_INPUTS", stress.OrderedDict())
-    runner._PREPARED.clear()
+    prepare._CACHE.clear()
     yield
-    runner._PREPARED.clear()
+    prepare._CACHE.clear()
 
 
 @pytest.mark.parametrize("case", SMALL, ids=lambda c: f"{c.op}-{c.id}")
@@ -150,7 +151,7 @@ def test_chunked_oracle_equals_the_whole_case_oracle(tiny_thresholds, case):
         else:
             np.testing.assert_allclose(prepared.ref[name], ref[name], rtol=1e-12, atol=1e-12)
             np.testing.assert_allclose(prepared.scale[name][0], whole_scale, rtol=1e-12, atol=1e-300)
-    big = [n for n in spec.outputs_of(case) if prod(spec.shapes(case)[n]) > runner.SAMPLE_ABOVE]
+    big = [n for n in spec.outputs_of(case) if prod(spec.shapes(case)[n]) > prepared_mod.SAMPLE_ABOVE]
     assert sampled == len([n for n in big if n in stress.row_plan(case).split])
 
 

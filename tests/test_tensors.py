@@ -5,7 +5,7 @@ import pytest
 
 from cases import Case
 from harness.registry import get_op
-from harness.runner import build_prepared
+from harness.prepare import prepare
 from harness.tensors import LAYOUT_MIN_RANK, LAYOUTS, from_values, layout_error
 
 
@@ -60,6 +60,6 @@ def test_binary_backward_validate_names_the_param_expected_and_got(extra, words)
 def test_binary_backward_cases_validate_accepts_run(layouts):
     case = Case("binary_backward", "f32", {**BASE, **layouts})
     get_op("binary_backward").validate(case)
-    prepared = build_prepared(case)
+    prepared = prepare(case)
     for key, name in (("a_layout", "a"), ("b_layout", "b"), ("g_layout", "grad_out")):
         assert prepared.inputs[name].layout == layouts.get(key, "contig")

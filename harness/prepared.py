@@ -1,0 +1,65 @@
+"""What a case is judged against: its inputs and the oracle's verdict on them (`Prepared`), the
+seeds of its input sets, which oracle runs where, and which outputs are judged on a sample.
+
+Built by harness/prepare.py (the ordinary path) and harness/stress.py (huge cases, in row
+chunks); read by the runner and the bench.
+"""
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+
+import numpy as np
+
+# Outputs with more elements than this are judged on a sample when the caller asks (runner.judge):
+# SAMPLE_SIZE uniform elements plus the first and the last, the NaN count over all of them.
+SAMPLE_ABOVE = 1 << 22
+SAMPLE_SIZE = 1 << 20
+
+# Above this many bytes of float64 inputs, "auto" hands the oracle to JAX (jit, x64) on the GPU:
+# the numpy definition of a perf-size attention or conv would take hours on the host.
+NUMPY_ORACLE_MAX_BYTES = 1 << 30
+
+
+@dataclass
+class Prepared:
+    """A case's inputs and its oracle verdict, shared by every backend that runs it."""
+
+    inputs: dict  # name -> HostTensor (exact values in the case dtype)
+    inputs64: dict  # name -> float64 ndarray of the same values
+    ref: dict | None  # output name -> float64 oracle value (None while `pending`)
+    scale: dict  # output name -> (error scale ndarray, reduction length)
+    oracle: str  # which oracle judged: numpy, jax, or jax@cuda
+    seed: int
+    nan_counts: dict = field(default_factory=dict)  # output name -> NaNs in the oracle's value (lazy)
+    oracle_s: float = 0.0  # seconds the preparation took (inputs, oracle, error scale): bounds the stale check
+    # output name -> (flat indices, oracle values, error scales) there: a huge case's outputs whose
+    # oracle exists only at a sample (harness/stress.py; `ref` then holds a shape-only placeholder)
+    samples: dict = field(default_factory=dict)
+    # (oracle, where) of a GPU oracle not run yet (prepare(defer_gpu=True)); prepare.finish runs it
+    pending: tuple | None = None
+
+    def nan_count(self, name: str) -> int:
+        if name not in self.nan_counts:
+            self.nan_counts[name] = int(np.isnan(self.ref[name]).sum())
+        return self.nan_counts[name]
+
+
+def input_seed(case, run_seed: int = 0, variant: int = 0) -> int:
+    """Variant 0 is the case's seed (what `run` checks); variants 1, 2, ... are other input sets of it."""
+    seed = case.seed(run_seed)
+    return seed if variant == 0 else zlib.crc32(f"{seed}/{variant}".encode())
+
+
+def choose_oracle(oracle: str, inputs64: dict, device: str) -> tuple[str, str]:
+    """(oracle, where it runs): 'auto' is numpy unless the case is large and a GPU is in use."""
+    if oracle != "auto":
+        return oracle, "cpu"
+    big = sum(v.nbytes for v in inputs64.values()) > NUMPY_ORACLE_MAX_BYTES
+    return ("jax", "cuda") if big and device.startswith("cuda") else ("numpy", "cpu")
+
+
+def sample_index(numel: int, size: int, seed: int) -> np.ndarray:
+    """Sorted flat indices: `size` uniform draws plus the first and the last element."""
+    rng = np.random.default_rng(seed)
+    return np.unique(np.concatenate([rng.integers(0, numel, size), [0, numel - 1]])).astype(np.int64)

@@ -1,0 +1,59 @@
+"""Figures per row of a bench run: time (median ms), GB/s and % of the copy ceiling, TFLOP/s and % of
+the matmul ceiling (bf16 roof for 16-bit dtypes, fp32 for f32/f64), arithmetic intensity, % of the
+roofline (`ceilings.figures`), speedup against the op's baseline implementation measured in the
+same run, and, for a backend with several variants (a ladder such as cupy@naive, cupy@opt),
+speedup against the ladder's first variant: one named naive, ref, reference, baseline or default
+if there is one, else the first registered.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from harness import ceilings as _ceilings
+from harness import status
+
+REF_NAMES = ("naive", "ref", "reference", "baseline", "default")
+
+
+def timed_ms(row) -> float | None:
+    """The row's median time in ms, if it passed and was timed."""
+    t = row.get("timing") or {}
+    return t.get("median") if row.get("status") == status.PASS and t.get("median") else None
+
+
+def ladders(rows) -> dict:
+    """{(op, backend): [impl ids in ladder order]} for backends with two or more variants in the run."""
+    found: dict = OrderedDict()
+    for r in rows:
+        found.setdefault((r["op"], r["backend"]), {})[r["impl"]] = (r.get("variant", ""), r.get("variant_rank", 0))
+    out = {}
+    for key, impls in found.items():
+        if len(impls) >= 2:
+            out[key] = sorted(impls, key=lambda i: (impls[i][0] not in REF_NAMES, impls[i][1], i))
+    return out
+
+
+def add_figures(results: dict) -> dict:
+    """Fill each row's `figures` (see the module docstring); returns `results`."""
+    rows = results.get("rows", [])
+    ceil = results.get("ceilings")
+    by_case: dict = {}
+    for r in rows:
+        by_case.setdefault((r["op"], r["case"]), {})[r["impl"]] = r
+    ladder = ladders(rows)
+    for r in rows:
+        t = timed_ms(r)
+        fig = _ceilings.figures(r["cost"]["bytes"], r["cost"]["flops"], t, ceil, r["dtype"])
+        peers = by_case[(r["op"], r["case"])]
+        base = next((p for p in peers.values() if p.get("baseline")), None)
+        if t and base is not None and timed_ms(base):
+            fig["baseline"] = base["impl"]
+            fig["speedup_vs_baseline"] = timed_ms(base) / t
+        order = ladder.get((r["op"], r["backend"]))
+        if t and order:
+            ref = peers.get(order[0])
+            fig["ladder_ref"] = order[0]
+            if ref is not None and timed_ms(ref):
+                fig["speedup_vs_ladder_ref"] = timed_ms(ref) / t
+        r["figures"] = fig
+    return results
