@@ -158,7 +158,7 @@ def child(op: str, impl_id: str, case_spec: str, seed: int) -> int:
     from cases import select
     from harness import frameworks
     from harness.registry import find_impl, get_op
-    from harness.runner import generate
+    from harness.prepare import generate
 
     (case,) = [c for c in select(case_spec) if c.op == op] or [None]
     if case is None:

@@ -52,11 +52,13 @@ def _failure(row) -> str:
 EXTRA = ("gbs", "pct_copy", "tflops", "pct_matmul", "pct_roofline", "ai", "speedup_vs_baseline", "baseline")
 
 
-def test_benchmark(benchmark, op_name, impl, case, bench_session):
+def test_benchmark(benchmark, op_name, impl, case, bench_session, request):
     row = bench_session.measure(impl, case)
     if row["status"] == "SKIP":
         pytest.skip(row["reason"])
-    assert row["status"] == "PASS", _failure(row)
+    if row["status"] in ("XFAIL", "XPASS"):  # a declared, explained deviation (harness/status.py), as in test_correctness
+        request.applymarker(pytest.mark.xfail(reason=row["reason"], strict=False))
+    assert row["status"] in ("PASS", "XPASS"), _failure(row)
     timing, fig = row["timing"], row["figures"]
     benchmark.group = case.id
     benchmark.extra_info.update({k: fig[k] for k in EXTRA if fig.get(k) is not None})
