@@ -287,7 +287,7 @@ def test_triton_launch_plan_of_the_stress_shapes(case):
     plan = _bcast_plan.make_plan(a, b, _bcast_plan.contiguous_strides(a), _bcast_plan.contiguous_strides(b),
                                  _bcast_plan.contiguous_strides(_bcast_plan.broadcast_shape(a, b)))
     if plan.contiguous_fast_path():
-        block = min(tk.GPU_CONFIG.flat_bytes // 2, tk._p2(plan.numel))
+        block = min(tk.GPU_CONFIG.flat_bytes // 2, tk.p2(plan.numel))
         assert -(-plan.numel // block) < 2**31
         return
     L = tk.plan_tile(plan, 2, "mul")

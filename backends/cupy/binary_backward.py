@@ -20,13 +20,12 @@ from math import prod
 
 import numpy as np
 
-from backends._buffers import byte_span, overlap
 from backends._plans import binary_backward as bcast
 from backends._plans.binary_backward import Plan
 from backends._plans.binary_backward_cuda import (BLOCK, J_BATCH, PARAMS_WORDS, Launch, finalize_grid, naive_grid,
                                                   naive_words, plan_launch)
 from backends.cupy import cupy_backend
-from backends.cupy.common import CUDA_TYPE, check, element_strides, num_sms  # noqa: F401
+from backends.cupy.common import CUDA_TYPE, byte_span, check, element_strides, num_sms, overlap  # noqa: F401
 from backends.cupy.common import function as _compiled
 from harness import argcheck, dtypes
 from oracle.binary_backward import FNS  # index = FN template argument

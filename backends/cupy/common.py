@@ -1,11 +1,13 @@
 """What every op module of the `cupy` backend shares: availability, NVRTC compilation of the
-device code in backends/cuda/ (once per process per kernel), device queries and stride checks.
-(Byte spans and overlap are backends/_buffers.py, shared with the other backends.)
+device code in backends/cuda/ (once per process per kernel), device queries, stride checks, and
+the buffer checks (byte_span, overlap: defined once for every backend in backends/_buffers.py,
+re-exported here).
 
 Importing it never imports cupy.
 """
 from __future__ import annotations
 
+from backends._buffers import byte_span, overlap  # noqa: F401 - re-exported for op modules
 from backends.cupy import nvrtc as _nvrtc
 
 CUDA_TYPE = {"f32": "float", "f64": "double", "f16": "__half", "bf16": "__nv_bfloat16"}

@@ -1,7 +1,8 @@
 """The `torch_ext` backend: C++/CUDA kernels registered as torch.library custom ops (namespace
 `gradoracle`), all ops built into one extension.
 
-What lives here, and what adding an op means (three files, nothing else to edit):
+What lives here, and what may be touched: adding an op means its three files here, nothing else
+to edit (common.h and this __init__ stay as they are):
 
     common.h          argument checks every op shares (nothing op-specific)
     <op>.cpp          the op's schemas (TORCH_LIBRARY_FRAGMENT), argument checks and CPU kernel

@@ -22,10 +22,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from backends._buffers import byte_span, overlap
 from backends._plans import binary_backward as bcast
 from backends.triton import triton_backend
-from backends.triton.common import IMPORT_ERROR, cdiv, check, interpreted, jit, on_device, p2, tl  # noqa: F401
+from backends.triton.common import IMPORT_ERROR, byte_span, cdiv, check, interpreted, jit, on_device, overlap, p2, tl  # noqa: F401
 from backends.triton.common import to_out as _to_out
 from backends.triton.common import up as _up
 from harness import argcheck

@@ -1,6 +1,6 @@
 """What every Triton kernel module of this backend shares: the guarded triton import, the
-interpreter switch, dtype conversions inside kernels and launch-size helpers.  (Byte spans and
-overlap checks are backends/_buffers.py, shared with the other backends.)
+interpreter switch, dtype conversions inside kernels, launch-size helpers, and the buffer checks
+(byte_span, overlap: defined once for every backend in backends/_buffers.py, re-exported here).
 
 Importing it never raises: without triton, `tl` and `jit` are stand-ins so kernel modules
 still import (the backend then reads as unavailable, with IMPORT_ERROR as the reason).
@@ -8,6 +8,8 @@ still import (the backend then reads as unavailable, with IMPORT_ERROR as the re
 from __future__ import annotations
 
 import os
+
+from backends._buffers import byte_span, overlap  # noqa: F401 - re-exported for op modules
 
 try:  # guarded: listing backends must work on machines without triton
     import triton
