@@ -156,11 +156,14 @@ def test_launch_records_have_the_struct_layout():
         box = cuda_plan.box_record(plan)
         assert len(record) == len(box) == cuda_plan.LAUNCH_WORDS
         assert cuda_plan.KINDS[record[0]] == launch.kind and record[3] == plan.numel
-        assert record[cuda_plan.LAUNCH_HEADER_WORDS:] == (launch.words or [0] * cuda_plan.PARAMS_WORDS)
+        assert record[cuda_plan.LAUNCH_HEADER_WORDS:] == (launch.words or cuda_plan.naive_words(plan))
         for i in range(2):  # stage 2 has a grid exactly where an output has partial rows
             assert (record[8 + i] > 0) == (launch.nchunks[i] > 1)
         assert cuda_plan.KINDS[box[0]] in ("zero", "fast", "ew", "box")
         assert box[cuda_plan.LAUNCH_HEADER_WORDS:] == cuda_plan.naive_words(plan)
+        for words in (record, box):  # the three groups tile the box (the C++ side checks it too)
+            numels = [_parse(words[cuda_plan.LAUNCH_HEADER_WORDS:]).grp[i].numel for i in range(3)]
+            assert math.prod(numels) == plan.numel
 
 
 def _torch_include_dirs():

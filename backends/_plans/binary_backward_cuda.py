@@ -221,8 +221,9 @@ LAUNCH_WORDS = LAUNCH_HEADER_WORDS + PARAMS_WORDS
 
 def launch_record(launch: Launch, plan: Plan, num_sms: int = DEFAULT_SMS) -> list[int]:
     """BBLaunch words for `launch` (plan_launch's, for `num_sms`) of `plan`: a C++ host launches
-    from these alone, stage 2 included."""
-    words = launch.words or [0] * PARAMS_WORDS
+    from these alone, stage 2 included.  Kinds that take no BBParams (zero, fast) carry the plan's
+    groups as they are, so every record describes its box."""
+    words = launch.words or naive_words(plan)
     stage2 = [finalize_grid(n, num_sms) if chunks > 1 else 0 for chunks, n in zip(launch.nchunks, launch.numel_out)]
     return [KINDS.index(launch.kind), launch.grid, int(launch.vectorized), plan.numel, *launch.nchunks,
             *launch.numel_out, *stage2, *words]

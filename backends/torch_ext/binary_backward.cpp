@@ -551,13 +551,12 @@ int parse_binary_fn(c10::string_view fn) {
   TORCH_CHECK_VALUE(false, kOp, ": fn is '", std::string(fn.data(), fn.size()), "', expected one of ", names);
 }
 
-// The plan must be a BBLaunch that this device runs and that was made for these shapes (a plan
-// made for other strides is not caught: the plan is private to backends/torch_ext).
+// The plan must be a BBLaunch made for these shapes, of a kind this device runs (a plan made for
+// other strides is not caught: the plan is private to backends/torch_ext).  The kind is checked
+// last, so a CPU test can pass a CUDA launch through every other check.
 void check_plan(const BBLaunch& l, const at::Tensor& grad_out, const at::Tensor& grad_a, const at::Tensor& grad_b) {
-  const bool cpu = grad_out.device().is_cpu();
-  const bool kind_ok = l.kind == BB_KIND_ZERO || l.kind == BB_KIND_FAST || l.kind == BB_KIND_EW ||
-                       (cpu ? l.kind == BB_KIND_BOX : l.kind > BB_KIND_EW && l.kind < BB_KIND_BOX);
-  TORCH_CHECK_VALUE(kind_ok, kOp, ": plan has kind ", l.kind, ", which ", grad_out.device(), " does not run");
+  TORCH_CHECK_VALUE(l.kind >= 0 && l.kind < BB_NUM_KINDS, kOp, ": plan has kind ", l.kind, ", expected 0..",
+                    BB_NUM_KINDS - 1);
   TORCH_CHECK_VALUE(l.numel == grad_out.numel(), kOp, ": plan is for ", l.numel, " elements of grad_out, got ",
                     grad_out.numel());
   int64_t box = 1;
@@ -568,9 +567,10 @@ void check_plan(const BBLaunch& l, const at::Tensor& grad_out, const at::Tensor&
     TORCH_CHECK_VALUE(n == g.numel, kOp, ": plan has a group of ", g.numel, " elements whose sizes multiply to ", n);
     box *= n;
   }
-  if (l.kind == BB_KIND_BOX || l.kind == BB_KIND_LK1 || l.kind == BB_KIND_LK8 || l.kind == BB_KIND_LR_BATCHED)
-    TORCH_CHECK_VALUE(box == l.numel, kOp, ": plan's groups hold ", box, " elements, grad_out ", l.numel);
-  if (l.kind > BB_KIND_EW && l.kind < BB_KIND_BOX) {  // outputs in role order: P's, then Q's
+  // Every kind's three groups tile the box K x RA x RB (in some role order).
+  TORCH_CHECK_VALUE(box == l.numel, kOp, ": plan's groups hold ", box, " elements, grad_out ", l.numel);
+  const bool launches = l.kind > BB_KIND_EW && l.kind < BB_KIND_BOX;  // the CUDA reduction kernels
+  if (launches) {  // outputs in role order: P's, then Q's
     const at::Tensor& d_p = l.params.swap ? grad_b : grad_a;
     const at::Tensor& d_q = l.params.swap ? grad_a : grad_b;
     bool stages_ok = l.grid >= 1;
@@ -579,6 +579,10 @@ void check_plan(const BBLaunch& l, const at::Tensor& grad_out, const at::Tensor&
                       kOp, ": plan's outputs (", l.numel_out[0], ", ", l.numel_out[1], " elements) do not match ",
                       "grad_a and grad_b");
   }
+  const bool cpu = grad_out.device().is_cpu();
+  const bool both = l.kind == BB_KIND_ZERO || l.kind == BB_KIND_FAST || l.kind == BB_KIND_EW;
+  TORCH_CHECK_VALUE(both || (cpu ? l.kind == BB_KIND_BOX : launches), kOp, ": plan has kind ", l.kind,
+                    ", which ", grad_out.device(), " does not run");
 }
 
 }  // namespace
