@@ -67,11 +67,9 @@ def _make_record(a, b, g, aligned: bool):
 
 def plan_for(a, b, grad_out, grad_a, grad_b):
     """The BBLaunch words (an int64 CPU tensor) for these tensors, made once per layout."""
-    dev = a.device
-    aligned = dev.type == "cuda" and not (a.data_ptr() | b.data_ptr() | grad_out.data_ptr() | grad_a.data_ptr()
-                                          | grad_b.data_ptr()) % 16
-    key = (dev.type, dev.index, a.element_size(), a.shape, a.stride(), b.shape, b.stride(), grad_out.shape,
-           grad_out.stride(), aligned)
+    aligned = a.is_cuda and not (a.data_ptr() | b.data_ptr() | grad_out.data_ptr() | grad_a.data_ptr()
+                                 | grad_b.data_ptr()) % 16
+    key = (a.device, a.dtype, a.shape, a.stride(), b.shape, b.stride(), grad_out.shape, grad_out.stride(), aligned)
     record = _RECORDS.get(key)
     if record is None:
         if len(_RECORDS) >= _MAX_RECORDS:
