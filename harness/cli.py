@@ -9,7 +9,7 @@ import sys
 import time
 
 from harness import bench_cli, frameworks, status
-from harness.registry import BACKENDS, BROKEN, BROKEN_OPS, discover, load_ops
+from harness.registry import BACKENDS, BROKEN, BROKEN_OPS, discover, is_baseline, load_ops
 from harness.results import CHECKPOINT_S, resumed, write_run
 from harness.selection import SelectionError, select
 
@@ -73,7 +73,13 @@ def cmd_list() -> int:
         print(f"  {name}: inputs {', '.join(spec.inputs)} -> outputs {', '.join(spec.outputs)}")
         print(f"    params: " + "; ".join(f"{k} = {v}" for k, v in spec.params.items()))
     print(f"\nbackends (default device here: {device}):")
-    for be in sorted(BACKENDS.values(), key=lambda b: b.name):
+    heading = None
+    for be in sorted(BACKENDS.values(), key=lambda b: (not is_baseline(b), b.name)):
+        group = ("baselines, the libraries a kernel competes with (backends/baselines/)" if is_baseline(be)
+                 else "kernel backends (backends/, entry points, $GRADORACLE_BACKENDS)")
+        if group != heading:
+            heading = group
+            print(f" {group}:")
         state = []
         for dev in be.devices:
             reason = be.unavailable_reason(dev)

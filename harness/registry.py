@@ -9,7 +9,8 @@ package; its OpSpec names the module of its cases, `cases_module`).
 
 A backend is a module that makes a `Backend` and registers one function per op
 (and per variant) with the `Backend.impl` decorator.  Backends are found in the
-`backends` package, in the `gradoracle.backends` entry-point group, and in the modules
+`backends` package (the kernel backends, one module or package each) and its `backends.baselines`
+subpackage (the libraries they compete with), in the `gradoracle.backends` entry-point group, and in the modules
 named by the environment variable GRADORACLE_BACKENDS (comma-separated importable module
 names, e.g. `GRADORACLE_BACKENDS=planted_crash PYTHONPATH=tests`): every `Backend` such a
 module defines is registered, including those made with `register=False` (test fixtures
@@ -326,19 +327,31 @@ def env_backend_modules() -> list[str]:
     return [m.strip() for m in os.environ.get(ENV_BACKENDS, "").split(",") if m.strip()]
 
 
+# Packages whose modules (and subpackages) are backends, one each: every name without a leading
+# underscore (underscore names are helpers they share).  A package listed here is a folder of
+# backends, not a backend itself.
+BACKEND_PACKAGES = ("backends.baselines", "backends")
+BASELINES_PACKAGE = "backends.baselines"
+
+
+def is_baseline(backend: Backend) -> bool:
+    """Whether `backend` is one of the libraries a kernel competes with (it lives in backends/baselines/)."""
+    return backend.origin == BASELINES_PACKAGE or backend.origin.startswith(BASELINES_PACKAGE + ".")
+
+
 def discover() -> dict[str, Backend]:
-    """Import every module of the `backends` package, every `gradoracle.backends` entry point and
+    """Import every backend module of BACKEND_PACKAGES, every `gradoracle.backends` entry point and
     every module in $GRADORACLE_BACKENDS."""
     global _discovered
     if _discovered:
         return BACKENDS
     _discovered = True
     load_ops()
-    import backends
-
-    for info in pkgutil.iter_modules(backends.__path__):
-        if not info.name.startswith("_"):
-            _import_backend(f"backends.{info.name}", info.name)
+    for package in BACKEND_PACKAGES:
+        for info in pkgutil.iter_modules(importlib.import_module(package).__path__):
+            module_name = f"{package}.{info.name}"
+            if not info.name.startswith("_") and module_name not in BACKEND_PACKAGES:
+                _import_backend(module_name, info.name)
     for ep in importlib.metadata.entry_points(group="gradoracle.backends"):
         _import_backend(ep.value.split(":")[0], ep.name)
     for module_name in env_backend_modules():

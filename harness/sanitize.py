@@ -62,8 +62,6 @@ PRINT_LIMIT = 20
 DEFAULT_TIMEOUT_S = 900.0
 KEEP_BLOCKS = 5  # error blocks kept per backend
 BLOCK_LINES = 10
-LIBRARY_BACKENDS = frozenset({"torch", "torch_compile", "jax", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient",
-                              "liger", "flash_attn"})
 PREFIX = "========="
 
 # Set in the sanitized process's environment (see the module docstring).
@@ -229,13 +227,14 @@ def verdict(report: SanitizerReport, run: dict | None, timed_out: bool) -> tuple
 
 
 def default_backends(op_filter=None) -> list[str]:
-    """Every registered CUDA backend but the library baselines, restricted to backends of `op_filter`."""
-    from harness.registry import BACKENDS, discover
+    """Every registered CUDA backend but the library baselines (backends/baselines/), restricted to
+    backends of `op_filter`."""
+    from harness.registry import BACKENDS, discover, is_baseline
 
     discover()
     names = []
     for name, be in sorted(BACKENDS.items()):
-        if "cuda" not in be.devices or name in LIBRARY_BACKENDS:
+        if "cuda" not in be.devices or is_baseline(be):
             continue
         if op_filter and not any(op in op_filter for op, _ in be.impls):
             continue

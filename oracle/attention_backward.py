@@ -22,7 +22,7 @@ off = Sk - Sq, query i may attend key j iff
     and (right < 0 or j <= i + off + right)
 
 so when Sq != Sk the last query row lines up with the last key, as in flash-attention
-(torch SDPA's is_causal is aligned to the top left instead; see backends/sdpa.py).
+(torch SDPA's is_causal is aligned to the top left instead; see backends/baselines/sdpa.py).
 causal with a window is the window (left, 0).  A row with no allowed key ("empty": the
 first Sq - Sk rows when causal and Sq > Sk, or rows a window misses) has output 0 and
 contributes nothing to any gradient: its dq row is 0 and it adds 0 to dk and dv.
@@ -118,7 +118,7 @@ each output written once.
 Semantic differences found (who is right, and why):
   * torch SDPA is_causal is top-left aligned; flash-attention (and this spec) bottom-right.
     They differ only when Sq != Sk.  The spec follows flash-attention, the kernels this
-    harness tests; backends/sdpa.py uses an explicit bottom-right mask where the backend
+    harness tests; backends/baselines/sdpa.py uses an explicit bottom-right mask where the backend
     takes one, and skips the case where it does not (sdpa_flash).
   * Rows with no allowed key: flash-attention gives 0 output and gradient and lse = +inf;
     a plain masked softmax (-inf fill) gives NaN, and torch warns that its lower-right

@@ -1,4 +1,5 @@
-"""The raw CUDA kernels (backends/cuda/*.cuh) and the cupy backend's host side, without a GPU.
+"""The raw CUDA kernels (backends/cuda/*.cuh), their launch plan (backends/_plans/) and the cupy
+backend's host side, without a GPU.
 
 * Compile checks: every instantiation of every kernel (dtype x fn x kernel) compiles for
   sm_90 with NVRTC, and with `nvcc -cubin` when nvcc exists.  BBParams has the layout the
@@ -14,6 +15,7 @@
 from __future__ import annotations
 
 import math
+import re
 import shutil
 import subprocess
 import sys
@@ -22,9 +24,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from backends import _bcast_plan, _nvrtc
+from backends._plans import binary_backward as _bcast_plan
+from backends._plans import binary_backward_cuda as cuda_plan
 from backends.cupy import binary_backward as cupy_raw
-from oracle.binary_backward import binary_backward_numpy
+from backends.cupy import nvrtc as _nvrtc
+from oracle.binary_backward import FNS, binary_backward_numpy
 
 SOURCE = _nvrtc.read_source(cupy_raw.SOURCE)
 
@@ -49,7 +53,7 @@ needs_nvrtc = pytest.mark.skipif(not (_nvrtc_usable() and _nvrtc.include_dirs())
 @pytest.mark.parametrize("dt", cupy_raw.DTYPES)
 def test_nvrtc_compiles_every_instantiation(dt):
     exprs = cupy_raw.all_kernel_exprs(dt)
-    assert len(exprs) == len(cupy_raw.FNS) * 7 + 1
+    assert len(exprs) == len(FNS) * 7 + 1
     cubin, lowered = _nvrtc.compile_cubin(SOURCE, arch="sm_90", name_expressions=exprs)
     assert len(cubin) > 0
     for expr in exprs:
@@ -60,20 +64,20 @@ def test_nvrtc_compiles_every_instantiation(dt):
 def test_params_layout_matches_host_packing():
     # All fields are long long (no padding), so sizes in declaration order fix the layout.
     probe = SOURCE + f"""
-static_assert(BB_MAX_DIMS == {cupy_raw.MAX_DIMS}, "MAX_DIMS");
-static_assert(BB_BLOCK == {cupy_raw.BLOCK}, "BLOCK");
-static_assert(BB_J == {cupy_raw.J_BATCH}, "J");
-static_assert(BB_EW_TILE == {cupy_raw.EW_TILE}, "EW_TILE");
-static_assert(sizeof(BBParams) == {cupy_raw.PARAMS_WORDS} * 8, "BBParams size");
-static_assert(sizeof(BBGroup::size) == {cupy_raw.MAX_DIMS} * 8, "BBGroup sizes");
-static_assert(sizeof(BBGroup::stride) == {5 * cupy_raw.MAX_DIMS} * 8, "BBGroup strides");
-static_assert(sizeof(BBParams::grp) == {3 * cupy_raw.GROUP_WORDS} * 8, "BBParams groups");
+static_assert(BB_MAX_DIMS == {cuda_plan.MAX_DIMS}, "MAX_DIMS");
+static_assert(BB_BLOCK == {cuda_plan.BLOCK}, "BLOCK");
+static_assert(BB_J == {cuda_plan.J_BATCH}, "J");
+static_assert(BB_EW_TILE == {cuda_plan.EW_TILE}, "EW_TILE");
+static_assert(sizeof(BBParams) == {cuda_plan.PARAMS_WORDS} * 8, "BBParams size");
+static_assert(sizeof(BBGroup::size) == {cuda_plan.MAX_DIMS} * 8, "BBGroup sizes");
+static_assert(sizeof(BBGroup::stride) == {5 * cuda_plan.MAX_DIMS} * 8, "BBGroup strides");
+static_assert(sizeof(BBParams::grp) == {3 * cuda_plan.GROUP_WORDS} * 8, "BBParams groups");
 static_assert(sizeof(BBParams::chunk) == 24 && sizeof(BBParams::nchunk) == 24 && sizeof(BBParams::numel_out) == 16,
               "BBParams arrays");
 """
     cubin, _ = _nvrtc.compile_cubin(probe, name_expressions=["bb_finalize<float>"])
     assert cubin
-    assert cupy_raw.PARAMS_DTYPE.itemsize == cupy_raw.PARAMS_WORDS * 8
+    assert cupy_raw.PARAMS_DTYPE.itemsize == cuda_plan.PARAMS_WORDS * 8
 
 
 @needs_nvrtc
@@ -89,7 +93,7 @@ def _nvcc_instantiations(dt: str) -> str:
     pp = f"const __grid_constant__ BBParams, const {t}*, const {t}*, const {t}*"
     lines = [f'#include "{_nvrtc.CUDA_DIR / cupy_raw.SOURCE}"',
              f"template __global__ void bb_finalize<{t}>(const {a}*, long long, long long, {t}*);"]
-    for f in range(len(cupy_raw.FNS)):
+    for f in range(len(FNS)):
         lines += [
             f"template __global__ void bb_fast<{t}, {f}>(const {t}*, const {t}*, const {t}*, {t}*, {t}*, "
             f"long long, int);",
@@ -120,13 +124,84 @@ def test_nvcc_compiles_every_instantiation(tmp_path):
         assert out.stat().st_size > 0
 
 
+def test_fn_list_is_the_oracles():
+    """The C++ fn list (one X-macro, shared by the .cuh and torch_ext's CPU kernel) is the oracle's
+    FNS in order: the FN template argument of every kernel is an index into FNS."""
+    text = (_nvrtc.CUDA_DIR / "binary_backward_defs.h").read_text()
+    listed = re.search(r"#define BB_FNS\(X\) (.*)", text)[1]
+    assert tuple(re.findall(r"X\(\w+, (\w+)\)", listed)) == FNS
+    assert tuple(re.findall(r"X\((\w+), \w+\)", listed)) == tuple(fn.upper() for fn in FNS)
+
+
+@needs_nvrtc
+def test_launch_record_layout_matches_host_packing():
+    """BBLaunch, the record torch_ext's C++ op launches from, has the words and kinds the plan packs."""
+    kinds = "\n".join(f'static_assert(BB_KIND_{k.upper()} == {i}, "{k}");' for i, k in enumerate(cuda_plan.KINDS))
+    probe = SOURCE + f"""
+static_assert(sizeof(BBLaunch) == {cuda_plan.LAUNCH_WORDS} * 8, "BBLaunch size");
+static_assert(BB_LAUNCH_WORDS == {cuda_plan.LAUNCH_WORDS}, "BB_LAUNCH_WORDS");
+static_assert(BB_NUM_KINDS == {len(cuda_plan.KINDS)}, "kinds");
+static_assert(BB_NUM_FNS == {len(FNS)}, "fns");
+{kinds}
+"""
+    cubin, _ = _nvrtc.compile_cubin(probe, name_expressions=["bb_finalize<float>"])
+    assert cubin
+
+
+def test_launch_records_have_the_struct_layout():
+    for a_shape, b_shape, _, kind in EMU_CASES:
+        plan = _plan(a_shape, b_shape)
+        launch = cuda_plan.plan_launch(plan, num_sms=132)
+        record = cuda_plan.launch_record(launch, plan, 132)
+        box = cuda_plan.box_record(plan)
+        assert len(record) == len(box) == cuda_plan.LAUNCH_WORDS
+        assert cuda_plan.KINDS[record[0]] == launch.kind and record[3] == plan.numel
+        assert record[cuda_plan.LAUNCH_HEADER_WORDS:] == (launch.words or cuda_plan.naive_words(plan))
+        for i in range(2):  # stage 2 has a grid exactly where an output has partial rows
+            assert (record[8 + i] > 0) == (launch.nchunks[i] > 1)
+        assert cuda_plan.KINDS[box[0]] in ("zero", "fast", "ew", "box")
+        assert box[cuda_plan.LAUNCH_HEADER_WORDS:] == cuda_plan.naive_words(plan)
+        for words in (record, box):  # the three groups tile the box (the C++ side checks it too)
+            numels = [_parse(words[cuda_plan.LAUNCH_HEADER_WORDS:]).grp[i].numel for i in range(3)]
+            assert math.prod(numels) == plan.numel
+
+
+def _torch_include_dirs():
+    torch = pytest.importorskip("torch")
+    from pathlib import Path
+
+    inc = Path(torch.__file__).parent / "include"
+    return [inc, inc / "torch" / "csrc" / "api" / "include"]
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+def test_torch_ext_cuda_sources_compile(tmp_path):
+    """Every *_cuda.cu of torch_ext compiles with nvcc against torch's headers, here, with no GPU
+    (object files only: nothing links or loads).  A CPU torch wheel lacks one generated CUDA header
+    (c10/cuda/impl/cuda_cmake_macros.h); a stand-in with its one define is put first on the path."""
+    include = _torch_include_dirs()
+    stub = tmp_path / "stub" / "c10" / "cuda" / "impl"
+    stub.mkdir(parents=True)
+    (stub / "cuda_cmake_macros.h").write_text("#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n")
+    flags = ["-std=c++17", "-arch=sm_90", "-O0", "-D__CUDA_NO_HALF_OPERATORS__", "-D__CUDA_NO_HALF_CONVERSIONS__",
+             "-D__CUDA_NO_BFLOAT16_CONVERSIONS__", "-D__CUDA_NO_HALF2_OPERATORS__", "-w"]
+    incs = [f"-I{d}" for d in include] + [f"-I{tmp_path / 'stub'}"]  # the real header, if any, wins
+    sources = sorted((_nvrtc.CUDA_DIR.parent / "torch_ext").glob("*_cuda.cu"))
+    assert sources
+    procs = {src: subprocess.Popen(["nvcc", "-c", *flags, *incs, "-o", str(tmp_path / (src.stem + ".o")), str(src)],
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for src in sources}
+    for src, proc in procs.items():
+        log, _ = proc.communicate(timeout=1800)
+        assert proc.returncode == 0, f"nvcc failed for {src.name}:\n{log[-5000:]}"
+
+
 # ============================================================================= kernel emulator
 #
 # Line-by-line ports of the .cuh kernels.  Memory is float64 numpy buffers; pointers are
 # (buffer, element offset); every store is counted.  Arithmetic is float64 (the emulator
 # checks indexing and structure, not rounding).
 
-BLOCK = cupy_raw.BLOCK
+BLOCK = cuda_plan.BLOCK
 NT = 5
 P_, Q_, G_, DP_, DQ_ = range(NT)
 
@@ -168,13 +243,13 @@ class Arr:
 
 def _parse(words):
     w = [int(x) for x in np.asarray(words).reshape(-1)]
-    assert len(w) == cupy_raw.PARAMS_WORDS
-    groups, i, md = [], 0, cupy_raw.MAX_DIMS
+    assert len(w) == cuda_plan.PARAMS_WORDS
+    groups, i, md = [], 0, cuda_plan.MAX_DIMS
     for _ in range(3):
         groups.append(SimpleNamespace(ndim=w[i], numel=w[i + 1], size=w[i + 2:i + 2 + md],
                                       stride=[w[i + 2 + md * (s + 1):i + 2 + md * (s + 2)] for s in range(NT)]))
         assert groups[-1].numel == math.prod(groups[-1].size[:groups[-1].ndim])
-        i += cupy_raw.GROUP_WORDS
+        i += cuda_plan.GROUP_WORDS
     return SimpleNamespace(grp=groups, lanes=w[i], lanes_log2=w[i + 1], chunk=w[i + 2:i + 5], nchunk=w[i + 5:i + 8],
                            ntiles=w[i + 8], swap=w[i + 9], numel_out=w[i + 10:i + 12])
 
@@ -266,13 +341,13 @@ def emu_ew(fn, grid, p, a, b, g, ga, gb):
     nd_rows = K.ndim - 1
     ncols = K.size[nd_rows]
     nrows = K.numel // ncols
-    tc, tr = p.lanes, cupy_raw.EW_TILE // p.lanes
+    tc, tr = p.lanes, cuda_plan.EW_TILE // p.lanes
     assert tc == 1 << p.lanes_log2
     for blk in range(grid):
         for t in range(blk, p.ntiles, grid):
             c0, r0 = (t % p.nchunk[0]) * tc, (t // p.nchunk[0]) * tr
             for tid in range(BLOCK):
-                for e in range(cupy_raw.EW_TILE // BLOCK):
+                for e in range(cuda_plan.EW_TILE // BLOCK):
                     idx = tid + e * BLOCK
                     col, row = c0 + (idx & (tc - 1)), r0 + (idx >> p.lanes_log2)
                     if col < ncols and row < nrows:
@@ -384,7 +459,7 @@ def emu_lr_stream(fn, grid, p, P, Q, g, dP, dP_part, dQ):
 
 def emu_lr_batched(fn, grid, p, P, Q, g, dP, dP_part, dQ, dQ_part):
     X, Y, Z = p.grp
-    J = cupy_raw.J_BATCH
+    J = cuda_plan.J_BATCH
     xw, lg = p.lanes, p.lanes_log2
     nw = BLOCK >> lg
     swap = p.swap != 0
@@ -590,7 +665,7 @@ EMU_CASES = [
 @pytest.mark.parametrize("a_shape,b_shape,layouts,kind", EMU_CASES,
                          ids=[f"{a}+{b}-{'/'.join(lay)}" for a, b, lay, _ in EMU_CASES])
 def test_emulated_opt_matches_oracle(a_shape, b_shape, layouts, kind):
-    for i, fn in enumerate(cupy_raw.FNS):
+    for i, fn in enumerate(FNS):
         launch, _ = _emulate(fn, a_shape, b_shape, layouts, seed=i)
         if kind is not None:
             assert launch.kind == kind
@@ -601,7 +676,7 @@ def test_emulated_opt_matches_oracle(a_shape, b_shape, layouts, kind):
                                              ((20, 1, 3), (1, 17, 3))])
 def test_emulated_chunked_reductions(monkeypatch, a_shape, b_shape):
     """Small MIN_ITEMS and many SMs force several chunks: partial rows plus bb_finalize."""
-    monkeypatch.setattr(cupy_raw, "MIN_ITEMS_PER_THREAD", 1)
+    monkeypatch.setattr(cuda_plan, "MIN_ITEMS_PER_THREAD", 1)
     launch, dev = _emulate("mul", a_shape, b_shape, num_sms=64)
     assert max(launch.nchunks) > 1 and any("bb_finalize" in x for x in dev.launches)
 
@@ -609,7 +684,7 @@ def test_emulated_chunked_reductions(monkeypatch, a_shape, b_shape):
 @pytest.mark.parametrize("a_shape,b_shape", [((3, 4, 5), (5,)), ((4, 50), (4, 1)), ((3, 1, 5), (1, 4, 5)),
                                              ((6, 7), (6, 7)), ((), ())])
 def test_emulated_naive_matches_oracle(a_shape, b_shape):
-    for fn in cupy_raw.FNS:
+    for fn in FNS:
         _emulate(fn, a_shape, b_shape, variant="naive")
 
 
@@ -638,17 +713,17 @@ def _plan(a_shape, b_shape):
     ((8, 2048, 4096), (8, 2048, 4096), "fast", None, False),
 ])
 def test_plan_launch_for_important_patterns(a_shape, b_shape, kind, lanes, swap):
-    launch = cupy_raw.plan_launch(_plan(a_shape, b_shape), num_sms=132)
+    launch = cuda_plan.plan_launch(_plan(a_shape, b_shape), num_sms=132)
     assert launch.kind == kind and launch.swap is swap
     if lanes is not None:
         p = _parse(launch.words)
         assert p.lanes == lanes and 1 << p.lanes_log2 == lanes
-        assert p.ntiles >= 1 and launch.grid <= 132 * cupy_raw.BLOCKS_PER_SM * cupy_raw.MAX_GRID_WAVES
-        assert all(1 <= n <= cupy_raw.MAX_CHUNKS for n in launch.nchunks)
+        assert p.ntiles >= 1 and launch.grid <= 132 * cuda_plan.BLOCKS_PER_SM * cuda_plan.MAX_GRID_WAVES
+        assert all(1 <= n <= cuda_plan.MAX_CHUNKS for n in launch.nchunks)
 
 
 def test_bias_plan_tiles_and_chunks():
-    launch = cupy_raw.plan_launch(_plan((8, 2048, 4096), (4096,)), num_sms=132)
+    launch = cuda_plan.plan_launch(_plan((8, 2048, 4096), (4096,)), num_sms=132)
     p = _parse(launch.words)
     assert p.nchunk[0] == 4096 // 32 and p.nchunk[1] == 1          # 128 k tiles, U empty
     assert 2 <= p.nchunk[2] <= 64 and p.chunk[2] * p.nchunk[2] >= 8 * 2048  # a few row chunks cover V
@@ -656,7 +731,7 @@ def test_bias_plan_tiles_and_chunks():
 
 
 def test_row_reduction_plan_has_few_chunks():
-    launch = cupy_raw.plan_launch(_plan((8, 2048, 4096), (8, 2048, 1)), num_sms=132)
+    launch = cuda_plan.plan_launch(_plan((8, 2048, 4096), (8, 2048, 1)), num_sms=132)
     p = _parse(launch.words)
     assert p.nchunk[2] == 8 * 2048 and p.nchunk[0] <= 4 and p.chunk[0] % 32 == 0
     assert p.ntiles == p.nchunk[0] * p.nchunk[2]
@@ -664,10 +739,10 @@ def test_row_reduction_plan_has_few_chunks():
 
 def test_huge_case_uses_bounded_chunks_and_grid():
     """Over 2**31 elements: chunk counts and the grid stay bounded, words stay int64."""
-    launch = cupy_raw.plan_launch(_plan((4, 2**20, 1024), (1024,)), num_sms=132)
-    assert max(launch.nchunks) <= cupy_raw.MAX_CHUNKS and launch.grid < 2**31
+    launch = cuda_plan.plan_launch(_plan((4, 2**20, 1024), (1024,)), num_sms=132)
+    assert max(launch.nchunks) <= cuda_plan.MAX_CHUNKS and launch.grid < 2**31
     assert _parse(launch.words).grp[2].numel == 4 * 2**20
-    launch = cupy_raw.plan_launch(_plan((2**31 + 7,), (2**31 + 7,)), num_sms=132, itemsize=2)
+    launch = cuda_plan.plan_launch(_plan((2**31 + 7,), (2**31 + 7,)), num_sms=132, itemsize=2)
     assert launch.kind == "fast" and launch.grid <= 132 * 32
 
 
@@ -675,8 +750,8 @@ def test_huge_case_uses_bounded_chunks_and_grid():
     (16384, 64, 128, 2112, 1), (16384, 64, 1, 2112, 1), (5, 64, 1, 2112, 1), (4096, 256, 16384, 16896, 32),
     (10**9, 8, 1, 10**6, 32), (1, 1, 1, 1, 1)])
 def test_split_chunks_invariants(n, min_per, base, target, multiple):
-    nchunks, size = cupy_raw.split_chunks(n, min_per, base, target, multiple)
-    assert 1 <= nchunks <= cupy_raw.MAX_CHUNKS
+    nchunks, size = cuda_plan.split_chunks(n, min_per, base, target, multiple)
+    assert 1 <= nchunks <= cuda_plan.MAX_CHUNKS
     assert size % multiple == 0 and (nchunks - 1) * size < n <= nchunks * size
     assert nchunks == 1 or size >= min_per
 
@@ -684,15 +759,15 @@ def test_split_chunks_invariants(n, min_per, base, target, multiple):
 def test_sorted_group_puts_g_fast_dim_last():
     grp = _bcast_plan.Group([3, 4, 5], {"a": [1, 3, 12], "b": [0, 0, 0], "g": [1, 15, 3], "ga": [20, 5, 1],
                                         "gb": [0, 0, 0]})
-    s = cupy_raw._sorted_group(grp)
+    s = cuda_plan._sorted_group(grp)
     assert s.sizes == [4, 5, 3] and s.strides["g"] == [15, 3, 1] and s.strides["a"] == [3, 12, 1]
 
 
 def test_params_words_roundtrip():
     plan = _plan((2, 3, 4), (3, 1))
-    launch = cupy_raw.plan_launch(plan, num_sms=4)
+    launch = cuda_plan.plan_launch(plan, num_sms=4)
     arg = cupy_raw.params_struct(launch.words)
-    assert arg.size == 1 and arg.nbytes == cupy_raw.PARAMS_WORDS * 8
+    assert arg.size == 1 and arg.nbytes == cuda_plan.PARAMS_WORDS * 8
     assert list(arg["words"][0]) == launch.words
 
 
@@ -730,7 +805,7 @@ def test_cupy_backend_registers_both_variants():
 
 
 def test_importing_the_backend_does_not_import_cupy():
-    code = "import sys; import backends.cupy.binary_backward, backends._nvrtc; assert 'cupy' not in sys.modules"
+    code = "import sys; import backends.cupy.binary_backward, backends.cupy.nvrtc; assert 'cupy' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=str(_nvrtc.CUDA_DIR.parent.parent))
 
 

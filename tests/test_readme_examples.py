@@ -1,6 +1,8 @@
-"""The README's worked examples run as written: an outside backend installed by entry point, a case file."""
+"""The README's worked examples run as written: a kernel added to a backend as one new file, an
+outside backend installed by entry point, a case file."""
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -70,3 +72,32 @@ def test_the_gpu_install_line_works_with_the_index_switched_off(tmp_path):
                          env={**os.environ, "PIP_NO_INDEX": "1", "PIP_INDEX_URL": "http://127.0.0.1:9/none"})
     assert out.returncode == 0, out.stdout + out.stderr
     assert (tmp_path / "t" / "harness" / "cli.py").exists()
+
+
+def test_triton_kernel_example_is_one_new_file(tmp_path):
+    """'Adding a kernel to a backend': the README's file, dropped into a copy of the tree as a new
+    module of backends/triton/ (no other edit), registers with the package and passes every case it
+    supports, under TRITON_INTERPRET=1: the smoke set (the broadcast cases skip with the kernel's
+    reason) and every fn it has in the 16-bit dtypes and float64, strided views included."""
+    name = "backends/triton/binary_backward_example.py"
+    body = readme_files()[name]
+    assert not (ROOT / name).exists()  # an example, not part of the tree
+    tree = tmp_path / "tree"
+    for package in ("harness", "oracle", "cases", "backends"):
+        shutil.copytree(ROOT / package, tree / package, ignore=shutil.ignore_patterns("__pycache__"))
+    (tree / name).write_text(body)
+    more = tmp_path / "more.yaml"
+    more.write_text("cases:\n" + "".join(
+        f"  - {{op: binary_backward, dtype: {dt}, params: {{fn: {fn}, a: [33, 70], b: [33, 70], a_layout: transposed, "
+        f"g_layout: sliced}}}}\n" for fn in ("add", "sub", "mul") for dt in ("bf16", "f16", "f64")))
+    env = {**os.environ, "TRITON_INTERPRET": "1",
+           "GRADORACLE_BUILD_DIR": str(ROOT / "build" / "torch_ext")}  # no torch_ext build in the copy
+    for cases, least in (("smoke", 5), (str(more), 9)):
+        run = subprocess.run([sys.executable, "-m", "harness", "run", "--backend", "triton@example", "--device", "cpu",
+                              "--cases", cases, "--show-skips", "-v"], cwd=tree, env=env, capture_output=True, text=True,
+                             timeout=900)
+        assert run.returncode == 0, run.stdout + run.stderr
+        passed = int(re.search(r"(\d+) passed, 0 failed", run.stdout)[1])
+        assert passed >= least and "triton@example" in run.stdout, run.stdout
+        if cases == "smoke":
+            assert "triton@example: a (" in run.stdout  # a broadcast case, skipped with the kernel's reason

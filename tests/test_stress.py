@@ -257,15 +257,16 @@ def _binary_stress():
 
 @pytest.mark.parametrize("case", _binary_stress(), ids=lambda c: c.id)
 def test_cupy_launch_plan_of_the_stress_shapes(case):
-    """What cupy (and its C++ mirror in torch_ext) would launch: the BBParams words carry sizes
-    past 2**31 unchanged, the grid fits a launch, the partial rows a few hundred MB at most."""
-    from backends import _bcast_plan
+    """What cupy (and torch_ext's CUDA op, from the same plan) would launch: the BBParams words carry
+    sizes past 2**31 unchanged, the grid fits a launch, the partial rows a few hundred MB at most."""
+    from backends._plans import binary_backward as _bcast_plan
+    from backends._plans import binary_backward_cuda as cuda_plan
     from backends.cupy import binary_backward as cupy_raw
 
     a, b = case.params["a"], case.params["b"]
     plan = _bcast_plan.make_plan(a, b, _bcast_plan.contiguous_strides(a), _bcast_plan.contiguous_strides(b),
                                  _bcast_plan.contiguous_strides(_bcast_plan.broadcast_shape(a, b)))
-    launch = cupy_raw.plan_launch(plan, 132, (0,) * 5, 2)
+    launch = cuda_plan.plan_launch(plan, 132, (0,) * 5, 2)
     assert plan.numel > INT32_LIMIT
     assert 1 <= launch.grid < 2**31
     if launch.words:
@@ -274,13 +275,13 @@ def test_cupy_launch_plan_of_the_stress_shapes(case):
         assert max(launch.words) == max(plan.k.numel, plan.ra.numel, plan.rb.numel, *launch.words)
     partial_bytes = sum(n * numel * 4 for n, numel in zip(launch.nchunks, launch.numel_out) if n > 1)
     assert partial_bytes < 512e6, f"{launch.kind}: {partial_bytes / 1e9:.1f} GB of partials"
-    assert cupy_raw.naive_grid(plan.numel) < 2**31
+    assert cuda_plan.naive_grid(plan.numel) < 2**31
 
 
 @pytest.mark.parametrize("case", _binary_stress(), ids=lambda c: c.id)
 def test_triton_launch_plan_of_the_stress_shapes(case):
     pytest.importorskip("torch")
-    from backends import _bcast_plan
+    from backends._plans import binary_backward as _bcast_plan
     from backends.triton import binary_backward as tk
 
     a, b = case.params["a"], case.params["b"]

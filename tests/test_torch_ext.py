@@ -209,7 +209,7 @@ def test_availability_reasons():
 
 def test_public_function_matches_op():
     a, b, g = torch.rand(3, 1), torch.rand(4), torch.rand(3, 4)
-    for x, y in zip(torch_ext.binary_backward(a, b, g, "sub"), op(a, b, g, "sub")):
+    for x, y in zip(torch_ext.binary_backward.binary_backward(a, b, g, "sub"), op(a, b, g, "sub")):
         assert torch.equal(x, y)
 
 
@@ -230,6 +230,59 @@ def test_opcheck(a_shape, b_shape):
     a, b = torch.rand(a_shape, dtype=torch.float64) + 0.5, torch.rand(b_shape, dtype=torch.float64) + 0.5
     g = torch.rand(torch.broadcast_shapes(a_shape, b_shape), dtype=torch.float64)
     torch.library.opcheck(torch.ops.gradoracle.binary_backward.default, (a, b, g, "pow"))
+
+
+# ----------------------------------------------------------------------------- plans
+
+# (A, B, layout of a): one of each launch kind of the CUDA plan (zero, fast, ew, lk1, lk8, lr_stream,
+# lr_batched), the same as tests/test_cuda_compile.py emulates.
+CUDA_KINDS = [((0, 3), (1, 3), "contig"), ((2, 3, 5), (2, 3, 5), "contig"), ((7, 5), (7, 5), "transposed"),
+              ((3, 4, 40), (40,), "contig"), ((3, 1, 5), (1, 4, 5), "contig"), ((4, 50), (4, 1), "contig"),
+              ((3, 1, 70), (1, 5, 1), "contig")]
+
+
+@pytest.mark.parametrize("a_shape,b_shape,layout", CUDA_KINDS)
+def test_cuda_launch_records_pass_the_cpp_checks(a_shape, b_shape, layout):
+    """torch_ext's CUDA op launches from a record made in Python (backends/_plans/binary_backward_cuda.py)
+    and checked in C++ (binary_backward.cpp, the same checks on both devices).  Here on the CPU,
+    each record passes every check but the device's, which comes last: the kinds both devices run
+    (zero, fast, ew) run and match the oracle, the others are refused for their kind only."""
+    from backends._plans import binary_backward as bcast
+    from backends._plans import binary_backward_cuda as cuda_plan
+
+    rng = np.random.default_rng(13)
+    a, b, g = draw(rng, "mul", a_shape, b_shape)
+    a = view(a, torch.float64, layout)
+    b, g = torch.tensor(b), torch.tensor(g)
+    plan = bcast.make_plan(a_shape, b_shape, a.stride(), b.stride(), g.stride())
+    launch = cuda_plan.plan_launch(plan, 132, (0,) * 5, 8)
+    record = torch.tensor(cuda_plan.launch_record(launch, plan, 132), dtype=torch.int64)
+    ga, gb = torch.full(a_shape, math.nan, dtype=torch.float64), torch.full(b_shape, math.nan, dtype=torch.float64)
+    run = torch.ops.gradoracle._binary_backward_run
+    if launch.kind in ("zero", "fast", "ew"):
+        run(a, b, g, "mul", record, grad_a=ga, grad_b=gb)
+        if launch.kind == "zero":
+            assert torch.equal(gb, torch.zeros(b_shape, dtype=torch.float64))
+        else:
+            check_against_oracle("mul", a, b, g, ga, gb)
+    else:
+        kind = cuda_plan.KINDS.index(launch.kind)
+        with pytest.raises(ValueError, match=rf"binary_backward: plan has kind {kind}, which cpu does not run"):
+            run(a, b, g, "mul", record, grad_a=ga, grad_b=gb)
+
+
+def test_a_plan_for_other_tensors_is_refused():
+    from backends._plans import binary_backward as bcast
+    from backends._plans import binary_backward_cuda as cuda_plan
+
+    a, b, g = torch.rand(3, 4, 6, dtype=torch.float64), torch.rand(6, dtype=torch.float64), torch.rand(3, 4, 6, dtype=torch.float64)
+    ga, gb = torch.empty_like(a), torch.empty_like(b)
+    run = torch.ops.gradoracle._binary_backward_run
+    other = bcast.make_plan((3, 4, 5), (5,), (20, 5, 1), (1,), (20, 5, 1))
+    with pytest.raises(ValueError, match=r"binary_backward: plan is for 60 elements of grad_out, got 72"):
+        run(a, b, g, "mul", torch.tensor(cuda_plan.box_record(other), dtype=torch.int64), grad_a=ga, grad_b=gb)
+    with pytest.raises(ValueError, match=r"binary_backward: plan must be a contiguous int64 CPU tensor of \d+ words"):
+        run(a, b, g, "mul", torch.zeros(3, dtype=torch.int64), grad_a=ga, grad_b=gb)
 
 
 # ----------------------------------------------------------------------------- bad input

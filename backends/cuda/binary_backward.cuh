@@ -1,15 +1,19 @@
 // binary_backward: CUDA device code, the one copy shared by the cupy backend (NVRTC, through
 // cupy.RawModule) and the torch extension (nvcc, backends/torch_ext/binary_backward_cuda.cu).
-// Spec: oracle/binary_backward.py.  Host planning: backends/_bcast_plan.py (and its C++ port).
+// Spec: oracle/binary_backward.py.  Host planning, once, in Python: backends/_plans/
+// binary_backward.py (the broadcast box) and binary_backward_cuda.py (this code's launch plan).
+// The fns, their partials and the parameter structs are in binary_backward_defs.h, which the
+// CPU kernel includes too.
 //
 // Self-contained for NVRTC: only cuda_fp16.h / cuda_bf16.h are included (pass their folder
-// with -I), and only `long long` / `unsigned int` integer types are used.
+// with -I) besides binary_backward_defs.h (cupy's nvrtc.read_source inlines it), and only
+// `long long` / `unsigned int` integer types are used.
 //
 // ============================================================================ launch contract
 //
 // Template parameters:  T  = float | double | __half | __nv_bfloat16 (element type of every
 // input and final output);  FN = 0 add, 1 sub, 2 mul, 3 div, 4 pow, 5 maximum, 6 minimum
-// (the order of gradoracle::BinaryFn);  A = bb_acc_t<T> = double for double, float otherwise:
+// (BB_FNS in binary_backward_defs.h);  A = bb_acc_t<T> = double for double, float otherwise:
 // partials and every sum are computed in A, partial buffers hold A.
 //
 // Every kernel with a BBParams argument must be launched with blockDim = (BB_BLOCK, 1, 1) and
@@ -51,7 +55,7 @@
 //       lanes = XW, lanes_log2; chunk[0] = XW * BB_J; chunk[1] = CY; nchunk = {X chunks,
 //       Y chunks, numel(Z)}; ntiles = product.
 //   bb_naive<T,FN>(p, a, b, g, acc_a, acc_b)                        [the @naive reference]
-//       grp = {K, RA, RB} exactly as _bcast_plan makes them, swap = 0.  acc_a / acc_b (A,
+//       grp = {K, RA, RB} exactly as the broadcast plan makes them, swap = 0.  acc_a / acc_b (A,
 //       numel of grad_a / grad_b) must be zeroed; then bb_finalize with nchunks = 1.
 //   bb_finalize<T>(part, nchunks, n, out):  out[i] = T(sum over c = 0..nchunks-1, in that
 //       order, of part[c * n + i]).
@@ -62,7 +66,7 @@
 // both outputs (or partial rows) is written exactly once, and every sum is taken in a fixed
 // order, so results are bitwise reproducible for a given launch configuration.
 //
-// Kernel choice (the host's: cupy_raw.plan_launch and its C++ mirror).  No broadcast: bb_fast
+// Kernel choice (the host's: backends/_plans/binary_backward_cuda.py:plan_launch).  No broadcast: bb_fast
 // when dense, else bb_ew.  Otherwise lanes go along the group that holds grad_out's smallest
 // stride (within each group the host orders dims so that one is innermost):
 //   K                        -> bb_lk: J = 1 when a reduced group is empty (bias-like
@@ -77,37 +81,11 @@
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 
-#define BB_MAX_DIMS 8
-#define BB_NT 5        // tensor slots per group
+#include "binary_backward_defs.h"  // fns, partials, BBGroup / BBParams (shared with host C++)
+
 #define BB_BLOCK 256   // threads per block of every BBParams kernel
 #define BB_J 8         // register tile of the batched kernels
 #define BB_EW_TILE 1024  // elements per bb_ew tile (4 per thread)
-
-enum : int { BB_ADD = 0, BB_SUB, BB_MUL, BB_DIV, BB_POW, BB_MAXIMUM, BB_MINIMUM, BB_NUM_FNS };
-enum : int { BB_P = 0, BB_Q = 1, BB_G = 2, BB_DP = 3, BB_DQ = 4 };
-
-struct BBGroup {
-  long long ndim;                              // dims in use, 0..BB_MAX_DIMS
-  long long numel;                             // product of size[0..ndim) (1 when ndim == 0)
-  long long size[BB_MAX_DIMS];                 // outer -> inner; unused entries are 1
-  long long stride[BB_NT][BB_MAX_DIMS];        // elements, per slot
-};
-
-struct BBParams {
-  BBGroup grp[3];
-  long long lanes;         // lanes per row segment (bb_ew: tile columns); a power of two
-  long long lanes_log2;
-  long long chunk[3];      // chunk length along each group
-  long long nchunk[3];     // chunks (tiles) along each group
-  long long ntiles;        // tiles (bb_lr_stream: tasks)
-  long long swap;          // 1: P is b and Q is a
-  long long numel_out[2];  // numel of dP, dQ: the row length of their partial buffers
-};
-
-#define BB_GROUP_WORDS (2 + BB_MAX_DIMS + BB_NT * BB_MAX_DIMS)
-#define BB_PARAMS_WORDS (3 * BB_GROUP_WORDS + 12)
-static_assert(sizeof(BBGroup) == BB_GROUP_WORDS * 8, "BBGroup must be packed long longs");
-static_assert(sizeof(BBParams) == BB_PARAMS_WORDS * 8, "BBParams must be packed long longs");
 
 // ============================================================================ element types
 
@@ -135,37 +113,7 @@ template <typename T> struct alignas(16) BBPack { T v[16 / sizeof(T)]; };
 
 __device__ __forceinline__ long long bb_min(long long x, long long y) { return x < y ? x : y; }
 
-// ============================================================================ partials
-
-__device__ __forceinline__ float bb_pow(float x, float y) { return powf(x, y); }
-__device__ __forceinline__ double bb_pow(double x, double y) { return pow(x, y); }
-__device__ __forceinline__ float bb_log(float x) { return logf(x); }
-__device__ __forceinline__ double bb_log(double x) { return log(x); }
-
-// add and sub never read a or b, so kernels skip those loads.
-template <int FN> struct BBUsesOperands { static constexpr bool value = FN >= BB_MUL; };
-
-// df/da, df/db in A, exactly as the oracle's docstring defines them.
-template <int FN, typename A>
-__device__ __forceinline__ void bb_partials(A a, A b, A& da, A& db) {
-  if (FN == BB_ADD) {
-    da = A(1); db = A(1);
-  } else if (FN == BB_SUB) {
-    da = A(1); db = A(-1);
-  } else if (FN == BB_MUL) {
-    da = b; db = a;
-  } else if (FN == BB_DIV) {
-    da = A(1) / b; db = -a / (b * b);
-  } else if (FN == BB_POW) {
-    da = b * bb_pow(a, b - A(1));
-    // a**b * ln(a) -> 0 as a -> 0 for b >= 0, where IEEE would give 0 * -inf = NaN.
-    db = (a == A(0) && b >= A(0)) ? A(0) : bb_pow(a, b) * bb_log(a);
-  } else {
-    const bool wins = FN == BB_MAXIMUM ? a > b : a < b;
-    da = a == b ? A(0.5) : (wins ? A(1) : A(0));  // ties split the gradient
-    db = A(1) - da;
-  }
-}
+// ============================================================================ terms
 
 // The two terms g * dP and g * dQ, for operands in role order (see `swap` in the contract).
 template <int FN, typename A>

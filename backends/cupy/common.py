@@ -1,11 +1,14 @@
 """What every op module of the `cupy` backend shares: availability, NVRTC compilation of the
-device code in backends/cuda/ (once per process per kernel), device queries and buffer checks.
+device code in backends/cuda/ (once per process per kernel), device queries, stride checks, and
+the buffer checks (byte_span, overlap: defined once for every backend in backends/_buffers.py,
+re-exported here).
 
 Importing it never imports cupy.
 """
 from __future__ import annotations
 
-from backends import _nvrtc
+from backends._buffers import byte_span, overlap  # noqa: F401 - re-exported for op modules
+from backends.cupy import nvrtc as _nvrtc
 
 CUDA_TYPE = {"f32": "float", "f64": "double", "f16": "__half", "bf16": "__nv_bfloat16"}
 
@@ -63,10 +66,3 @@ def element_strides(x, name: str, op: str = "cupy") -> tuple[int, ...]:
         raise ValueError(f"{op}: {name} has strides {x.strides} bytes, expected multiples of its itemsize {item}")
     return tuple(s // item for s in x.strides)
 
-
-def byte_span(x) -> tuple[int, int]:
-    """[first, end) of the bytes an array's elements occupy (cupy or numpy; strides may be negative)."""
-    start = x.data.ptr if hasattr(x.data, "ptr") else x.__array_interface__["data"][0]
-    low = sum((n - 1) * s for n, s in zip(x.shape, x.strides) if s < 0)
-    high = sum((n - 1) * s for n, s in zip(x.shape, x.strides) if s > 0)
-    return start + low, start + high + x.itemsize

@@ -1,10 +1,15 @@
-"""The `triton` backend: one module per op (`backends/triton/<op>.py`), each registering its
-kernels on `triton_backend`; `common.py` holds what they share.
+"""The `triton` backend: Triton kernels, one module per op.
 
-Adding a kernel for a new op is one new file here: it imports `triton_backend` and the
-helpers of `common`, and registers with `harness.argcheck.register(triton_backend, "<op>", ...)`.
-Every module of this package is imported when the backend is (a file is an op).
-Runs on CUDA, or on the CPU under TRITON_INTERPRET=1 (set before triton is imported).
+    common.py     what every kernel module shares: the guarded triton import, the interpreter
+                  switch, dtype conversions inside kernels, launch-size helpers
+    <op>.py       the op's kernels, launch planning and checks, registered on `triton_backend`
+                  with `harness.argcheck.register(triton_backend, "<op>", ...)`
+
+What may be touched: adding a kernel for a new op is one new file here, `<op>.py` (every module
+but `common` is imported with the package: a file is an op); a variant of an op that outgrows
+its file becomes a subpackage `<op>/`.  Plans shared with other backends come from
+backends/_plans/, buffer checks from backends/_buffers.py.  Runs on CUDA, or on the CPU under
+TRITON_INTERPRET=1 (set before triton is imported).
 """
 from __future__ import annotations
 

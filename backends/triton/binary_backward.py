@@ -1,6 +1,6 @@
 """binary_backward as Triton kernels (CUDA, or CPU under TRITON_INTERPRET=1).
 
-Design (see backends/_bcast_plan.py for the K / RA / RB box):
+Design (see backends/_plans/binary_backward.py for the K / RA / RB box):
 
 * No broadcast and every tensor contiguous: `_flat_kernel`, one elementwise pass in flat
   1-D blocks.
@@ -33,7 +33,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 
-from backends import _bcast_plan
+from backends._plans import binary_backward as bcast
 from backends.triton import triton_backend
 from backends.triton.common import IMPORT_ERROR, byte_span, cdiv, check, interpreted, jit, on_device, overlap, p2, tl  # noqa: F401
 from backends.triton.common import to_out as _to_out
@@ -363,9 +363,9 @@ def _roles(plan) -> tuple[dict, str, str, str]:
 
 def _alignments(plan, inner: str) -> int:
     """Per tensor, log2 of the largest power of two (<= 16) dividing its strides outside the
-    inner class's last dim; packed 4 bits per tensor in _bcast_plan.TENSORS order."""
+    inner class's last dim; packed 4 bits per tensor in bcast.TENSORS order."""
     packed = 0
-    for i, t in enumerate(_bcast_plan.TENSORS):
+    for i, t in enumerate(bcast.TENSORS):
         align = 16
         for c in _CLASSES:
             grp = getattr(plan, c)
@@ -435,7 +435,7 @@ def plan_tile(plan, itemsize: int, fn: str, cfg: Config = GPU_CONFIG) -> TileLau
     for c in _CLASSES:
         g = getattr(plan, c)
         for d in range(g.ndim):
-            desc += [g.sizes[d]] + [g.strides[t][d] for t in _bcast_plan.TENSORS]
+            desc += [g.sizes[d]] + [g.strides[t][d] for t in bcast.TENSORS]
     return TileLaunch(
         desc=desc,
         ints=dict(n_k=ext["k"], n_a=ext["ra"], n_b=ext["rb"], cols=cols, ncb=ncb, nblk_k=nblk["k"],
@@ -650,7 +650,7 @@ def _new_plan(key: tuple, fn: str, a, b, g, ga, gb, cfg: Config | None, tune: bo
     if IMPORT_ERROR is not None:
         raise RuntimeError(f"triton {OP}: triton is not importable ({IMPORT_ERROR})")
     with on_device(a):
-        bplan = _bcast_plan.make_plan(tuple(a.shape), tuple(b.shape), a.stride(), b.stride(), g.stride())
+        bplan = bcast.make_plan(tuple(a.shape), tuple(b.shape), a.stride(), b.stride(), g.stride())
         item = a.element_size()
         if cfg is not None:
             plan = _build(bplan, fn, item, cfg, a.device)
@@ -823,7 +823,7 @@ def _validate(inputs, outs, params) -> tuple:
     if a.device.type not in ("cuda", "cpu"):
         _fail(ValueError, "device", "cuda, or cpu under TRITON_INTERPRET=1", a.device)
     try:
-        out_shape = _bcast_plan.broadcast_shape(a.shape, b.shape)
+        out_shape = bcast.broadcast_shape(a.shape, b.shape)
     except ValueError:
         _fail(ValueError, "shapes of a and b", "broadcastable shapes", f"{tuple(a.shape)} and {tuple(b.shape)}")
     if tuple(g.shape) != out_shape:

@@ -1,5 +1,6 @@
 """What every Triton kernel module of this backend shares: the guarded triton import, the
-interpreter switch, dtype conversions inside kernels, launch-size helpers and buffer checks.
+interpreter switch, dtype conversions inside kernels, launch-size helpers, and the buffer checks
+(byte_span, overlap: defined once for every backend in backends/_buffers.py, re-exported here).
 
 Importing it never raises: without triton, `tl` and `jit` are stand-ins so kernel modules
 still import (the backend then reads as unavailable, with IMPORT_ERROR as the reason).
@@ -7,6 +8,8 @@ still import (the backend then reads as unavailable, with IMPORT_ERROR as the re
 from __future__ import annotations
 
 import os
+
+from backends._buffers import byte_span, overlap  # noqa: F401 - re-exported for op modules
 
 try:  # guarded: listing backends must work on machines without triton
     import triton
@@ -86,17 +89,6 @@ def p2(n: int) -> int:
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
-
-
-def byte_span(x) -> tuple[int, int]:
-    """[first, end) of the bytes a torch tensor's elements occupy (torch strides are never negative)."""
-    item = x.element_size()
-    start = x.data_ptr()
-    return start, start + item + sum((n - 1) * s * item for n, s in zip(x.shape, x.stride()))
-
-
-def overlap(p: tuple[int, int], q: tuple[int, int]) -> bool:
-    return p[0] < q[1] and q[0] < p[1]
 
 
 def on_device(x):

@@ -9,7 +9,7 @@ import contextlib
 
 import torch
 
-from backends._torch_autograd import conv_backward_weight as tw
+from backends.baselines._torch_autograd import conv_backward_weight as tw
 from cases import select
 from harness.compare import compare
 from harness.runner import prepare

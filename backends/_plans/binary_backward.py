@@ -1,4 +1,5 @@
-"""Broadcast plan for binary_backward kernels (shared by the cupy and triton backends).
+"""binary_backward's broadcast plan, the host-side decomposition every kernel backend of the op
+starts from (triton; cupy and torch_ext through binary_backward_cuda.py).
 
 Every dim d of the broadcast output O (after left-padding A and B to O's rank and
 dropping size-1 dims of O) falls in exactly one class:

@@ -1,18 +1,22 @@
 """NVRTC helpers for the CUDA sources in backends/cuda/: find headers, read sources, compile.
 
-The cupy backend compiles through cupy.RawModule at run time; this module gives it (and any
-later raw-CUDA backend) the include folders and source text, and gives CI a way to compile
-every kernel instantiation to a cubin on a machine with no GPU (NVRTC needs no device).
+The cupy backend compiles through cupy.RawModule at run time; this module gives it the
+include folders and the source text, and gives CI a way to compile every kernel
+instantiation to a cubin on a machine with no GPU (NVRTC needs no device;
+tests/test_cuda_compile.py).  `read_source` inlines the sources' own headers
+(`#include "x.h"` of a file in backends/cuda/), so the text cupy compiles, and keys its disk
+cache on, is all of the code: an edited header recompiles.
 
 Nothing here imports cupy at module import; `compile_cubin` imports cupy.cuda.nvrtc lazily.
 """
 from __future__ import annotations
 
 import os
+import re
 from functools import lru_cache
 from pathlib import Path
 
-CUDA_DIR = Path(__file__).resolve().parent / "cuda"
+CUDA_DIR = Path(__file__).resolve().parent.parent / "cuda"
 # NVRTC options every kernel here wants: C++17, IEEE math (no --use_fast_math: accuracy
 # is what the harness measures), and line info for profilers.
 BASE_OPTIONS = ("-std=c++17", "--generate-line-info")
@@ -90,12 +94,35 @@ def include_options() -> tuple[str, ...]:
     return (f"-I{dirs[0]}",) if dirs else ()
 
 
+_LOCAL_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*"([^"]+)"[^\n]*$', re.M)
+
+
 def read_source(name: str) -> str:
-    """Text of backends/cuda/<name> (e.g. 'binary_backward.cuh')."""
+    """Text of backends/cuda/<name> (e.g. 'binary_backward.cuh'), each `#include "x.h"` of a file in
+    backends/cuda/ replaced by that file's text (once per file, as #pragma once would), with #line
+    markers so compiler messages name the right file and line."""
+    return _expand(name, set())
+
+
+def _expand(name: str, seen: set) -> str:
     path = CUDA_DIR / name
     if not path.is_file():
         raise FileNotFoundError(f"CUDA source {path} not found")
-    return path.read_text()
+    seen.add(name)
+    text = path.read_text()
+    out, pos, line = [f'#line 1 "{name}"\n'], 0, 1
+    for m in _LOCAL_INCLUDE.finditer(text):
+        inc = m.group(1)
+        if not (CUDA_DIR / inc).is_file():
+            continue  # not ours: left for the compiler's include path
+        out.append(text[pos:m.start()])
+        line += text.count("\n", pos, m.end()) + 1
+        if inc not in seen:
+            out.append(_expand(inc, seen))
+        out.append(f'\n#line {line} "{name}"\n')
+        pos = m.end() + 1
+    out.append(text[pos:])
+    return "".join(out)
 
 
 def compile_options(extra=()) -> tuple[str, ...]:

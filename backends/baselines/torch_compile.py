@@ -1,8 +1,8 @@
 """`torch_compile`: the same autograd code as `torch`, under torch.compile (Inductor)."""
 from __future__ import annotations
 
-from backends import _deviations, _torch_autograd
-from backends.torch_eager import check_torch, copy_into
+from backends.baselines import _deviations, _torch_autograd
+from backends.baselines.torch import check_torch, copy_into
 from harness import argcheck
 from harness.registry import Backend
 

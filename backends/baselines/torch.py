@@ -1,7 +1,7 @@
 """`torch`: eager autograd, the baseline a user would otherwise pick (CPU and CUDA)."""
 from __future__ import annotations
 
-from backends import _deviations, _torch_autograd
+from backends.baselines import _deviations, _torch_autograd
 from harness import argcheck
 from harness.registry import Backend
 

@@ -5,7 +5,7 @@ channels-last views and dw (Cout, Cin/g, *k) comes back permuted to (Cout, *k, C
 """
 from __future__ import annotations
 
-from backends._torch_autograd.conv_backward_data import conv_args, from_torch, ieee_fp32, to_torch
+from backends.baselines._torch_autograd.conv_backward_data import conv_args, from_torch, ieee_fp32, to_torch
 from oracle import conv_common as cc
 
 OP = "conv_backward_weight"

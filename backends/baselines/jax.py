@@ -1,7 +1,7 @@
 """`jax`: each op's jax.vjp derivation, jitted by XLA, in the case dtype on the device."""
 from __future__ import annotations
 
-from backends import _deviations
+from backends.baselines import _deviations
 from harness import argcheck
 from harness.registry import Backend, load_ops
 

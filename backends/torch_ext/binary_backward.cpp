@@ -1,6 +1,17 @@
-// binary_backward on CPU: one pass over grad_out, organised by the broadcast plan.
+// binary_backward for the torch extension: the op's schemas, its argument checks (shared by
+// both devices) and its CPU kernel.  The CUDA launches are binary_backward_cuda.cu; the plans
+// of both devices come from Python (backends/torch_ext/binary_backward.py).
 //
-// The output box O is K x RA x RB (bcast_plan.h).  With no broadcast every output element
+// Ops (namespace gradoracle):
+//   binary_backward(Tensor a, Tensor b, Tensor grad_out, str fn) -> (Tensor, Tensor)
+//   binary_backward.out(..., *, Tensor(a!) grad_a, Tensor(b!) grad_b) -> (Tensor(a!), Tensor(b!))
+//       the public ops; their CPU and CUDA kernels are Python (they make the plan, then call:)
+//   _binary_backward_run(Tensor a, Tensor b, Tensor grad_out, str fn, Tensor plan, *,
+//                        Tensor(a!) grad_a, Tensor(b!) grad_b) -> ()
+//       checks every argument and runs the plan (a BBLaunch, backends/cuda/binary_backward_defs.h).
+//
+// The CPU kernel: one pass over grad_out, organised by the broadcast plan.  The output box O is
+// K x RA x RB (backends/_plans/binary_backward.py).  With no broadcast every output element
 // is independent and we run a flat (or strided) elementwise loop.  Otherwise the box is cut
 // into work items: a block of K times a chunk of one reduce group S (the "split" group).
 // Each item walks its sub-box once, with the innermost loop along the group where grad_out
@@ -15,6 +26,9 @@
 // result is bitwise reproducible with no atomics.
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
+#include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -22,9 +36,10 @@
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
+#include <torch/library.h>
 
-#include "bcast_plan.h"
 #include "binary_backward.h"
+#include "common.h"
 
 namespace gradoracle {
 namespace {
@@ -37,6 +52,19 @@ constexpr int64_t kMinKRun = 64;                // K block bounds when the inner
 constexpr int64_t kMaxKRun = 4096;
 constexpr int kLanes = 8;                       // independent partial sums in a scalar reduction
 
+// The plan's tensor slots (swap = 0: a, b, grad_out, grad_a, grad_b) and limits.
+enum Operand : int { kA = BB_P, kB = BB_Q, kG = BB_G, kGA = BB_DP, kGB = BB_DQ };
+constexpr int kNumOperands = BB_NT;
+constexpr int kMaxDims = BB_MAX_DIMS;
+
+// The broadcast plan as the CPU kernel walks it: the K, RA, RB groups of a BB_KIND_BOX launch.
+struct BcastPlan {
+  const BBGroup& k;
+  const BBGroup& ra;
+  const BBGroup& rb;
+  int64_t numel;
+};
+
 enum Grp : int { kK = 0, kRA = 1, kRB = 2 };
 
 // What the innermost loop does with one gradient's terms:
@@ -47,11 +75,11 @@ enum Mode : int { kSum, kAcc, kStore };
 
 int64_t ceil_div(int64_t x, int64_t y) { return (x + y - 1) / y; }
 
-int64_t inner_stride(const DimGroup& g, int op) { return g.ndim ? g.strides[op][g.ndim - 1] : 0; }
+int64_t inner_stride(const BBGroup& g, int op) { return g.ndim ? g.stride[op][g.ndim - 1] : 0; }
 
 // A range [lo, hi) of a group's row-major linear index.
 struct Span {
-  const DimGroup* g;
+  const BBGroup* g;
   int64_t lo, hi;
   int64_t size() const { return hi - lo; }
 };
@@ -61,7 +89,7 @@ struct Span {
 // An odometer advances between runs, so there is one division per dim per span, not per element.
 template <typename Fn>
 void for_each_run(const Span& s, Fn&& f) {
-  const DimGroup& g = *s.g;
+  const BBGroup& g = *s.g;
   int64_t off[kNumOperands] = {0, 0, 0, 0, 0};
   if (s.lo >= s.hi) return;
   if (g.ndim == 0) return f(int64_t(0), static_cast<const int64_t*>(off), int64_t(1));  // one element
@@ -69,20 +97,20 @@ void for_each_run(const Span& s, Fn&& f) {
   int64_t idx[kMaxDims];
   int64_t rem = s.lo;
   for (int d = last; d >= 0; --d) {
-    idx[d] = rem % g.sizes[d];
-    rem /= g.sizes[d];
-    for (int t = 0; t < kNumOperands; ++t) off[t] += idx[d] * g.strides[t][d];
+    idx[d] = rem % g.size[d];
+    rem /= g.size[d];
+    for (int t = 0; t < kNumOperands; ++t) off[t] += idx[d] * g.stride[t][d];
   }
   for (int64_t l = s.lo; l < s.hi;) {
-    const int64_t len = std::min(g.sizes[last] - idx[last], s.hi - l);
+    const int64_t len = std::min<int64_t>(g.size[last] - idx[last], s.hi - l);
     f(l - s.lo, static_cast<const int64_t*>(off), len);
     l += len;
     idx[last] += len;
-    for (int t = 0; t < kNumOperands; ++t) off[t] += len * g.strides[t][last];
-    for (int d = last; d > 0 && idx[d] == g.sizes[d]; --d) {  // carry
+    for (int t = 0; t < kNumOperands; ++t) off[t] += len * g.stride[t][last];
+    for (int d = last; d > 0 && idx[d] == g.size[d]; --d) {  // carry
       idx[d] = 0;
       ++idx[d - 1];
-      for (int t = 0; t < kNumOperands; ++t) off[t] += g.strides[t][d - 1] - g.sizes[d] * g.strides[t][d];
+      for (int t = 0; t < kNumOperands; ++t) off[t] += g.stride[t][d - 1] - g.size[d] * g.stride[t][d];
     }
   }
 }
@@ -123,7 +151,7 @@ template <typename scalar_t>
 using RunFn = void (*)(const scalar_t* a, const scalar_t* b, const scalar_t* g, int64_t n, void* pa, void* pb);
 
 // Everything that depends on fn: the elementwise loops and the innermost runs.
-template <BinaryFn F, typename scalar_t>
+template <int FN, typename scalar_t>
 struct Kernel : Ptrs<scalar_t> {
   using acc_t = at::opmath_type<scalar_t>;
   using Ptrs<scalar_t>::a;
@@ -135,7 +163,7 @@ struct Kernel : Ptrs<scalar_t> {
   // grad_out times both partials at one box element.
   static void terms(scalar_t av, scalar_t bv, scalar_t gv, acc_t& ta, acc_t& tb) {
     acc_t da, db;
-    binary_partials<F, acc_t>(static_cast<acc_t>(av), static_cast<acc_t>(bv), da, db);
+    bb_partials<FN, acc_t>(static_cast<acc_t>(av), static_cast<acc_t>(bv), da, db);
     ta = static_cast<acc_t>(gv) * da;
     tb = static_cast<acc_t>(gv) * db;
   }
@@ -153,10 +181,10 @@ struct Kernel : Ptrs<scalar_t> {
     });
   }
 
-  void elementwise_strided(const DimGroup& k) const {
+  void elementwise_strided(const BBGroup& k) const {
     const int64_t s[kNumOperands] = {inner_stride(k, kA), inner_stride(k, kB), inner_stride(k, kG),
                                      inner_stride(k, kGA), inner_stride(k, kGB)};
-    at::parallel_for(0, k.numel(), kElementwiseGrain, [&](int64_t lo, int64_t hi) {
+    at::parallel_for(0, k.numel, kElementwiseGrain, [&](int64_t lo, int64_t hi) {
       for_each_run(Span{&k, lo, hi}, [&](int64_t, const int64_t* o, int64_t len) {
         for (int64_t i = 0; i < len; ++i) {
           acc_t ta, tb;
@@ -248,7 +276,7 @@ struct Decomp {
   int64_t items() const { return n_kblocks * n_chunks; }
 };
 
-const DimGroup& group(const BcastPlan& p, Grp g) { return g == kK ? p.k : g == kRA ? p.ra : p.rb; }
+const BBGroup& group(const BcastPlan& p, Grp g) { return g == kK ? p.k : g == kRA ? p.ra : p.rb; }
 
 // The group whose innermost dim walks grad_out with the smallest stride, preferring dims of
 // at least 16 elements (a short innermost loop costs more in overhead than locality saves).
@@ -257,9 +285,9 @@ Grp pick_inner(const BcastPlan& p) {
   bool found = false, best_long = false;
   int64_t best_stride = 0, best_size = 0;
   for (Grp c : {kK, kRA, kRB}) {
-    const DimGroup& g = group(p, c);
+    const BBGroup& g = group(p, c);
     if (g.ndim == 0) continue;
-    const int64_t size = g.sizes[g.ndim - 1], stride = std::abs(g.strides[kG][g.ndim - 1]);
+    const int64_t size = g.size[g.ndim - 1], stride = std::abs(g.stride[kG][g.ndim - 1]);
     const bool is_long = size >= 16;
     const bool better = !found || (is_long != best_long ? is_long
                                    : is_long        ? stride < best_stride
@@ -272,7 +300,7 @@ Grp pick_inner(const BcastPlan& p) {
 Decomp make_decomp(const BcastPlan& p) {
   Decomp d{};
   d.inner = pick_inner(p);
-  const int64_t nk = p.k.numel(), nra = p.ra.numel(), nrb = p.rb.numel(), per_k = nra * nrb;
+  const int64_t nk = p.k.numel, nra = p.ra.numel, nrb = p.rb.numel, per_k = nra * nrb;
 
   // Outer loops: the remaining groups, the one with the larger grad_out stride outermost.
   int j = 0;
@@ -291,7 +319,7 @@ Decomp make_decomp(const BcastPlan& p) {
 
   // When the innermost loop walks K, a block spans a whole innermost K dim (up to kMaxKRun):
   // short K runs across many rows would touch a new page per run and defeat the prefetcher.
-  const int64_t min_kb = d.inner == kK ? std::max(kMinKRun, std::min(kMaxKRun, p.k.sizes[p.k.ndim - 1])) : 1;
+  const int64_t min_kb = d.inner == kK ? std::max(kMinKRun, std::min<int64_t>(kMaxKRun, p.k.size[p.k.ndim - 1])) : 1;
   d.k_block = std::min(nk, std::max(min_kb, ceil_div(kItemVolume, per_k)));
   d.n_kblocks = ceil_div(nk, d.k_block);
 
@@ -383,14 +411,14 @@ struct Reducer {
 
   void item(int64_t index) const {
     const int64_t kb = index / d.n_chunks, chunk = index % d.n_chunks;
-    Span span[3] = {{&p.k, kb * d.k_block, std::min(p.k.numel(), (kb + 1) * d.k_block)},
-                    {&p.ra, 0, p.ra.numel()},
-                    {&p.rb, 0, p.rb.numel()}};
+    Span span[3] = {{&p.k, kb * d.k_block, std::min<int64_t>(p.k.numel, (kb + 1) * d.k_block)},
+                    {&p.ra, 0, p.ra.numel},
+                    {&p.rb, 0, p.rb.numel}};
     span[d.split].lo = chunk * d.chunk_len;
     span[d.split].hi = std::min(span[d.split].hi, (chunk + 1) * d.chunk_len);
     Out oa = make_out(kRA, span), ob = make_out(kRB, span);
 
-    const DimGroup& in = group(p, d.inner);
+    const BBGroup& in = group(p, d.inner);
     int64_t s[kNumOperands];
     for (int t = 0; t < kNumOperands; ++t) s[t] = inner_stride(in, t);
     const RunFn<scalar_t> run = pick_run(oa.mode, ob.mode);
@@ -422,7 +450,7 @@ struct Reducer {
     const Grp y = kept(o.reduce);
     if (d.split == o.reduce && d.n_chunks > 1) {
       const int64_t ny = span[y].size();  // y is not split: the span is the whole group
-      acc_t* dst = partial + (chunk * p.k.numel() + span[kK].lo) * ny;
+      acc_t* dst = partial + (chunk * p.k.numel + span[kK].lo) * ny;
       for (int64_t kk = 0; kk < span[kK].size(); ++kk)
         for (int64_t j = 0; j < ny; ++j) dst[kk * ny + j] = o.acc[kk * o.s[kK] + j * o.s[y]];
       return;
@@ -444,7 +472,7 @@ struct Reducer {
     const Grp r = d.split, y = kept(r);
     const int out_op = r == kRA ? kGA : kGB;
     scalar_t* out = r == kRA ? ker.ga : ker.gb;
-    const int64_t nk = p.k.numel(), ny = group(p, y).numel(), stride_c = nk * ny;
+    const int64_t nk = p.k.numel, ny = group(p, y).numel, stride_c = nk * ny;
     const int64_t so = inner_stride(group(p, y), out_op);
     const int64_t grain = std::max<int64_t>(1, kElementwiseGrain / (ny * d.n_chunks));
     at::parallel_for(0, nk, grain, [&](int64_t lo, int64_t hi) {
@@ -470,42 +498,162 @@ struct Reducer {
   }
 };
 
-template <BinaryFn F, typename scalar_t>
-void launch(const BcastPlan& plan, const at::Tensor& a, const at::Tensor& b, const at::Tensor& grad_out,
+template <int FN, typename scalar_t>
+void launch(const BcastPlan& plan, int64_t kind, const at::Tensor& a, const at::Tensor& b, const at::Tensor& grad_out,
             at::Tensor& grad_a, at::Tensor& grad_b) {
   using acc_t = at::opmath_type<scalar_t>;
   const Ptrs<scalar_t> ptrs{a.const_data_ptr<scalar_t>(), b.const_data_ptr<scalar_t>(),
                             grad_out.const_data_ptr<scalar_t>(), grad_a.mutable_data_ptr<scalar_t>(),
                             grad_b.mutable_data_ptr<scalar_t>()};
-  const Kernel<F, scalar_t> ker{ptrs};
-  if (plan.contiguous_fast_path()) return ker.elementwise_contiguous(plan.numel);
-  if (plan.no_broadcast()) return ker.elementwise_strided(plan.k);
+  const Kernel<FN, scalar_t> ker{ptrs};
+  if (kind == BB_KIND_FAST) return ker.elementwise_contiguous(plan.numel);
+  if (kind == BB_KIND_EW) return ker.elementwise_strided(plan.k);
 
   const Decomp d = make_decomp(plan);
   std::vector<acc_t> partial;
   if (d.n_chunks > 1) {
-    const int64_t n_kept = (d.split == kRA ? plan.rb : plan.ra).numel();
-    partial.resize(d.n_chunks * plan.k.numel() * n_kept);
+    const int64_t n_kept = (d.split == kRA ? plan.rb : plan.ra).numel;
+    partial.resize(d.n_chunks * plan.k.numel * n_kept);
   }
-  Reducer<scalar_t>{ptrs, &Kernel<F, scalar_t>::pick_run, plan, d, partial.data()}.run_all();
+  Reducer<scalar_t>{ptrs, &Kernel<FN, scalar_t>::pick_run, plan, d, partial.data()}.run_all();
 }
 
 }  // namespace
 
-void binary_backward_cpu_out(const at::Tensor& a, const at::Tensor& b, const at::Tensor& grad_out,
-                             c10::string_view fn, at::Tensor& grad_a, at::Tensor& grad_b) {
-  const BinaryFn f = check_binary_backward_args(a, b, grad_out, fn, grad_a, grad_b);
+// ----------------------------------------------------------------------------- checks
+
+namespace {
+
+constexpr const char* kOp = "binary_backward";
+
+// NumPy broadcast of two shapes; ValueError naming both shapes and the first bad dim.
+std::vector<int64_t> broadcast_shape(c10::IntArrayRef a_shape, c10::IntArrayRef b_shape) {
+  const size_t rank = std::max(a_shape.size(), b_shape.size());
+  std::vector<int64_t> out(rank);
+  for (size_t d = 0; d < rank; ++d) {
+    const size_t la = rank - a_shape.size(), lb = rank - b_shape.size();
+    const int64_t x = d < la ? 1 : a_shape[d - la];
+    const int64_t y = d < lb ? 1 : b_shape[d - lb];
+    TORCH_CHECK_VALUE(x == y || x == 1 || y == 1, kOp, ": shapes ", a_shape, " and ", b_shape,
+                      " do not broadcast (dim ", d, ": ", x, " vs ", y, ")");
+    out[d] = x == 1 ? y : x;
+  }
+  return out;
+}
+
+int parse_binary_fn(c10::string_view fn) {
+  const std::string_view name_in(fn.data(), fn.size());
+  std::string names;
+  for (int i = 0; i < BB_NUM_FNS; ++i) {
+    if (name_in == bb_fn_names[i]) return i;
+    names += (i ? ", " : "") + std::string(bb_fn_names[i]);
+  }
+  TORCH_CHECK_VALUE(false, kOp, ": fn is '", std::string(fn.data(), fn.size()), "', expected one of ", names);
+}
+
+// The plan must be a BBLaunch made for these shapes, of a kind this device runs (a plan made for
+// other strides is not caught: the plan is private to backends/torch_ext).  The kind is checked
+// last, so a CPU test can pass a CUDA launch through every other check.
+void check_plan(const BBLaunch& l, const at::Tensor& grad_out, const at::Tensor& grad_a, const at::Tensor& grad_b) {
+  TORCH_CHECK_VALUE(l.kind >= 0 && l.kind < BB_NUM_KINDS, kOp, ": plan has kind ", l.kind, ", expected 0..",
+                    BB_NUM_KINDS - 1);
+  TORCH_CHECK_VALUE(l.numel == grad_out.numel(), kOp, ": plan is for ", l.numel, " elements of grad_out, got ",
+                    grad_out.numel());
+  int64_t box = 1;
+  for (const BBGroup& g : l.params.grp) {
+    int64_t n = 1;
+    TORCH_CHECK_VALUE(g.ndim >= 0 && g.ndim <= BB_MAX_DIMS, kOp, ": plan has a group of ", g.ndim, " dims");
+    for (int d = 0; d < g.ndim; ++d) n *= g.size[d];
+    TORCH_CHECK_VALUE(n == g.numel, kOp, ": plan has a group of ", g.numel, " elements whose sizes multiply to ", n);
+    box *= n;
+  }
+  // Every kind's three groups tile the box K x RA x RB (in some role order).
+  TORCH_CHECK_VALUE(box == l.numel, kOp, ": plan's groups hold ", box, " elements, grad_out ", l.numel);
+  const bool launches = l.kind > BB_KIND_EW && l.kind < BB_KIND_BOX;  // the CUDA reduction kernels
+  if (launches) {  // outputs in role order: P's, then Q's
+    const at::Tensor& d_p = l.params.swap ? grad_b : grad_a;
+    const at::Tensor& d_q = l.params.swap ? grad_a : grad_b;
+    bool stages_ok = l.grid >= 1;
+    for (int i = 0; i < 2; ++i) stages_ok = stages_ok && l.nchunks[i] >= 1 && (l.nchunks[i] == 1 || l.finalize_grid[i] >= 1);
+    TORCH_CHECK_VALUE(l.numel_out[0] == d_p.numel() && l.numel_out[1] == d_q.numel() && stages_ok,
+                      kOp, ": plan's outputs (", l.numel_out[0], ", ", l.numel_out[1], " elements) do not match ",
+                      "grad_a and grad_b");
+  }
+  const bool cpu = grad_out.device().is_cpu();
+  const bool both = l.kind == BB_KIND_ZERO || l.kind == BB_KIND_FAST || l.kind == BB_KIND_EW;
+  TORCH_CHECK_VALUE(both || (cpu ? l.kind == BB_KIND_BOX : launches), kOp, ": plan has kind ", l.kind,
+                    ", which ", grad_out.device(), " does not run");
+}
+
+}  // namespace
+
+int check_binary_backward_run(const at::Tensor& a, const at::Tensor& b, const at::Tensor& grad_out,
+                              c10::string_view fn, const at::Tensor& plan, const at::Tensor& grad_a,
+                              const at::Tensor& grad_b, BBLaunch& launch) {
+  const int parsed = parse_binary_fn(fn);
+  check_float_input(kOp, a, "a");
+  check_float_input(kOp, b, "b");
+  check_float_input(kOp, grad_out, "grad_out");
+  check_like(kOp, b, "b", a, "a");
+  check_like(kOp, grad_out, "grad_out", a, "a");
+
+  const std::vector<int64_t> out_shape = broadcast_shape(a.sizes(), b.sizes());
+  TORCH_CHECK_VALUE(out_shape.size() <= static_cast<size_t>(BB_MAX_DIMS), kOp, ": broadcast of a ", a.sizes(),
+                    " and b ", b.sizes(), " has rank ", out_shape.size(), ", expected at most ", BB_MAX_DIMS);
+  TORCH_CHECK_VALUE(grad_out.sizes() == c10::IntArrayRef(out_shape), kOp, ": grad_out has shape ",
+                    grad_out.sizes(), ", expected ", c10::IntArrayRef(out_shape), " (broadcast of a ", a.sizes(),
+                    " and b ", b.sizes(), ")");
+
+  check_output(kOp, grad_a, "grad_a", a, "a", a, "a");
+  check_output(kOp, grad_b, "grad_b", b, "b", a, "a");
+  check_no_overlap(kOp, grad_a, "grad_a", grad_b, "grad_b");
+  for (const auto& [out, out_name] : {std::pair{&grad_a, "grad_a"}, std::pair{&grad_b, "grad_b"}}) {
+    check_no_overlap(kOp, *out, out_name, a, "a");
+    check_no_overlap(kOp, *out, out_name, b, "b");
+    check_no_overlap(kOp, *out, out_name, grad_out, "grad_out");
+  }
+
+  std::memcpy(&launch, plan_words(kOp, plan, BB_LAUNCH_WORDS), sizeof(BBLaunch));
+  check_plan(launch, grad_out, grad_a, grad_b);
+  return parsed;
+}
+
+// ----------------------------------------------------------------------------- CPU
+
+namespace {
+
+void binary_backward_run_cpu(const at::Tensor& a, const at::Tensor& b, const at::Tensor& grad_out,
+                             c10::string_view fn, const at::Tensor& plan, at::Tensor& grad_a, at::Tensor& grad_b) {
+  BBLaunch l;
+  const int f = check_binary_backward_run(a, b, grad_out, fn, plan, grad_a, grad_b, l);
   TORCH_CHECK_VALUE(a.device().is_cpu(), "binary_backward: a is on device ", a.device(),
                     ", expected cpu (this is the CPU kernel)");
-  const BcastPlan plan = make_plan(a.sizes(), b.sizes(), a.strides(), b.strides(), grad_out.strides());
-  if (plan.numel == 0) {  // nothing to sum: broadcast operands get 0, empty ones stay empty
+  if (l.kind == BB_KIND_ZERO) {  // nothing to sum: broadcast operands get 0, empty ones stay empty
     grad_a.zero_();
     grad_b.zero_();
     return;
   }
+  const BcastPlan box{l.params.grp[0], l.params.grp[1], l.params.grp[2], l.numel};
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, a.scalar_type(), "binary_backward_cpu", [&] {
-    dispatch_binary_fn(f, [&](auto tag) { launch<decltype(tag)::value, scalar_t>(plan, a, b, grad_out, grad_a, grad_b); });
+    dispatch_binary_fn(f, [&](auto tag) {
+      launch<decltype(tag)::value, scalar_t>(box, l.kind, a, b, grad_out, grad_a, grad_b);
+    });
   });
 }
 
+}  // namespace
 }  // namespace gradoracle
+
+TORCH_LIBRARY_FRAGMENT(gradoracle, m) {
+  m.def("binary_backward(Tensor a, Tensor b, Tensor grad_out, str fn) -> (Tensor, Tensor)");
+  m.def(
+      "binary_backward.out(Tensor a, Tensor b, Tensor grad_out, str fn, *, Tensor(a!) grad_a, Tensor(b!) grad_b) "
+      "-> (Tensor(a!), Tensor(b!))");
+  m.def(
+      "_binary_backward_run(Tensor a, Tensor b, Tensor grad_out, str fn, Tensor plan, *, Tensor(a!) grad_a, "
+      "Tensor(b!) grad_b) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(gradoracle, CPU, m) {
+  m.impl("_binary_backward_run", TORCH_FN(gradoracle::binary_backward_run_cpu));
+}
