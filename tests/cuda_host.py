@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from backends import _nvrtc
+from backends.cupy import nvrtc as _nvrtc
 from backends.cupy import _norm_plan as plan
 
 HERE = Path(__file__).resolve().parent / "cuda_host"

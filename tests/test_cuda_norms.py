@@ -24,7 +24,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from backends import _nvrtc
+from backends.cupy import nvrtc as _nvrtc
 from backends.cupy import _norm_plan as plan
 from oracle.layernorm_backward import layernorm_backward_numpy
 from oracle.rmsnorm_backward import rmsnorm_backward_numpy

@@ -25,7 +25,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from backends import _nvrtc
+from backends.cupy import nvrtc as _nvrtc
 from backends.cupy import reduce_sum as rs
 from cases import select
 from harness.tensors import from_values

@@ -20,7 +20,7 @@ torch = pytest.importorskip("torch")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import test_triton_interpret as ti  # noqa: E402
-from backends import _bcast_plan  # noqa: E402
+from backends._plans import binary_backward as _bcast_plan  # noqa: E402
 from backends.triton import binary_backward as tk  # noqa: E402
 from harness import argcheck  # noqa: E402
 from harness.registry import timed_callable  # noqa: E402

@@ -21,7 +21,7 @@ from math import prod
 
 import numpy as np
 
-from backends import _nvrtc
+from backends.cupy import nvrtc as _nvrtc
 
 LN, RMS = "layernorm_backward", "rmsnorm_backward"
 SOURCES = {LN: "layernorm_backward.cuh", RMS: "rmsnorm_backward.cuh"}

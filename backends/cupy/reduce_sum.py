@@ -29,7 +29,7 @@ from typing import Callable
 
 import numpy as np
 
-from backends import _nvrtc
+from backends.cupy import nvrtc as _nvrtc
 from backends.cupy import cupy_backend
 from backends.cupy.common import CUDA_TYPE, byte_span, num_sms
 from harness import argcheck, dtypes

@@ -54,7 +54,7 @@ def _per_call_us(fn, calls: int) -> float:
 
 def _case(torch, device: str, a_shape, b_shape, dtype, fn: str = "mul"):
     """(inputs, outs, params) of one call; values in [0.5, 4.5) (pow's a > 0)."""
-    from backends._bcast_plan import broadcast_shape
+    from backends._plans.binary_backward import broadcast_shape
 
     o_shape = broadcast_shape(a_shape, b_shape)
     make = (lambda s: torch.empty(s, dtype=dtype, device=device)) if device == "cpu" else \
