@@ -78,17 +78,19 @@ def _row_offsets(rows, tab_ptr, M, K: tl.constexpr, stride, TABLE: tl.constexpr)
 @jit
 def _tile(x_ptr, dy_ptr, w_ptr, mean_ptr, rstd_ptr, tab_ptr, rows, rmask, cols, cmask, M,
           sx, sdy, smean, srstd, cx, cdy, w,
-          LN: tl.constexpr, HAS_W: tl.constexpr, IS_F64: tl.constexpr, TABLE: tl.constexpr):
+          LN: tl.constexpr, HAS_W: tl.constexpr, IS_F64: tl.constexpr, TABLE: tl.constexpr,
+          EVICT: tl.constexpr = ""):
     """Load a BM x BN tile: (dy, g, xhat, rstd) in the compute dtype, 0 outside the mask.
 
     `rows` (int64) and `cols` (int64) index the tile; `w` is the weight at `cols` (unused
-    without one).
+    without one).  EVICT: L2 eviction policy of the x and dy loads ("evict_first": streamed).
     """
     m = rmask[:, None] & cmask[None, :]
     xo = _row_offsets(rows, tab_ptr, M, 0, sx, TABLE)
     yo = _row_offsets(rows, tab_ptr, M, 1, sdy, TABLE)
-    x = _up(tl.load(x_ptr + (xo[:, None] + cols[None, :] * cx), mask=m, other=0.0), IS_F64)
-    dy = _up(tl.load(dy_ptr + (yo[:, None] + cols[None, :] * cdy), mask=m, other=0.0), IS_F64)
+    x = _up(tl.load(x_ptr + (xo[:, None] + cols[None, :] * cx), mask=m, other=0.0, eviction_policy=EVICT), IS_F64)
+    dy = _up(tl.load(dy_ptr + (yo[:, None] + cols[None, :] * cdy), mask=m, other=0.0, eviction_policy=EVICT),
+             IS_F64)
     rstd = _up(tl.load(rstd_ptr + _row_offsets(rows, tab_ptr, M, 4, srstd, TABLE), mask=rmask, other=0.0), IS_F64)
     if LN:
         mean = _up(tl.load(mean_ptr + _row_offsets(rows, tab_ptr, M, 3, smean, TABLE), mask=rmask, other=0.0),
@@ -179,15 +181,18 @@ def _rows_kernel(x_ptr, dy_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, ws_ptr, dw_pt
                  LN: tl.constexpr, HAS_W: tl.constexpr, HAS_DB: tl.constexpr, IS_F64: tl.constexpr,
                  BM: tl.constexpr, BN: tl.constexpr, CP: tl.constexpr, SPLIT: tl.constexpr,
                  TABLE: tl.constexpr, FINISH: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr,
-                 FIN_BP: tl.constexpr, FIN_BC: tl.constexpr):
+                 FIN_BP: tl.constexpr, FIN_BC: tl.constexpr, STREAM: tl.constexpr):
     """dx of a block of rows, and the block's dweight / dbias partial row (see the module docstring).
 
     Grid (row blocks, chunks); chunks > 1 only on the split path (SPLIT), where the row sums
     come from `sums_ptr` ([chunks, M, 2]: sum g, sum g * xhat) instead of the tile.
     FINISH 0: one row block, the partial row is the output; 1: partial rows into the
     workspace, _partials_kernel adds them; 2: as 1, and the last programs add them
-    (_finish_last, counters at cnt_ptr).
+    (_finish_last, counters at cnt_ptr).  STREAM: x and dy read, dx written with streaming
+    cache hints (evict first; .cs stores), so they leave L2 to the partials.
     """
+    EVICT: tl.constexpr = "evict_first" if STREAM else ""
+    DX_CACHE: tl.constexpr = ".cs" if STREAM else ""
     ACC: tl.constexpr = tl.float64 if IS_F64 else tl.float32
     if PDL:
         gdc_launch_dependents()  # stage 2 may launch now; it waits for this grid to finish
@@ -206,7 +211,7 @@ def _rows_kernel(x_ptr, dy_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, ws_ptr, dw_pt
         rows = r + tl.arange(0, BM).to(tl.int64)
         rmask = rows < r1
         dy, g, xhat, rstd = _tile(x_ptr, dy_ptr, w_ptr, mean_ptr, rstd_ptr, tab_ptr, rows, rmask, cols, cmask, M,
-                                  sx, sdy, smean, srstd, cx, cdy, w, LN, HAS_W, IS_F64, TABLE)
+                                  sx, sdy, smean, srstd, cx, cdy, w, LN, HAS_W, IS_F64, TABLE, EVICT)
         if SPLIT:
             # the C chunks' partial sums of these rows, added in a fixed order
             c = tl.arange(0, CP).to(tl.int64)
@@ -225,7 +230,7 @@ def _rows_kernel(x_ptr, dy_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, ws_ptr, dw_pt
             d = rstd[:, None] * (g - xhat * (b / N)[:, None])
         do = _row_offsets(rows, tab_ptr, M, 2, sdx, TABLE)
         tl.store(dx_ptr + (do[:, None] + cols[None, :]), _to_out(d, dx_ptr),
-                 mask=rmask[:, None] & cmask[None, :])
+                 mask=rmask[:, None] & cmask[None, :], cache_modifier=DX_CACHE)
         if HAS_W:
             acc_w += dy * xhat
         if HAS_DB:
@@ -315,11 +320,13 @@ class Config:
       ws_ratio times its partial row's bytes (bounds the workspace and the partials' sum).
     stages: software-pipelining depth of the row loop (1: none).
     finish: how the partial rows become dweight / dbias: "last", the last programs of the main
-      kernel add them (one launch; `finishers` programs, each a slice of the columns, tiles
-      of fin_elems with up to fin_rows partial rows a step); "kernel", a second kernel
+      kernel add them (one launch; up to `finishers` programs, at most half the SMs, each a
+      slice of the columns, in tiles of fin_thread_elems per thread with up to fin_rows partial
+      rows a step); "kernel", a second kernel
       (_partials_kernel: stage2_cols columns and up to stage2_rows partial rows a step).
     pdl: finish "kernel": launch it as a programmatic dependent launch (sm_90, when triton
       supports it), so it is resident and waiting when the main kernel ends.
+    stream: x and dy loads evict first from L2, dx stores streamed (.cs): the partials stay in L2.
     launch: how calls reach the compiled kernels (backends/triton/_launch.py: direct, tensors, jit).
     """
 
@@ -333,12 +340,13 @@ class Config:
     ws_ratio: int = 12
     stages: int = 3
     finish: str = "last"
-    finishers: int = 32
-    fin_elems: int = 4096
+    finishers: int = 64
+    fin_thread_elems: int = 32
     fin_rows: int = 128
     stage2_cols: int = 64
     stage2_rows: int = 32
     pdl: bool = True
+    stream: bool = False      # streaming cache hints on x, dy and dx (evict first)
     launch: str = ""          # "": $GRADORACLE_TRITON_LAUNCH, else direct
 
 
@@ -457,13 +465,20 @@ def tile_shape(n: int, m: int, item: int, cfg: Config) -> tuple[int, int, bool]:
     return 1, min(p2(cfg.chunk), limit), True
 
 
-def finish_shape(parts: int, programs: int, width: int, cfg: Config, one_finisher: bool) -> dict:
-    """finish "last": tile (FIN_BP partial rows x FIN_BC columns), finishers and column tiles
-    per finisher for `parts` partial rows of `width` columns written by `programs` programs."""
+def finish_shape(parts: int, programs: int, width: int, warps: int, sms: int, cfg: Config,
+                 one_finisher: bool) -> dict:
+    """finish "last": tile (FIN_BP partial rows x FIN_BC columns: fin_thread_elems per thread of
+    `warps` warps), finishers and column tiles per finisher, for `parts` partial rows of `width`
+    columns written by `programs` programs on `sms` SMs.
+
+    Finishers wait for the programs after them: at most half the SMs, so however the programs
+    are placed (one per SM at least, other work on up to half of them) every program still to
+    come finds a slot that no waiting finisher holds.
+    """
     bp = min(p2(parts), p2(max(1, cfg.fin_rows)))
-    bc = max(16, p2(max(1, cfg.fin_elems)) // bp)
+    bc = max(16, p2(max(1, cfg.fin_thread_elems * 32 * warps)) // bp)
     col_tiles = cdiv(width, bc)
-    finishers = 1 if one_finisher else max(1, min(cfg.finishers, programs, col_tiles))
+    finishers = 1 if one_finisher else max(1, min(cfg.finishers, programs, col_tiles, sms // 2))
     per = cdiv(col_tiles, finishers)
     return dict(FIN_BP=bp, FIN_BC=bc, fin_tiles=per, finishers=cdiv(col_tiles, per))
 
@@ -532,7 +547,7 @@ def make_plan(op: str, t: dict, cfg: Config) -> Plan:
     pdl = bool(cfg.pdl and PDL_SUPPORTED and not interpreted() and finish == 1)
     # The interpreter runs programs in order: a finisher would wait for programs that never run.
     one_finisher = x.device.type == "cpu" or (interpreted() and x.device.type != "meta")
-    fin = finish_shape(parts, parts * chunks, k * n, cfg, one_finisher) if finish == 2 else \
+    fin = finish_shape(parts, parts * chunks, k * n, warps, sms, cfg, one_finisher) if finish == 2 else \
         dict(FIN_BP=1, FIN_BC=16, fin_tiles=0, finishers=0)
     col = lambda name: (t[name].stride(-1) if t[name].shape[-1] > 1 else 1) if t[name] is not None else 1  # noqa: E731
 
@@ -542,7 +557,8 @@ def make_plan(op: str, t: dict, cfg: Config) -> Plan:
                 srstd=row_stride["rstd"], cx=col("x"), cdy=col("dy"), cw=col("weight"))
     constexprs = dict(LN=op == LAYERNORM, HAS_W=has_w, HAS_DB=has_db, IS_F64=item == 8, BM=bm, BN=bn,
                       CP=p2(chunks), SPLIT=split, TABLE=table is not None, FINISH=finish,
-                      STAGES=max(1, cfg.stages), PDL=pdl, FIN_BP=fin["FIN_BP"], FIN_BC=fin["FIN_BC"])
+                      STAGES=max(1, cfg.stages), PDL=pdl, FIN_BP=fin["FIN_BP"], FIN_BC=fin["FIN_BC"],
+                      STREAM=bool(cfg.stream))
     plan = Plan(empty=False, grid=(parts, chunks), ints=ints, constexprs=constexprs, num_warps=warps,
                 parts=parts, k=k, ws_numel=0 if finish == 0 else parts * k * n,
                 table=table, spans=tuple(spans), device_index=device_index, launch=launch)
