@@ -250,6 +250,24 @@ def test_finish_shape(parts, width, warps, sms, finishers, want):
     assert _norm.finish_shape(parts, parts, width, warps, sms, cfg, one_finisher=True)["finishers"] == 1
 
 
+@pytest.mark.parametrize("tile, per_sm, text, want", [
+    (16384, 1, "", 3),                      # off: the configured depth
+    (16384, 1, "inflight=64", 5),           # 4 tiles of 16 KiB in flight
+    (16384, 1, "inflight=128", 8),          # capped by max_stages
+    (16384, 2, "inflight=128", 5),          # two programs share the SM
+    (65536, 2, "inflight=256", 3),          # 2 x 64 KiB per stage: shared memory allows 1 + 192 // 128 = 2
+    (32768, 1, "inflight=32,stages=4", 4),  # never below `stages`
+])
+def test_pipeline_depth(tile, per_sm, text, want):
+    """inflight raises the row loop's depth until that many KiB of loads are in flight per SM,
+    within the shared memory its buffers may take."""
+    cfg = _norm.parse_config(text, _norm.Config())
+    got = _norm.pipeline_depth(tile, per_sm, cfg)
+    assert got == want
+    if cfg.inflight and got > cfg.stages:
+        assert (got - 1) * tile * per_sm <= cfg.inflight_smem * 1024
+
+
 def test_config_from_environment():
     """$GRADORACLE_TRITON_NORM overrides the GPU sizing; bad text names the field and the value."""
     cfg = _norm.parse_config("finish=kernel, stages=4,pdl=off", _norm.Config())
@@ -417,6 +435,8 @@ def _compile_jobs() -> list[str]:
     # the other finish on a few perf cases (each op, 2- and 4-byte dtypes, with and without dbias)
     jobs += [f"kernel:{c}" for c in ("layernorm[f32,1024x2048]", "layernorm[bf16,2048x8192,nobias]",
                                      "rmsnorm[bf16,2048x4096,eps=1e-05]")]
+    # the deepest pipelines the inflight knob makes (8 stages; 5 stages of 32 KiB tiles)
+    jobs += [f"deep:{c}" for c in ("layernorm[bf16,2048x4096]", "rmsnorm[bf16,2048x8192,eps=1e-05]")]
     jobs += [f"extra:{i}" for i in range(len(BIG_SPLIT) + len(TABLE) + len(ODD))]
     jobs += [f"xkernel:{i}" for i in range(len(BIG_SPLIT))]
     return jobs
@@ -429,7 +449,9 @@ def _job_case(job: str):
 
     kind, rest = job.split(":", 1)
     cfg = replace(_norm.GPU_CONFIG, finish="kernel") if kind in ("kernel", "xkernel") else _norm.GPU_CONFIG
-    if kind in ("perf", "kernel"):
+    if kind == "deep":
+        cfg = replace(cfg, inflight=128)
+    if kind in ("perf", "kernel", "deep"):
         return next(c for c in select("perf") if c.id == rest), cfg
     op, dt, shape, params = (BIG_SPLIT + TABLE + ODD)[int(rest)]
     return Case(op, dt, {"shape": list(shape), **params}), cfg
@@ -501,7 +523,7 @@ def _compile(job: str) -> dict:
 
     result = {}
     launches = _launches(job)
-    result["paths"] = {k: launches[0][4][k] for k in ("SPLIT", "TABLE", "FINISH", "PDL")}
+    result["paths"] = {k: launches[0][4][k] for k in ("SPLIT", "TABLE", "FINISH", "PDL", "STAGES")}
     for label, kernel, ptrs, ints, constexprs, warps, opts in launches:
         sig, consts, attrs = _specialised(kernel, ints, ptrs, constexprs)
         src = triton.compiler.ASTSource(fn=kernel, signature=sig, constexprs=consts, attrs=attrs)
@@ -571,8 +593,10 @@ def test_compiles_for_sm90(compiled, job):
         assert k["addptrs"] > 0, label
         assert not k["narrow_offsets"], f"{label}: pointer offsets of type {k['narrow_offsets']} overflow past 2**31"
         assert k["spills"] in (None, 0), f"{label}: ptxas reports {k['spills']} bytes of register spills"
-    if kind in ("perf", "kernel"):
+    if kind in ("perf", "kernel", "deep"):
         assert r["main"]["wide_loads"], "main kernel: no 16-byte global loads on a perf case"
+    if kind == "deep":
+        assert paths["STAGES"] >= 5, paths
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--interpret"]:

@@ -319,6 +319,9 @@ class Config:
     ws_ratio: each program owns enough rows that the bytes it reads and writes are at least
       ws_ratio times its partial row's bytes (bounds the workspace and the partials' sum).
     stages: software-pipelining depth of the row loop (1: none).
+    inflight: KiB of x and dy loads to keep in flight per SM (0: off): raises the pipelining
+      depth above `stages` to (programs per SM) x (stages - 1) x (tile bytes) >= this, within
+      inflight_smem KiB of shared memory per SM (the pipeline's buffers).
     finish: how the partial rows become dweight / dbias: "last", the last programs of the main
       kernel add them (one launch; up to `finishers` programs, at most half the SMs, each a
       slice of the columns, in tiles of fin_thread_elems per thread with up to fin_rows partial
@@ -339,6 +342,9 @@ class Config:
     warps_per_sm: int = 16
     ws_ratio: int = 12
     stages: int = 3
+    inflight: int = 0
+    inflight_smem: int = 192
+    max_stages: int = 8
     finish: str = "last"
     finishers: int = 64
     fin_thread_elems: int = 32
@@ -465,6 +471,19 @@ def tile_shape(n: int, m: int, item: int, cfg: Config) -> tuple[int, int, bool]:
     return 1, min(p2(cfg.chunk), limit), True
 
 
+def pipeline_depth(tile_bytes: int, per_sm: int, cfg: Config) -> int:
+    """Stages of the row loop for tiles of `tile_bytes` (x and dy) and `per_sm` programs per SM:
+    cfg.stages, raised until cfg.inflight KiB per SM are in flight (stages - 1 tiles per
+    program), within cfg.inflight_smem KiB of pipeline buffers per SM and cfg.max_stages."""
+    stages = max(1, cfg.stages)
+    if cfg.inflight > 0:
+        per_stage = max(1, tile_bytes * per_sm)
+        want = 1 + cdiv(cfg.inflight * 1024, per_stage)
+        room = 1 + (cfg.inflight_smem * 1024) // per_stage
+        stages = max(stages, min(want, room, cfg.max_stages))
+    return stages
+
+
 def finish_shape(parts: int, programs: int, width: int, warps: int, sms: int, cfg: Config,
                  one_finisher: bool) -> dict:
     """finish "last": tile (FIN_BP partial rows x FIN_BC columns: fin_thread_elems per thread of
@@ -543,6 +562,7 @@ def make_plan(op: str, t: dict, cfg: Config) -> Plan:
     rows_per = max(cdiv(m, target), min_rows, 1)
     rows_per = cdiv(rows_per, bm) * bm
     parts = cdiv(m, rows_per)
+    stages = pipeline_depth(bm * bn * item * 2, cdiv(parts * chunks, sms), cfg)
     finish = 0 if k == 0 or parts == 1 else (2 if cfg.finish == "last" else 1)
     pdl = bool(cfg.pdl and PDL_SUPPORTED and not interpreted() and finish == 1)
     # The interpreter runs programs in order: a finisher would wait for programs that never run.
@@ -557,7 +577,7 @@ def make_plan(op: str, t: dict, cfg: Config) -> Plan:
                 srstd=row_stride["rstd"], cx=col("x"), cdy=col("dy"), cw=col("weight"))
     constexprs = dict(LN=op == LAYERNORM, HAS_W=has_w, HAS_DB=has_db, IS_F64=item == 8, BM=bm, BN=bn,
                       CP=p2(chunks), SPLIT=split, TABLE=table is not None, FINISH=finish,
-                      STAGES=max(1, cfg.stages), PDL=pdl, FIN_BP=fin["FIN_BP"], FIN_BC=fin["FIN_BC"],
+                      STAGES=stages, PDL=pdl, FIN_BP=fin["FIN_BP"], FIN_BC=fin["FIN_BC"],
                       STREAM=bool(cfg.stream))
     plan = Plan(empty=False, grid=(parts, chunks), ints=ints, constexprs=constexprs, num_warps=warps,
                 parts=parts, k=k, ws_numel=0 if finish == 0 else parts * k * n,

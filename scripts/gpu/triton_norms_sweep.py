@@ -27,6 +27,7 @@ holds every row.
     python scripts/gpu/triton_norms_sweep.py --out DIR [--time-limit 240] [--copy-gbs 3022]
         [--variant "stages=4,finish=kernel" ...] [--only-variants] [--shape 2048x4096 ...] [--jobs 12]
     TRITON_INTERPRET=1 python scripts/gpu/triton_norms_sweep.py --device cpu   # dry run, tiny shapes
+    python scripts/gpu/triton_norms_sweep.py --regs [--variant ...] [--shape ...]  # no GPU: sm_90 registers
 """
 from __future__ import annotations
 
@@ -54,6 +55,9 @@ from harness.registry import get_op  # noqa: E402
 
 LN, RMS = _norm.LAYERNORM, _norm.RMSNORM
 # Candidates: Config texts over the default ("" is the default).  Compared on device time.
+# Left out after the first H100 sweep (results/h100/triton/norms-1): stages 1 and 2 (slower
+# everywhere), ws_ratio=24 (slower on small shapes, equal on large), warps_per_sm=32 (two
+# waves: the sm_90 compile's registers allow one program of 16 warps per SM; see --regs).
 VARIANTS = [
     "",
     "finish=kernel",
@@ -64,12 +68,14 @@ VARIANTS = [
     "stages=4",
     "stages=4,finish=kernel",
     "ws_ratio=6",
-    "ws_ratio=24",
-    "warps_per_sm=32",
     "thread_elems=8",
     "tile_elems=4096",
     "tile_elems=8192",
     "stages=4,tile_elems=4096",
+    "inflight=64",
+    "inflight=96",
+    "inflight=128",
+    "inflight=96,finish=kernel",
     "stream=1",
 ]
 # Host-only candidates: the same kernels, launched another way (device time unchanged).
@@ -307,6 +313,7 @@ def kernel_info(call) -> str:
     shared = getattr(getattr(k, "metadata", None), "shared", None)
     fin = {0: "direct", 1: "kernel" + ("+pdl" if c["PDL"] else ""), 2: f"last x{plan.ints['finishers']}"}[c["FINISH"]]
     return (f"grid={plan.grid[0]} warps={plan.num_warps} BM={c['BM']} rows/prog={plan.ints['rows_per']} "
+            f"stages={c['STAGES']} "
             f"finish={fin} regs={regs} spills={spills} smem={shared}")
 
 
@@ -467,6 +474,55 @@ def summary(rows: list, texts: list) -> list:
     return out
 
 
+# ----------------------------------------------------------------------------- registers (no GPU)
+
+
+def regs_report(texts: list, filters: list) -> list:
+    """Per candidate and distinct main kernel of the perf shapes: the sm_90 compile's registers,
+    spills and shared memory (ptxas -v, as tests/test_triton_norms.py compiles), and the programs
+    an SM holds by threads, registers and shared memory against the programs per SM the grid needs."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    import test_triton_norms as tn  # the compile jobs' specialisation, ptxas and meta-tensor helpers
+
+    lines = [f"{'candidate':28s} {'shape':34s} {'warps':>5s} {'BM':>3s} {'st':>2s} {'grid':>5s} {'regs':>5s} {'spill':>5s} "
+             f"{'smem':>7s} {'fit/SM':>6s} {'need/SM':>7s}"]
+    seen = set()
+    for text in texts:
+        cfg = replace(_norm.parse_config(text, _norm.GPU_CONFIG), sms=132)
+        for op, dtype, shape, params, _ in perf_shapes():
+            name = shape_name(op, dtype, shape, params)
+            if filters and not any(f in name for f in filters):
+                continue
+            plan = _norm.make_plan(op, dict(zip(_norm.NAMES, tensors_of(*make(op, dtype, shape, params, "meta",
+                                                                                 empty=True)))), cfg)
+            key = (text, op, dtype, shape[-1], tuple(sorted(params.items())), plan.grid, plan.num_warps)
+            if key in seen:
+                continue
+            seen.add(key)
+            ty, acc = tn._TY[dtype], "fp64" if dtype == "f64" else "fp32"
+            ptrs = dict(x_ptr=ty, dy_ptr=ty, w_ptr=ty, mean_ptr=acc, rstd_ptr=acc, dx_ptr=ty, ws_ptr=acc, dw_ptr=ty,
+                        db_ptr=ty, tab_ptr="i64", sums_ptr=acc, cnt_ptr="i32")
+            sig, consts, attrs = tn._specialised(_norm._rows_kernel, plan.ints, ptrs, plan.constexprs)
+            src = triton.compiler.ASTSource(fn=_norm._rows_kernel, signature=sig, constexprs=consts, attrs=attrs)
+            k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": plan.num_warps})
+            regs, spills = tn._ptxas(k.asm["ptx"])
+            shared = k.metadata.shared
+            threads = 32 * plan.num_warps
+            per_warp = -(-(regs or 1) * 32 // 256) * 256  # registers are allocated 256 per warp at a time
+            fit = min(2048 // threads, 65536 // (per_warp * plan.num_warps),
+                      233472 // (shared + 1024) if shared else 32)
+            need = -(-plan.grid[0] * plan.grid[1] // 132)
+            lines.append(f"{label(text):28s} {name:34s} {plan.num_warps:5d} {plan.constexprs['BM']:3d} "
+                         f"{plan.constexprs['STAGES']:2d} "
+                         f"{plan.grid[0]:5d} {regs!s:>5s} {spills!s:>5s} {shared:7d} {fit:6d} {need:7d}"
+                         f"{'  2 waves!' if need > fit else ''}")
+            print(lines[-1], flush=True)
+    return lines
+
+
 # ----------------------------------------------------------------------------- main
 
 
@@ -483,11 +539,17 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=min(12, max(1, (os.cpu_count() or 2) - 2)),
                     help="compile processes (0: no precompile)")
     ap.add_argument("--device", default="cuda", help="cpu: a dry run on tiny shapes (TRITON_INTERPRET=1)")
+    ap.add_argument("--regs", action="store_true", help="no GPU: registers, spills and shared memory of each "
+                                                       "candidate's main kernels from the sm_90 compile")
     args = ap.parse_args()
-    dev = torch.device(args.device)
-    texts = ([""] if args.only_variants else list(VARIANTS)) + [v for v in args.variant if v not in VARIANTS]
+    texts = [""] if args.only_variants else list(VARIANTS)
+    texts += [v for v in dict.fromkeys(args.variant) if v not in texts]
     for t in texts + HOST_VARIANTS:
         _norm.parse_config(t, _norm.GPU_CONFIG)  # a typo fails now, not after the compiles
+    if args.regs:
+        regs_report(texts, args.shape)
+        return 0
+    dev = torch.device(args.device)
     shapes = [s for s in perf_shapes() if not args.shape or any(f in shape_name(*s[:4]) for f in args.shape)]
     if dev.type != "cuda":
         shapes = [(op, dt, (min(sh[0], 8), min(sh[-1], 64)), p, b) for op, dt, sh, p, b in shapes[:3]]
