@@ -155,7 +155,8 @@ def test_arguments_and_modes_are_checked(monkeypatch):
     monkeypatch.setenv(_launch.MODE_ENV, "tensors")
     assert _launch.Launch(kernel, 3, 2, {"BLOCK": 8, "n": 5}, 1).mode == "tensors"
     monkeypatch.setenv(_launch.MODE_ENV, "sometimes")
-    with pytest.raises(ValueError, match=r"\$GRADORACLE_TRITON_LAUNCH: expected one of direct, tensors, jit, got 'sometimes'"):
+    with pytest.raises(ValueError, match=r"\$GRADORACLE_TRITON_LAUNCH: expected one of direct, tensors, jit, "
+                                         r"got 'sometimes'"):
         _launch.default_mode()
     monkeypatch.delenv(_launch.MODE_ENV)
     assert _launch.default_mode() == "direct"

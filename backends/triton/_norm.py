@@ -47,7 +47,7 @@ from backends.triton.common import INTERPRETER, IMPORT_ERROR, cdiv, interpreted,
 from backends.triton.common import to_out as _to_out
 from backends.triton.common import up as _up
 
-try:  # Programmatic dependent launch (Hopper): lets stage 2 launch while the main kernel drains
+try:  # Programmatic dependent launch (Hopper): lets _partials_kernel launch while the main kernel drains
     from triton.backends.nvidia.compiler import CUDAOptions as _CUDAOptions
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
@@ -129,10 +129,11 @@ def _finish_last(ws_ptr, dw_ptr, db_ptr, cnt_ptr, N, ws_stride, fin_tiles, finis
     order (BP rows a step, a fixed tree inside a step), and write dweight / dbias.
 
     A finisher waits (spinning on the counter) until every program has stored its partial.
-    It cannot wait forever: the programs with earlier tickets have exited, so every program
-    still to come finds a free slot.  The last finisher done (cnt_ptr[1]) resets both counters
-    to 0 for the next launch on the stream.  Which program finishes a slice does not change
-    its sum: the same bits every call.
+    It cannot wait forever: there are at most half as many finishers as SMs (finish_shape),
+    so a program still to come always finds a slot that no waiting finisher holds (and a
+    wait of seconds traps: a CUDA error, never a hang).  The last finisher done (cnt_ptr[1])
+    resets both counters to 0 for the next launch on the stream.  Which program finishes a
+    slice does not change its sum: the same bits every call.
     """
     parts = tl.num_programs(0)
     total = parts * tl.num_programs(1)
@@ -375,7 +376,8 @@ def parse_config(text: str, base: Config) -> Config:
             else:
                 changes[name] = kind(value)
         except ValueError:
-            raise ValueError(f"triton norms: ${CONFIG_ENV}: {name}: expected a {kind.__name__}, got {value!r}") from None
+            raise ValueError(f"triton norms: ${CONFIG_ENV}: {name}: expected a {kind.__name__}, "
+                             f"got {value!r}") from None
     cfg = replace(base, **changes)
     if cfg.finish not in FINISHES:
         raise ValueError(f"triton norms: finish: expected one of {', '.join(FINISHES)}, got {cfg.finish!r}")

@@ -49,7 +49,6 @@ import torch  # noqa: E402
 
 from backends.triton import _norm  # noqa: E402
 from cases import select  # noqa: E402
-from cases.registry import Case  # noqa: E402
 from harness import dtypes  # noqa: E402
 from harness.registry import get_op  # noqa: E402
 
@@ -462,7 +461,8 @@ def summary(rows: list, texts: list) -> list:
     host_rows = {(r["shape"], r["variant"]): r for r in rows if r["variant"].startswith(("host:", "launch="))}
     out.append("")
     out.append("== host us per call (default sizing) against its device us")
-    out.append(f"{'shape':{width}s} {'device':>7s} {'uncheck':>7s} {'checked':>7s} {'tensors':>7s} {'jit':>7s}  host<device")
+    out.append(f"{'shape':{width}s} {'device':>7s} {'uncheck':>7s} {'checked':>7s} {'tensors':>7s} {'jit':>7s}"
+               "  host<device")
     for n in names:
         h = host_rows.get((n, "host:unchecked"))
         if not h:
@@ -487,7 +487,8 @@ def regs_report(texts: list, filters: list) -> list:
 
     import test_triton_norms as tn  # the compile jobs' specialisation, ptxas and meta-tensor helpers
 
-    lines = [f"{'candidate':28s} {'shape':34s} {'warps':>5s} {'BM':>3s} {'st':>2s} {'grid':>5s} {'regs':>5s} {'spill':>5s} "
+    lines = [f"{'candidate':28s} {'shape':34s} {'warps':>5s} {'BM':>3s} {'st':>2s} {'grid':>5s} {'regs':>5s} "
+             f"{'spill':>5s} "
              f"{'smem':>7s} {'fit/SM':>6s} {'need/SM':>7s}"]
     seen = set()
     for text in texts:
