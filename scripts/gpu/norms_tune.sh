@@ -55,8 +55,8 @@ for p in "${pids[@]}"; do wait "$p"; echo "check process $p: exit $?"; done
   grep -hE "^(PASS|FAIL|ERROR|CRASH|TIMEOUT|XFAIL)" "$TMP"/perf-*.log
 } > "$OUT/check.log"
 grep -E "^== |^(FAIL|ERROR|CRASH|TIMEOUT)" "$OUT/check.log" | head -40
-jsons=()
-for f in "$TMP"/smoke.json "$TMP"/perf-*.json; do  # the default sizing (finish=kernel: check.log) [ -s "$f" ] && jsons+=("$f"); done
+jsons=()  # the default sizing's results (finish=kernel's are in check.log)
+for f in "$TMP"/smoke.json "$TMP"/perf-*.json; do [ -s "$f" ] && jsons+=("$f"); done
 [ ${#jsons[@]} -gt 0 ] && $PY scripts/merge_results.py "$OUT/check.json.gz" "${jsons[@]}" 2>&1 | tail -2
 stamp "check done"
 
