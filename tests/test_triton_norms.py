@@ -25,6 +25,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from dataclasses import replace
 from types import SimpleNamespace
 
 import numpy as np
@@ -55,6 +56,14 @@ SIZINGS = {
     "rows": _norm.Config(sms=4, tile_elems=64, warps_per_sm=16, ws_ratio=0, stages=2, pdl=False),
     # one program for everything: no workspace, no stage 2
     "one": _norm.Config(sms=1, warps_per_sm=1, tile_elems=16, ws_ratio=0, stages=1, pdl=False),
+    # the partial rows added by a second kernel (finish "kernel"), rows and split paths
+    "rows_k": _norm.Config(sms=4, tile_elems=64, warps_per_sm=16, ws_ratio=0, stages=2, pdl=False, finish="kernel",
+                           stage2_cols=16, stage2_rows=2),
+    "split_k": _norm.Config(sms=3, max_block=16, chunk=8, tile_elems=8, warps_per_sm=16, ws_ratio=0, stages=1,
+                            pdl=False, finish="kernel"),
+    # finish "last" with narrow finisher tiles: several column tiles and partial-row steps
+    "last_narrow": _norm.Config(sms=5, tile_elems=32, warps_per_sm=16, ws_ratio=0, stages=1, fin_thread_elems=1,
+                                fin_rows=2),
 }
 
 # id: (op, dtype, shape, params, sizing); params may hold x_layout, dy_layout, stats_layout
@@ -192,13 +201,17 @@ def _plan_of(op, shape, dtype="f32", sizing=None, **params):
 
 
 @pytest.mark.parametrize("sizing, shape, params, expect", [
-    ("split", (11, 37), {}, dict(SPLIT=True, DIRECT=False)),
-    ("split1", (11, 37), {}, dict(SPLIT=True, DIRECT=True)),
-    ("rows", (19, 5), {}, dict(SPLIT=False, DIRECT=False, BM=8)),
-    ("one", (10, 20), {}, dict(SPLIT=False, DIRECT=True)),
+    ("split", (11, 37), {}, dict(SPLIT=True, FINISH=2)),
+    ("split1", (11, 37), {}, dict(SPLIT=True, FINISH=0)),
+    ("rows", (19, 5), {}, dict(SPLIT=False, FINISH=2, BM=8)),
+    ("one", (10, 20), {}, dict(SPLIT=False, FINISH=0)),
+    ("rows_k", (19, 5), {}, dict(SPLIT=False, FINISH=1, BM=8)),
+    ("split_k", (11, 37), {}, dict(SPLIT=True, FINISH=1)),
+    ("last_narrow", (11, 37), {}, dict(SPLIT=False, FINISH=2, FIN_BP=2, FIN_BC=16)),
     ("rows", (4, 5, 6), {"x_layout": "transposed"}, dict(TABLE=True)),
     ("rows", (4, 5, 6), {"x_layout": "sliced"}, dict(TABLE=False)),
-], ids=["split", "split_direct", "multirow", "one_program", "table", "sliced_no_table"])
+], ids=["split", "split_direct", "multirow", "one_program", "multirow_kernel", "split_kernel", "last_narrow",
+        "table", "sliced_no_table"])
 def test_sizings_force_their_paths(sizing, shape, params, expect):
     """The tiny sizings above really take the path each test case is meant to cover."""
     plan = _plan_of(LN, shape, sizing=sizing, **params)
@@ -206,26 +219,97 @@ def test_sizings_force_their_paths(sizing, shape, params, expect):
     assert got == expect, plan
     if expect.get("SPLIT"):
         assert plan.grid[1] == 5 and plan.split is not None
-    if expect.get("DIRECT") is False:
-        assert plan.parts > 1 and plan.stage2 is not None and plan.ws_numel == plan.parts * 2 * shape[-1]
+    if expect.get("FINISH") in (1, 2):
+        assert plan.parts > 1 and plan.ws_numel == plan.parts * 2 * shape[-1]
+        assert (plan.stage2 is not None) == (expect["FINISH"] == 1)
+    if expect.get("FINISH") == 2:
+        # the interpreter runs one finisher; it covers every column tile of the workspace
+        ints, c = plan.ints, plan.constexprs
+        assert ints["finishers"] == 1 and ints["fin_tiles"] * c["FIN_BC"] >= 2 * shape[-1], ints
+    if sizing == "last_narrow":  # several column tiles, several steps over the partial rows
+        assert plan.ints["fin_tiles"] > 1 and plan.parts > plan.constexprs["FIN_BP"], plan
 
 
-def test_gpu_plans_of_the_perf_cases():
+@pytest.mark.parametrize("parts, width, warps, sms, finishers, want", [
+    (128, 4096, 4, 132, 64, dict(FIN_BP=128, FIN_BC=32, fin_tiles=2, finishers=64)),
+    (128, 4096, 4, 132, 200, dict(FIN_BP=128, FIN_BC=32, fin_tiles=2, finishers=64)),   # at most half the SMs
+    (128, 4096, 4, 10, 64, dict(FIN_BP=128, FIN_BC=32, fin_tiles=26, finishers=5)),
+    (3, 100, 1, 132, 32, dict(FIN_BP=4, FIN_BC=256, fin_tiles=1, finishers=1)),         # one tile: one finisher
+    (256, 8192, 8, 132, 24, dict(FIN_BP=128, FIN_BC=64, fin_tiles=6, finishers=22)),
+    (40, 8192, 16, 132, 64, dict(FIN_BP=64, FIN_BC=256, fin_tiles=1, finishers=32)),   # no more than the tiles
+])
+def test_finish_shape(parts, width, warps, sms, finishers, want):
+    """Finishers split the workspace columns into equal runs of tiles; their tiles cover it all;
+    there are at most half as many as SMs (a waiting finisher never holds the last free slot)."""
+    cfg = _norm.Config(finishers=finishers)
+    got = _norm.finish_shape(parts, parts, width, warps, sms, cfg, one_finisher=False)
+    assert got == want
+    assert got["finishers"] * got["fin_tiles"] * got["FIN_BC"] >= width
+    assert (got["finishers"] - 1) * got["fin_tiles"] * got["FIN_BC"] < width  # none of them idle
+    assert got["finishers"] <= max(1, sms // 2)
+    assert _norm.finish_shape(parts, parts, width, warps, sms, cfg, one_finisher=True)["finishers"] == 1
+
+
+@pytest.mark.parametrize("tile, per_sm, text, want", [
+    (16384, 1, "", 3),                      # off: the configured depth
+    (16384, 1, "inflight=64", 5),           # 4 tiles of 16 KiB in flight
+    (16384, 1, "inflight=128", 8),          # capped by max_stages
+    (16384, 2, "inflight=128", 5),          # two programs share the SM
+    (65536, 2, "inflight=256", 3),          # 2 x 64 KiB per stage: shared memory allows 1 + 192 // 128 = 2
+    (32768, 1, "inflight=32,stages=4", 4),  # never below `stages`
+])
+def test_pipeline_depth(tile, per_sm, text, want):
+    """inflight raises the row loop's depth until that many KiB of loads are in flight per SM,
+    within the shared memory its buffers may take."""
+    cfg = _norm.parse_config(text, _norm.Config())
+    got = _norm.pipeline_depth(tile, per_sm, cfg)
+    assert got == want
+    if cfg.inflight and got > cfg.stages:
+        assert (got - 1) * tile * per_sm <= cfg.inflight_smem * 1024
+
+
+def test_config_from_environment():
+    """$GRADORACLE_TRITON_NORM overrides the GPU sizing; bad text names the field and the value."""
+    cfg = _norm.parse_config("finish=kernel, stages=4,pdl=off", _norm.Config())
+    assert (cfg.finish, cfg.stages, cfg.pdl) == ("kernel", 4, False)
+    assert _norm.parse_config("", _norm.Config()) == _norm.Config()
+    for text, words in (("stages=four", ["stages", "int", "'four'"]), ("finish=first", ["finish", "'first'"]),
+                        ("bogus=1", ["bogus"]), ("stages", ["name=value"]), ("pdl=maybe", ["pdl", "bool"])):
+        with pytest.raises(ValueError) as info:
+            _norm.parse_config(text, _norm.Config())
+        for w in words:
+            assert w in str(info.value), (text, str(info.value))
+    env = dict(os.environ, GRADORACLE_TRITON_NORM="finish=kernel,finishers=8")
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    out = subprocess.run([sys.executable, "-c", "from backends.triton import _norm; c = _norm.GPU_CONFIG; "
+                          "print(c.finish, c.finishers)"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert out.stdout.split() == ["kernel", "8"], out.stderr[-2000:]
+
+
+@pytest.mark.parametrize("finish", _norm.FINISHES)
+def test_gpu_plans_of_the_perf_cases(finish):
     """The H100 plan of each perf case: the rows path, a grid that fills 132 SMs without a
-    second wave, a workspace of at most 1/8 of the bytes moved, and stage 2 only with partials."""
+    second wave, a workspace of at most 1/8 of the bytes moved, partials only with dweight or
+    dbias, added by a second kernel (finish "kernel") or by finishers on at most half the SMs
+    (finish "last")."""
     from cases import select
 
+    cfg = replace(_norm.GPU_CONFIG, finish=finish)
     for case in select("perf"):
         if case.op not in _norm.OPS:
             continue
-        plan = _norm.make_plan(case.op, _meta_tensors(case), _norm.GPU_CONFIG)
+        plan = _norm.make_plan(case.op, _meta_tensors(case), cfg)
         c = plan.constexprs
         assert not c["SPLIT"] and not c["TABLE"], case.id
-        slots = 132 * max(1, _norm.GPU_CONFIG.warps_per_sm // plan.num_warps)
+        slots = 132 * max(1, cfg.warps_per_sm // plan.num_warps)
         assert 64 <= plan.grid[0] <= slots, (case.id, plan.grid, slots)
         cost = get_op(case.op).cost(case)
         assert plan.ws_numel * 4 <= cost.bytes / 8, (case.id, plan.ws_numel)
-        assert (plan.stage2 is None) == (plan.k == 0), case.id
+        assert (c["FINISH"] == 0) == (plan.k == 0), case.id
+        assert (plan.stage2 is not None) == (c["FINISH"] == 1) == (plan.k > 0 and finish == "kernel"), case.id
+        if c["FINISH"] == 2:
+            fins = plan.ints["finishers"]
+            assert 1 < fins <= 66 and fins * plan.ints["fin_tiles"] * c["FIN_BC"] >= plan.ints["ws_stride"]
 
 
 def _meta_tensors(case):
@@ -348,19 +432,29 @@ def _compile_jobs() -> list[str]:
         if key not in seen:
             seen.add(key)
             jobs.append(f"perf:{c.id}")
+    # the other finish on a few perf cases (each op, 2- and 4-byte dtypes, with and without dbias)
+    jobs += [f"kernel:{c}" for c in ("layernorm[f32,1024x2048]", "layernorm[bf16,2048x8192,nobias]",
+                                     "rmsnorm[bf16,2048x4096,eps=1e-05]")]
+    # the deepest pipelines the inflight knob makes (8 stages; 5 stages of 32 KiB tiles)
+    jobs += [f"deep:{c}" for c in ("layernorm[bf16,2048x4096]", "rmsnorm[bf16,2048x8192,eps=1e-05]")]
     jobs += [f"extra:{i}" for i in range(len(BIG_SPLIT) + len(TABLE) + len(ODD))]
+    jobs += [f"xkernel:{i}" for i in range(len(BIG_SPLIT))]
     return jobs
 
 
 def _job_case(job: str):
+    """(case, sizing) of a compile job."""
     from cases import select
     from cases.registry import Case
 
     kind, rest = job.split(":", 1)
-    if kind == "perf":
-        return next(c for c in select("perf") if c.id == rest)
+    cfg = replace(_norm.GPU_CONFIG, finish="kernel") if kind in ("kernel", "xkernel") else _norm.GPU_CONFIG
+    if kind == "deep":
+        cfg = replace(cfg, inflight=128)
+    if kind in ("perf", "kernel", "deep"):
+        return next(c for c in select("perf") if c.id == rest), cfg
     op, dt, shape, params = (BIG_SPLIT + TABLE + ODD)[int(rest)]
-    return Case(op, dt, {"shape": list(shape), **params})
+    return Case(op, dt, {"shape": list(shape), **params}), cfg
 
 
 def _specialised(kernel, values: dict, ptrs: dict, constexprs: dict):
@@ -385,40 +479,42 @@ def _specialised(kernel, values: dict, ptrs: dict, constexprs: dict):
 
 def _launches(job: str) -> list:
     """(label, kernel, pointer dtypes, int args, constexprs, num_warps, options) of each launch."""
-    case = _job_case(job)
-    plan = _norm.make_plan(case.op, _meta_tensors(case), _norm.GPU_CONFIG)
+    case, cfg = _job_case(job)
+    plan = _norm.make_plan(case.op, _meta_tensors(case), cfg)
     ty, acc = _TY[case.dtype], "fp64" if case.dtype == "f64" else "fp32"
     ptrs = dict(x_ptr=ty, dy_ptr=ty, w_ptr=ty, mean_ptr=acc, rstd_ptr=acc, dx_ptr=ty, ws_ptr=acc, dw_ptr=ty,
-                db_ptr=ty, tab_ptr="i64", sums_ptr=acc)
+                db_ptr=ty, tab_ptr="i64", sums_ptr=acc, cnt_ptr="i32")
     out = [("main", _norm._rows_kernel, ptrs, plan.ints, plan.constexprs, plan.num_warps, {})]
     if plan.split is not None:
         s = plan.split
         out.append(("chunk_sums", _norm._chunk_sums_kernel, ptrs, s["ints"], s["constexprs"], s["num_warps"], {}))
     if plan.stage2 is not None:
         s = plan.stage2
-        ints = dict(N=plan.ints["N"], parts=plan.parts, ws_stride=plan.ints["ws_stride"])
         opts = {"launch_pdl": True} if s["constexprs"]["PDL"] else {}
-        out.append(("stage2", _norm._partials_kernel, dict(ws_ptr=acc, dw_ptr=ty, db_ptr=ty), ints,
+        out.append(("stage2", _norm._partials_kernel, dict(ws_ptr=acc, dw_ptr=ty, db_ptr=ty), s["ints"],
                     s["constexprs"], s["num_warps"], opts))
     return out
 
 
-def _ptxas_spills(ptx: str) -> int | None:
-    """Spill stores + loads that ptxas reports for `ptx` (None: no ptxas shipped with triton)."""
+def _ptxas(ptx: str) -> tuple[int | None, int | None]:
+    """(registers per thread, spill stores + loads in bytes) that ptxas reports for `ptx`
+    (None, None: no ptxas shipped with triton)."""
     import tempfile
 
     import triton
 
     exe = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
     if not exe.exists():
-        return None
+        return None, None
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "k.ptx"
         src.write_text(ptx)
         arch = re.search(r"\.target\s+(sm_\w+)", ptx).group(1)
         proc = subprocess.run([str(exe), f"-arch={arch}", "-v", str(src), "-o", str(Path(tmp) / "k.cubin")],
                               capture_output=True, text=True)
-    return sum(int(n) for n in re.findall(r"(\d+) bytes spill (?:stores|loads)", proc.stderr))
+    regs = re.findall(r"Used (\d+) registers", proc.stderr)
+    return (int(regs[-1]) if regs else None,
+            sum(int(n) for n in re.findall(r"(\d+) bytes spill (?:stores|loads)", proc.stderr)))
 
 
 def _compile(job: str) -> dict:
@@ -427,7 +523,7 @@ def _compile(job: str) -> dict:
 
     result = {}
     launches = _launches(job)
-    result["paths"] = {k: launches[0][4][k] for k in ("SPLIT", "TABLE", "DIRECT", "PDL")}
+    result["paths"] = {k: launches[0][4][k] for k in ("SPLIT", "TABLE", "FINISH", "PDL", "STAGES")}
     for label, kernel, ptrs, ints, constexprs, warps, opts in launches:
         sig, consts, attrs = _specialised(kernel, ints, ptrs, constexprs)
         src = triton.compiler.ASTSource(fn=kernel, signature=sig, constexprs=consts, attrs=attrs)
@@ -442,8 +538,11 @@ def _compile(job: str) -> dict:
             # 16-byte global loads: vector loads, or the pipeliner's 16-byte async copies
             "wide_loads": bool(re.search(r"ld\.global(?:\.\w+)*\.v[24]\.(?:b32|b64|f32)|cp\.async\.\w+\.shared\.global"
                                          r" \[[^\]]*\], \[[^\]]*\], (?:16|0x10)", ptx)),
-            "spills": _ptxas_spills(ptx),
+            # the finishers' 16-byte loads of the partials, from L2 (.cg)
+            "wide_cg_loads": bool(re.search(r"ld\.global\.cg(?:\.\w+)*\.v4\.(?:b32|f32)|"
+                                            r"ld\.global\.cg(?:\.\w+)*\.v2\.(?:b64|f64)", ptx)),
         }
+        result[label]["regs"], result[label]["spills"] = _ptxas(ptx)
     return result
 
 
@@ -480,17 +579,24 @@ def test_compiles_for_sm90(compiled, job):
     r = dict(compiled[job])
     assert "error" not in r, r.get("error")
     paths = r.pop("paths")
-    if job.startswith("extra:"):  # the extra jobs are there for these paths
+    kind = job.split(":")[0]
+    if kind == "extra":  # the extra jobs are there for these paths
         i = int(job.split(":")[1])
         assert paths["SPLIT"] == (i < len(BIG_SPLIT)), paths
         assert paths["TABLE"] == (len(BIG_SPLIT) <= i < len(BIG_SPLIT) + len(TABLE)), paths
+    if kind in ("kernel", "xkernel"):  # a second kernel adds the partials
+        assert paths["FINISH"] == 1 and "stage2" in r, paths
+    if paths["FINISH"] == 2 and kind == "perf":
+        assert r["main"]["wide_cg_loads"], "finish last: the partials are not read with 16-byte loads"
     for label, k in r.items():
         assert k["cubin"] > 0, f"{label}: no cubin"
         assert k["addptrs"] > 0, label
         assert not k["narrow_offsets"], f"{label}: pointer offsets of type {k['narrow_offsets']} overflow past 2**31"
         assert k["spills"] in (None, 0), f"{label}: ptxas reports {k['spills']} bytes of register spills"
-    if job.startswith("perf:"):
+    if kind in ("perf", "kernel", "deep"):
         assert r["main"]["wide_loads"], "main kernel: no 16-byte global loads on a perf case"
+    if kind == "deep":
+        assert paths["STAGES"] >= 5, paths
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--interpret"]:

@@ -19,27 +19,35 @@ Design (memory bound: read dy and x once, write dx once):
   a row-block x chunk grid and adds a row's C partial sums in a fixed order before it
   computes its chunk of dx and of the partials.  x and dy are read twice there.
 * dweight / dbias: each program writes its partial row(s) into a workspace [P, K, N]
-  (float32, float64 for f64; K = how many of dweight, dbias exist), and
-  `_partials_kernel` adds the P rows in a fixed order.  With one row block (P == 1) the
-  main kernel writes the outputs itself.  No atomics anywhere: deterministic.
+  (float32, float64 for f64; K = how many of dweight, dbias exist).  The P rows are added
+  in a fixed order either by the main kernel's last programs to finish (Config.finish
+  "last": a ticket counter, one launch per call, `_finish_last`) or by a second kernel
+  (`_partials_kernel`, finish "kernel").  With one row block (P == 1) the main kernel
+  writes the outputs itself.  No atomic adds of data anywhere: the same bits every call.
 * Strided inputs are read in place: leading dims merge where every tensor allows it; when
   more than one row dim is left (a transposed 3-D view), the row offsets of each tensor come
   from an int64 table built once per plan.  The column stride of x, dy and weight is a
   kernel argument (Triton specialises a stride of 1, so contiguous rows vectorise).
-* Plans are cached per (op, shape, strides, dtype, device, which tensors exist), so a
-  repeated call only checks that no output overlaps another tensor and launches.
+* Plans are cached per (op, shape, strides, dtype, device, which tensors exist, sizing) as a
+  `Call`, so a repeated call only checks that no output overlaps another tensor (the checked
+  entry), allocates its workspace and launches, straight through the compiled kernels'
+  launchers after the first call (backends/triton/_launch.py).
+* Sizing: `Config`; $GRADORACLE_TRITON_NORM ("finish=kernel,stages=4") overrides the GPU
+  defaults, so a candidate runs through the harness without a code change.
 
 All index math on tensor offsets is int64 (tensors over 2**31 elements work).
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, replace
 
-from backends.triton.common import IMPORT_ERROR, cdiv, interpreted, jit, on_device, p2, tl
+from backends.triton import _launch
+from backends.triton.common import INTERPRETER, IMPORT_ERROR, cdiv, interpreted, jit, on_device, p2, tl
 from backends.triton.common import to_out as _to_out
 from backends.triton.common import up as _up
 
-try:  # Programmatic dependent launch (Hopper): lets stage 2 launch while the main kernel drains
+try:  # Programmatic dependent launch (Hopper): lets _partials_kernel launch while the main kernel drains
     from triton.backends.nvidia.compiler import CUDAOptions as _CUDAOptions
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
@@ -70,17 +78,19 @@ def _row_offsets(rows, tab_ptr, M, K: tl.constexpr, stride, TABLE: tl.constexpr)
 @jit
 def _tile(x_ptr, dy_ptr, w_ptr, mean_ptr, rstd_ptr, tab_ptr, rows, rmask, cols, cmask, M,
           sx, sdy, smean, srstd, cx, cdy, w,
-          LN: tl.constexpr, HAS_W: tl.constexpr, IS_F64: tl.constexpr, TABLE: tl.constexpr):
+          LN: tl.constexpr, HAS_W: tl.constexpr, IS_F64: tl.constexpr, TABLE: tl.constexpr,
+          EVICT: tl.constexpr = ""):
     """Load a BM x BN tile: (dy, g, xhat, rstd) in the compute dtype, 0 outside the mask.
 
     `rows` (int64) and `cols` (int64) index the tile; `w` is the weight at `cols` (unused
-    without one).
+    without one).  EVICT: L2 eviction policy of the x and dy loads ("evict_first": streamed).
     """
     m = rmask[:, None] & cmask[None, :]
     xo = _row_offsets(rows, tab_ptr, M, 0, sx, TABLE)
     yo = _row_offsets(rows, tab_ptr, M, 1, sdy, TABLE)
-    x = _up(tl.load(x_ptr + (xo[:, None] + cols[None, :] * cx), mask=m, other=0.0), IS_F64)
-    dy = _up(tl.load(dy_ptr + (yo[:, None] + cols[None, :] * cdy), mask=m, other=0.0), IS_F64)
+    x = _up(tl.load(x_ptr + (xo[:, None] + cols[None, :] * cx), mask=m, other=0.0, eviction_policy=EVICT), IS_F64)
+    dy = _up(tl.load(dy_ptr + (yo[:, None] + cols[None, :] * cdy), mask=m, other=0.0, eviction_policy=EVICT),
+             IS_F64)
     rstd = _up(tl.load(rstd_ptr + _row_offsets(rows, tab_ptr, M, 4, srstd, TABLE), mask=rmask, other=0.0), IS_F64)
     if LN:
         mean = _up(tl.load(mean_ptr + _row_offsets(rows, tab_ptr, M, 3, smean, TABLE), mask=rmask, other=0.0),
@@ -97,18 +107,93 @@ def _tile(x_ptr, dy_ptr, w_ptr, mean_ptr, rstd_ptr, tab_ptr, rows, rmask, cols, 
     return dy, g, xhat, rstd
 
 
-@jit(do_not_specialize=["M", "rows_per", "n_chunks"])
+# Spins of a finisher's wait before it gives up (each is an L2 round trip and two barriers, about
+# a microsecond: seconds, where a normal wait is the tail of one kernel).
+SPIN_LIMIT = tl.constexpr(1 << 22)
+
+
+@jit
+def _trap(x):
+    """Abort the kernel (PTX trap): the launch fails with a CUDA error.  Not under the interpreter,
+    which never waits (one finisher)."""
+    if not INTERPRETER:
+        tl.inline_asm_elementwise("trap;\n mov.b32 $0, $1;", "=r,r", [x], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@jit
+def _finish_last(ws_ptr, dw_ptr, db_ptr, cnt_ptr, N, ws_stride, fin_tiles, finishers,
+                 HAS_W: tl.constexpr, HAS_DB: tl.constexpr, BP: tl.constexpr, BC: tl.constexpr):
+    """FINISH 2: after its partial row is stored, a program takes a ticket on cnt_ptr[0]; the
+    programs that take the last `finishers` tickets add the partial rows of the whole grid,
+    each for its own slice of `fin_tiles` x BC of the K * N workspace columns, in a fixed
+    order (BP rows a step, a fixed tree inside a step), and write dweight / dbias.
+
+    A finisher waits (spinning on the counter) until every program has stored its partial.
+    It cannot wait forever: there are at most half as many finishers as SMs (finish_shape),
+    so a program still to come always finds a slot that no waiting finisher holds (and a
+    wait of seconds traps: a CUDA error, never a hang).  The last finisher done (cnt_ptr[1])
+    resets both counters to 0 for the next launch on the stream.  Which program finishes a
+    slice does not change its sum: the same bits every call.
+    """
+    parts = tl.num_programs(0)
+    total = parts * tl.num_programs(1)
+    # Every thread's partial is stored before one thread releases them with the ticket
+    # (gpu-scope acq_rel); the broadcast of the ticket orders the reads after it.
+    tl.debug_barrier()
+    ticket = tl.atomic_add(cnt_ptr, 1, sem="acq_rel", scope="gpu")
+    first = total - finishers
+    if ticket >= first:
+        seen = ticket + 1
+        spins = 0
+        while (seen < total) & (spins < SPIN_LIMIT):
+            seen = tl.atomic_add(cnt_ptr, 0, sem="acquire", scope="gpu")
+            spins += 1
+        if seen < total:
+            _trap(seen)  # seconds without progress: a crash with a CUDA error, never a hang or wrong sums
+        c_lo = (ticket - first).to(tl.int64) * fin_tiles * BC
+        c_hi = tl.minimum(c_lo + fin_tiles * BC, ws_stride)
+        for c0 in range(c_lo, c_hi, BC):
+            c = c0 + tl.arange(0, BC)
+            cm = c < c_hi
+            acc = tl.zeros([BP, BC], ws_ptr.dtype.element_ty)
+            for p0 in range(0, parts, BP):
+                p = p0 + tl.arange(0, BP).to(tl.int64)
+                m = (p < parts)[:, None] & cm[None, :]
+                # .cg: read the partials from L2, where the other programs wrote them
+                acc += tl.load(ws_ptr + (p[:, None] * ws_stride + c[None, :]), mask=m, other=0.0,
+                               cache_modifier=".cg")
+            s = tl.sum(acc, axis=0)
+            if HAS_W:
+                tl.store(dw_ptr + c, _to_out(s, dw_ptr), mask=cm & (c < N))
+                if HAS_DB:  # dbias's partials follow dweight's in the workspace row
+                    tl.store(db_ptr + (c - N), _to_out(s, db_ptr), mask=cm & (c >= N))
+            else:
+                tl.store(db_ptr + c, _to_out(s, db_ptr), mask=cm)
+        done = tl.atomic_add(cnt_ptr + 1, 1, sem="acq_rel", scope="gpu")
+        if done == finishers - 1:
+            tl.atomic_xchg(cnt_ptr + 1, 0, sem="relaxed", scope="gpu")
+            tl.atomic_xchg(cnt_ptr, 0, sem="relaxed", scope="gpu")
+
+
+@jit(do_not_specialize=["M", "rows_per", "n_chunks", "fin_tiles", "finishers"])
 def _rows_kernel(x_ptr, dy_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, ws_ptr, dw_ptr, db_ptr, tab_ptr, sums_ptr,
-                 M, N, rows_per, n_chunks, ws_stride,
+                 cnt_ptr, M, N, rows_per, n_chunks, ws_stride, fin_tiles, finishers,
                  sx, sdy, sdx, smean, srstd, cx, cdy, cw,
                  LN: tl.constexpr, HAS_W: tl.constexpr, HAS_DB: tl.constexpr, IS_F64: tl.constexpr,
                  BM: tl.constexpr, BN: tl.constexpr, CP: tl.constexpr, SPLIT: tl.constexpr,
-                 TABLE: tl.constexpr, DIRECT: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr):
+                 TABLE: tl.constexpr, FINISH: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr,
+                 FIN_BP: tl.constexpr, FIN_BC: tl.constexpr, STREAM: tl.constexpr):
     """dx of a block of rows, and the block's dweight / dbias partial row (see the module docstring).
 
     Grid (row blocks, chunks); chunks > 1 only on the split path (SPLIT), where the row sums
     come from `sums_ptr` ([chunks, M, 2]: sum g, sum g * xhat) instead of the tile.
+    FINISH 0: one row block, the partial row is the output; 1: partial rows into the
+    workspace, _partials_kernel adds them; 2: as 1, and the last programs add them
+    (_finish_last, counters at cnt_ptr).  STREAM: x and dy read, dx written with streaming
+    cache hints (evict first; .cs stores), so they leave L2 to the partials.
     """
+    EVICT: tl.constexpr = "evict_first" if STREAM else ""
+    DX_CACHE: tl.constexpr = ".cs" if STREAM else ""
     ACC: tl.constexpr = tl.float64 if IS_F64 else tl.float32
     if PDL:
         gdc_launch_dependents()  # stage 2 may launch now; it waits for this grid to finish
@@ -127,7 +212,7 @@ def _rows_kernel(x_ptr, dy_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, ws_ptr, dw_pt
         rows = r + tl.arange(0, BM).to(tl.int64)
         rmask = rows < r1
         dy, g, xhat, rstd = _tile(x_ptr, dy_ptr, w_ptr, mean_ptr, rstd_ptr, tab_ptr, rows, rmask, cols, cmask, M,
-                                  sx, sdy, smean, srstd, cx, cdy, w, LN, HAS_W, IS_F64, TABLE)
+                                  sx, sdy, smean, srstd, cx, cdy, w, LN, HAS_W, IS_F64, TABLE, EVICT)
         if SPLIT:
             # the C chunks' partial sums of these rows, added in a fixed order
             c = tl.arange(0, CP).to(tl.int64)
@@ -146,24 +231,27 @@ def _rows_kernel(x_ptr, dy_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, ws_ptr, dw_pt
             d = rstd[:, None] * (g - xhat * (b / N)[:, None])
         do = _row_offsets(rows, tab_ptr, M, 2, sdx, TABLE)
         tl.store(dx_ptr + (do[:, None] + cols[None, :]), _to_out(d, dx_ptr),
-                 mask=rmask[:, None] & cmask[None, :])
+                 mask=rmask[:, None] & cmask[None, :], cache_modifier=DX_CACHE)
         if HAS_W:
             acc_w += dy * xhat
         if HAS_DB:
             acc_b += dy
     if HAS_W:
         pw = tl.sum(acc_w, axis=0)
-        if DIRECT:
+        if FINISH == 0:
             tl.store(dw_ptr + cols, _to_out(pw, dw_ptr), mask=cmask)
         else:
             tl.store(ws_ptr + (pid.to(tl.int64) * ws_stride + cols), pw, mask=cmask)
     if HAS_DB:
         pb = tl.sum(acc_b, axis=0)
-        if DIRECT:
+        if FINISH == 0:
             tl.store(db_ptr + cols, _to_out(pb, db_ptr), mask=cmask)
         else:
             # dbias's partial follows dweight's in the workspace row
             tl.store(ws_ptr + (pid.to(tl.int64) * ws_stride + (N if HAS_W else 0) + cols), pb, mask=cmask)
+    if FINISH == 2:
+        _finish_last(ws_ptr, dw_ptr, db_ptr, cnt_ptr, N, ws_stride, fin_tiles, finishers, HAS_W, HAS_DB,
+                     FIN_BP, FIN_BC)
 
 
 @jit(do_not_specialize=["M"])
@@ -216,6 +304,9 @@ def _partials_kernel(ws_ptr, dw_ptr, db_ptr, N, parts, ws_stride,
 
 # ============================================================================= planning
 
+FINISHES = ("last", "kernel")
+CONFIG_ENV = "GRADORACLE_TRITON_NORM"
+
 
 @dataclass(frozen=True)
 class Config:
@@ -227,9 +318,20 @@ class Config:
     tile_elems: small N: rows per tile so that a tile holds at least about this many elements.
     warps_per_sm: resident warps per SM to aim for; programs = sms * (warps_per_sm // warps).
     ws_ratio: each program owns enough rows that the bytes it reads and writes are at least
-      ws_ratio times its partial row's bytes (bounds the workspace and stage 2's work).
+      ws_ratio times its partial row's bytes (bounds the workspace and the partials' sum).
     stages: software-pipelining depth of the row loop (1: none).
-    pdl: launch stage 2 as a programmatic dependent launch (sm_90, when triton supports it).
+    inflight: KiB of x and dy loads to keep in flight per SM (0: off): raises the pipelining
+      depth above `stages` to (programs per SM) x (stages - 1) x (tile bytes) >= this, within
+      inflight_smem KiB of shared memory per SM (the pipeline's buffers).
+    finish: how the partial rows become dweight / dbias: "last", the last programs of the main
+      kernel add them (one launch; up to `finishers` programs, at most half the SMs, each a
+      slice of the columns, in tiles of fin_thread_elems per thread with up to fin_rows partial
+      rows a step); "kernel", a second kernel
+      (_partials_kernel: stage2_cols columns and up to stage2_rows partial rows a step).
+    pdl: finish "kernel": launch it as a programmatic dependent launch (sm_90, when triton
+      supports it), so it is resident and waiting when the main kernel ends.
+    stream: x and dy loads evict first from L2, dx stores streamed (.cs): the partials stay in L2.
+    launch: how calls reach the compiled kernels (backends/triton/_launch.py: direct, tensors, jit).
     """
 
     sms: int = 0              # 0: the device's SM count (132 on an H100; 132 when there is no device)
@@ -241,14 +343,52 @@ class Config:
     warps_per_sm: int = 16
     ws_ratio: int = 12
     stages: int = 3
+    inflight: int = 0
+    inflight_smem: int = 192
+    max_stages: int = 8
+    finish: str = "last"
+    finishers: int = 64
+    fin_thread_elems: int = 32
+    fin_rows: int = 128
     stage2_cols: int = 64
     stage2_rows: int = 32
     pdl: bool = True
+    stream: bool = False      # streaming cache hints on x, dy and dx (evict first)
+    launch: str = ""          # "": $GRADORACLE_TRITON_LAUNCH, else direct
 
 
-GPU_CONFIG = Config()
-# The interpreter runs programs one after another: few, yet two, so the partials path runs too.
-INTERPRETER_CONFIG = replace(GPU_CONFIG, sms=2, warps_per_sm=16, ws_ratio=0, stages=1, pdl=False)
+def parse_config(text: str, base: Config) -> Config:
+    """`base` with the fields that `text` ("finish=kernel,stages=4,pdl=0") sets."""
+    fields = {f.name: f.type for f in Config.__dataclass_fields__.values()}
+    changes = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, sep, value = item.partition("=")
+        name, value = name.strip(), value.strip()
+        if not sep or name not in fields:
+            raise ValueError(f"triton norms: ${CONFIG_ENV}: expected name=value with a name among "
+                             f"{', '.join(fields)}, got {item!r}")
+        kind = type(getattr(base, name))
+        try:
+            if kind is bool:
+                if value.lower() not in ("0", "1", "true", "false", "on", "off"):
+                    raise ValueError(value)
+                changes[name] = value.lower() in ("1", "true", "on")
+            else:
+                changes[name] = kind(value)
+        except ValueError:
+            raise ValueError(f"triton norms: ${CONFIG_ENV}: {name}: expected a {kind.__name__}, "
+                             f"got {value!r}") from None
+    cfg = replace(base, **changes)
+    if cfg.finish not in FINISHES:
+        raise ValueError(f"triton norms: finish: expected one of {', '.join(FINISHES)}, got {cfg.finish!r}")
+    return cfg
+
+
+# $GRADORACLE_TRITON_NORM overrides the GPU sizing (a candidate picked without editing code).
+GPU_CONFIG = parse_config(os.environ.get(CONFIG_ENV, ""), Config())
+# The interpreter runs programs one after another: few, yet two, so the partials path runs too;
+# one finisher (a finisher waits for the programs after it, which the interpreter runs later).
+INTERPRETER_CONFIG = replace(Config(), sms=2, warps_per_sm=16, ws_ratio=0, stages=1, pdl=False, finishers=1)
 
 
 @dataclass
@@ -268,6 +408,7 @@ class Plan:
     stage2: dict | None = None  # _partials_kernel launch: grid, constexprs, num_warps
     spans: tuple = ()           # (index, bytes) of each non-empty tensor, for the overlap check
     device_index: int | None = None
+    launch: str = "direct"      # launch mode of the plan's kernels (_launch.MODES)
 
 
 _SM_COUNT: dict = {}
@@ -332,6 +473,37 @@ def tile_shape(n: int, m: int, item: int, cfg: Config) -> tuple[int, int, bool]:
     return 1, min(p2(cfg.chunk), limit), True
 
 
+def pipeline_depth(tile_bytes: int, per_sm: int, cfg: Config) -> int:
+    """Stages of the row loop for tiles of `tile_bytes` (x and dy) and `per_sm` programs per SM:
+    cfg.stages, raised until cfg.inflight KiB per SM are in flight (stages - 1 tiles per
+    program), within cfg.inflight_smem KiB of pipeline buffers per SM and cfg.max_stages."""
+    stages = max(1, cfg.stages)
+    if cfg.inflight > 0:
+        per_stage = max(1, tile_bytes * per_sm)
+        want = 1 + cdiv(cfg.inflight * 1024, per_stage)
+        room = 1 + (cfg.inflight_smem * 1024) // per_stage
+        stages = max(stages, min(want, room, cfg.max_stages))
+    return stages
+
+
+def finish_shape(parts: int, programs: int, width: int, warps: int, sms: int, cfg: Config,
+                 one_finisher: bool) -> dict:
+    """finish "last": tile (FIN_BP partial rows x FIN_BC columns: fin_thread_elems per thread of
+    `warps` warps), finishers and column tiles per finisher, for `parts` partial rows of `width`
+    columns written by `programs` programs on `sms` SMs.
+
+    Finishers wait for the programs after them: at most half the SMs, so however the programs
+    are placed (one per SM at least, other work on up to half of them) every program still to
+    come finds a slot that no waiting finisher holds.
+    """
+    bp = min(p2(parts), p2(max(1, cfg.fin_rows)))
+    bc = max(16, p2(max(1, cfg.fin_thread_elems * 32 * warps)) // bp)
+    col_tiles = cdiv(width, bc)
+    finishers = 1 if one_finisher else max(1, min(cfg.finishers, programs, col_tiles, sms // 2))
+    per = cdiv(col_tiles, finishers)
+    return dict(FIN_BP=bp, FIN_BC=bc, fin_tiles=per, finishers=cdiv(col_tiles, per))
+
+
 def make_plan(op: str, t: dict, cfg: Config) -> Plan:
     """Plan a call from its tensors `t` (x, dy, weight, mean, rstd, dx, dweight, dbias; absent ones None).
 
@@ -347,6 +519,8 @@ def make_plan(op: str, t: dict, cfg: Config) -> Plan:
         _fail(op, ValueError, "x.shape", "at least 1 dim and a last (normalised) dim N >= 1", tuple(x.shape))
     if (t["weight"] is None) != (t["dweight"] is None):
         _fail(op, ValueError, "weight and dweight", "both or neither", "only one of them")
+    if cfg.finish not in FINISHES:
+        _fail(op, ValueError, "Config.finish", " or ".join(FINISHES), repr(cfg.finish))
     for name in ("dx", "dweight", "dbias"):
         y = t[name]
         if y is not None and not y.is_contiguous():
@@ -365,8 +539,11 @@ def make_plan(op: str, t: dict, cfg: Config) -> Plan:
         if y is not None and y.numel():
             spans.append((i, y.element_size() * (1 + sum((s - 1) * st for s, st in zip(y.shape, y.stride())))))
     device_index = x.device.index if x.device.type == "cuda" else None
+    launch = _launch.default_mode() if not cfg.launch else cfg.launch
+    if launch not in _launch.MODES:
+        _fail(op, ValueError, "Config.launch", " or ".join(_launch.MODES), repr(launch))
     if m == 0:
-        return Plan(empty=True, spans=tuple(spans), device_index=device_index)
+        return Plan(empty=True, spans=tuple(spans), device_index=device_index, launch=launch)
 
     # rows: merged leading dims; one left -> a stride per tensor, more -> an offset table
     zero = (0,) * len(rows)
@@ -387,19 +564,26 @@ def make_plan(op: str, t: dict, cfg: Config) -> Plan:
     rows_per = max(cdiv(m, target), min_rows, 1)
     rows_per = cdiv(rows_per, bm) * bm
     parts = cdiv(m, rows_per)
-    direct = parts == 1
-    pdl = bool(cfg.pdl and PDL_SUPPORTED and not interpreted() and k and not direct)
+    stages = pipeline_depth(bm * bn * item * 2, cdiv(parts * chunks, sms), cfg)
+    finish = 0 if k == 0 or parts == 1 else (2 if cfg.finish == "last" else 1)
+    pdl = bool(cfg.pdl and PDL_SUPPORTED and not interpreted() and finish == 1)
+    # The interpreter runs programs in order: a finisher would wait for programs that never run.
+    one_finisher = x.device.type == "cpu" or (interpreted() and x.device.type != "meta")
+    fin = finish_shape(parts, parts * chunks, k * n, warps, sms, cfg, one_finisher) if finish == 2 else \
+        dict(FIN_BP=1, FIN_BC=16, fin_tiles=0, finishers=0)
     col = lambda name: (t[name].stride(-1) if t[name].shape[-1] > 1 else 1) if t[name] is not None else 1  # noqa: E731
 
     ints = dict(M=m, N=n, rows_per=rows_per, n_chunks=chunks, ws_stride=k * n,
+                fin_tiles=fin["fin_tiles"], finishers=fin["finishers"],
                 sx=row_stride["x"], sdy=row_stride["dy"], sdx=row_stride["dx"], smean=row_stride["mean"],
                 srstd=row_stride["rstd"], cx=col("x"), cdy=col("dy"), cw=col("weight"))
     constexprs = dict(LN=op == LAYERNORM, HAS_W=has_w, HAS_DB=has_db, IS_F64=item == 8, BM=bm, BN=bn,
-                      CP=p2(chunks), SPLIT=split, TABLE=table is not None, DIRECT=direct,
-                      STAGES=max(1, cfg.stages), PDL=pdl)
+                      CP=p2(chunks), SPLIT=split, TABLE=table is not None, FINISH=finish,
+                      STAGES=stages, PDL=pdl, FIN_BP=fin["FIN_BP"], FIN_BC=fin["FIN_BC"],
+                      STREAM=bool(cfg.stream))
     plan = Plan(empty=False, grid=(parts, chunks), ints=ints, constexprs=constexprs, num_warps=warps,
-                parts=parts, k=k, ws_numel=0 if direct else parts * k * n,
-                table=table, spans=tuple(spans), device_index=device_index)
+                parts=parts, k=k, ws_numel=0 if finish == 0 else parts * k * n,
+                table=table, spans=tuple(spans), device_index=device_index, launch=launch)
     if split:
         sbm = max(1, min(cfg.tile_elems // bn, 4))
         plan.split = dict(grid=(cdiv(m, sbm), chunks), sums_numel=chunks * m * 2,
@@ -407,9 +591,10 @@ def make_plan(op: str, t: dict, cfg: Config) -> Plan:
                           ints={k_: ints[k_] for k_ in ("M", "N", "sx", "sdy", "smean", "srstd", "cx", "cdy", "cw")},
                           constexprs=dict(LN=constexprs["LN"], HAS_W=has_w, IS_F64=item == 8, BM=sbm, BN=bn,
                                           TABLE=table is not None))
-    if k and not direct:
-        bp = min(p2(parts), cfg.stage2_rows)
+    if finish == 1:
+        bp = min(p2(parts), p2(max(1, cfg.stage2_rows)))
         plan.stage2 = dict(grid=(cdiv(n, cfg.stage2_cols), k), num_warps=max(1, min(4, bp * cfg.stage2_cols // 256)),
+                           ints=dict(N=n, parts=parts, ws_stride=k * n),
                            constexprs=dict(HAS_W=has_w, BP=bp, BN=cfg.stage2_cols, PDL=pdl))
     return plan
 
@@ -418,6 +603,123 @@ def make_plan(op: str, t: dict, cfg: Config) -> Plan:
 
 _PLANS: dict = {}
 PLANS_MADE = [0]  # plans built so far (tests read it: a repeated call must not plan again)
+NAMES = ("x", "dy", "weight", "mean", "rstd", "dx", "dweight", "dbias")
+
+
+class Call:
+    """A planned layout, ready to launch: `call(x, dy, w, mean, rstd, dx, dw, db)` (absent ones None).
+
+    Holds the plan, its kernels' Launches (backends/triton/_launch.py: after the first call they
+    go straight to the compiled kernels) and what a call allocates.  Per call: the device
+    check, the workspace and row-sum buffers (torch.empty: the caching allocator orders them
+    on the stream, so calls on other streams or in CUDA graphs never share one), the ticket
+    counters of finish "last" (per device and stream; every launch leaves them at zero), and
+    one to three launches.
+    """
+
+    __slots__ = ("plan", "main", "split", "stage2", "acc", "device", "index", "torch", "counters", "sums_numel",
+                 "current_device", "current_stream")
+
+    def __init__(self, plan: Plan, device, dtype):
+        import torch
+
+        self.plan, self.torch, self.device, self.index = plan, torch, device, plan.device_index
+        # torch.cuda.current_device() and the stream triton's own launches use, minus their wrappers
+        self.current_device = getattr(torch._C, "_cuda_getDevice", None)
+        self.current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        self.acc = torch.float64 if dtype == torch.float64 else torch.float32
+        self.main = self.split = self.stage2 = None
+        self.counters = {}
+        self.sums_numel = 0
+        if plan.empty:
+            return
+        mode = plan.launch
+        self.main = _launch.Launch(_rows_kernel, plan.grid, 12, {**plan.ints, **plan.constexprs}, plan.num_warps,
+                                   mode)
+        if plan.split is not None:
+            s = plan.split
+            self.sums_numel = s["sums_numel"]
+            self.split = _launch.Launch(_chunk_sums_kernel, s["grid"], 7, {**s["ints"], **s["constexprs"]},
+                                        s["num_warps"], mode)
+        if plan.stage2 is not None:
+            s = plan.stage2
+            extra = {"launch_pdl": True} if s["constexprs"]["PDL"] else {}
+            self.stage2 = _launch.Launch(_partials_kernel, s["grid"], 3, {**s["ints"], **s["constexprs"]},
+                                         s["num_warps"], mode, **extra)
+
+    def __call__(self, x, dy, w, mean, rstd, dx, dw, db) -> None:
+        # triton launches on the current device: switch only when needed (it costs microseconds)
+        if self.index is not None and self.current_device() != self.index:
+            with self.torch.cuda.device(self.index):
+                return self.launch(x, dy, w, mean, rstd, dx, dw, db)
+        self.launch(x, dy, w, mean, rstd, dx, dw, db)
+
+    def launch(self, x, dy, w, mean, rstd, dx, dw, db) -> None:
+        plan = self.plan
+        if plan.empty:
+            for y in (dw, db):
+                if y is not None:
+                    y.zero_()
+            return
+        stream = None if self.index is None else self.current_stream(self.index)
+        main, split = self.operands(x, dy, w, mean, rstd, dx, dw, db, stream)
+        if split is not None:
+            self.split(*split, stream=stream)
+        self.main(*main, stream=stream)
+        if self.stage2 is not None:
+            self.stage2(main[6], main[7], main[8], stream=stream)
+
+    def operands(self, x, dy, w, mean, rstd, dx, dw, db, stream):
+        """The tensor arguments of the main kernel and of _chunk_sums_kernel (None: not launched):
+        the workspace and row-sum buffers allocated, stand-ins for absent tensors (pointers
+        the kernels never dereference), the ticket counters of the stream."""
+        plan, empty = self.plan, self.torch.empty
+        w = x if w is None else w
+        mean = rstd if mean is None else mean
+        dw = dx if dw is None else dw
+        db = dx if db is None else db
+        ws = empty(plan.ws_numel, dtype=self.acc, device=self.device) if plan.ws_numel else dx
+        tab = x if plan.table is None else plan.table
+        sums = x
+        split = None
+        if self.split is not None:
+            sums = empty(self.sums_numel, dtype=self.acc, device=self.device)
+            split = (x, dy, w, mean, rstd, tab, sums)
+        cnt = x
+        if plan.constexprs["FINISH"] == 2:
+            cnt = self.counters.get(stream)
+            if cnt is None:
+                cnt = self.counters[stream] = _counters(self.device, stream)
+        return (x, dy, w, mean, rstd, dx, ws, dw, db, tab, sums, cnt), split
+
+    def warmup(self, x, dy, w, mean, rstd, dx, dw, db) -> None:
+        """Compile (or find in triton's caches) every kernel of the plan for tensors like these; launch nothing."""
+        if self.plan.empty:
+            return
+        main, split = self.operands(x, dy, w, mean, rstd, dx, dw, db, None)
+        if split is not None:
+            self.split.warmup(*split)
+        self.main.warmup(*main)
+        if self.stage2 is not None:
+            self.stage2.warmup(main[6], main[7], main[8])
+
+    def launches(self) -> dict:
+        """The plan's Launches by name (reports read their compiled kernels)."""
+        return {k: v for k, v in (("main", self.main), ("chunk_sums", self.split), ("stage2", self.stage2)) if v}
+
+
+_COUNTERS: dict = {}
+
+
+def _counters(device, stream):
+    """Two int32 zeros per device and stream: finish "last"'s tickets (kernels leave them at 0)."""
+    key = (device.type, device.index, stream)
+    c = _COUNTERS.get(key)
+    if c is None:
+        import torch
+
+        c = _COUNTERS[key] = torch.zeros(2, dtype=torch.int32, device=device)
+    return c
 
 
 def _stride(y):
@@ -426,80 +728,51 @@ def _stride(y):
 
 def _check_overlap(op: str, plan: Plan, tensors: tuple) -> None:
     """No output may share memory with an input or another output (they are written while read)."""
-    names = ("x", "dy", "weight", "mean", "rstd", "dx", "dweight", "dbias")
     spans = [(i, tensors[i].data_ptr(), length) for i, length in plan.spans]
     for i, start, length in spans:
         if i < 5:
             continue  # inputs may share memory with each other
         for j, other, other_len in spans:
             if j != i and start < other + other_len and other < start + length:
-                _fail(op, ValueError, names[i], "a buffer of its own (outputs are written while inputs are read)",
-                      f"memory shared with {names[j]}")
+                _fail(op, ValueError, NAMES[i], "a buffer of its own (outputs are written while inputs are read)",
+                      f"memory shared with {NAMES[j]}")
+
+
+def prepare(op: str, tensors: tuple, cfg: Config | None = None) -> Call:
+    """The Call of these tensors' layout (x, dy, weight, mean, rstd, dx, dweight, dbias), planned
+    on its first call."""
+    x, dy, w, mean, rstd, dx, dw, db = tensors
+    key = (op, x.shape, x.stride(), dy.stride(), _stride(w), _stride(mean), rstd.stride(), dx.stride(),
+           _stride(dw), _stride(db), x.dtype, x.device, cfg)
+    call = _PLANS.get(key)
+    if call is None:
+        call = _new_call(key, op, tensors, cfg)
+    return call
+
+
+def _new_call(key: tuple, op: str, tensors: tuple, cfg: Config | None) -> Call:
+    if IMPORT_ERROR is not None:
+        raise RuntimeError(f"triton {op}: triton is not importable ({IMPORT_ERROR})")
+    x, mean = tensors[0], tensors[3]
+    if op == LAYERNORM and mean is None:
+        _fail(op, TypeError, "mean", "a torch.Tensor", "None (missing)")
+    default = INTERPRETER_CONFIG if x.device.type == "cpu" else GPU_CONFIG
+    with on_device(x):
+        call = Call(make_plan(op, dict(zip(NAMES, tensors)), cfg or default), x.device, x.dtype)
+    PLANS_MADE[0] += 1
+    if len(_PLANS) > 256:
+        _PLANS.clear()
+    _PLANS[key] = call
+    return call
 
 
 def run(op: str, inputs, outs, params=None, cfg: Config | None = None, check: bool = True) -> None:
     """The op on torch tensors: `inputs` / `outs` as the op's spec names them (absent weight,
     dweight, dbias: the case has none).  `cfg` overrides the launch sizing (tests use it).
     check=False skips the per-call overlap check (the timed path, after a checked call)."""
-    x = inputs["x"]
-    dy = inputs["dy"]
-    w = inputs.get("weight")
-    mean = inputs.get("mean")
-    rstd = inputs["rstd"]
-    dx = outs["dx"]
-    dw = outs.get("dweight")
-    db = outs.get("dbias")
-    tensors = (x, dy, w, mean, rstd, dx, dw, db)
-    key = (op, x.shape, x.stride(), dy.stride(), _stride(w), _stride(mean), rstd.stride(), dx.stride(),
-           _stride(dw), _stride(db), x.dtype, x.device, cfg)
-    plan = _PLANS.get(key)
-    if plan is None:
-        if IMPORT_ERROR is not None:
-            raise RuntimeError(f"triton {op}: triton is not importable ({IMPORT_ERROR})")
-        if op == LAYERNORM and mean is None:
-            _fail(op, TypeError, "mean", "a torch.Tensor", "None (missing)")
-        names = ("x", "dy", "weight", "mean", "rstd", "dx", "dweight", "dbias")
-        default = INTERPRETER_CONFIG if x.device.type == "cpu" else GPU_CONFIG
-        plan = make_plan(op, dict(zip(names, tensors)), cfg or default)
-        PLANS_MADE[0] += 1
-        if len(_PLANS) > 256:
-            _PLANS.clear()
-        _PLANS[key] = plan
+    tensors = (inputs["x"], inputs["dy"], inputs.get("weight"), inputs.get("mean"), inputs["rstd"],
+               outs["dx"], outs.get("dweight"), outs.get("dbias"))
+    call = prepare(op, tensors, cfg)
     if check:
-        _check_overlap(op, plan, tensors)
-    if plan.device_index is not None:
-        import torch
-
-        if torch.cuda.current_device() != plan.device_index:
-            with on_device(x):
-                return _launch(plan, tensors)
-    _launch(plan, tensors)
-
-
-def _launch(plan: Plan, tensors: tuple) -> None:
-    import torch
-
-    x, dy, w, mean, rstd, dx, dw, db = tensors
-    if plan.empty:
-        for y in (dw, db):
-            if y is not None:
-                y.zero_()
-        return
-    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
-    ws = torch.empty(plan.ws_numel, dtype=acc, device=x.device) if plan.ws_numel else dx
-    tab = plan.table if plan.table is not None else x
-    sums = x
-    if plan.split is not None:
-        s = plan.split
-        sums = torch.empty(s["sums_numel"], dtype=acc, device=x.device)
-        _chunk_sums_kernel[s["grid"]](x, dy, w if w is not None else x, mean if mean is not None else rstd, rstd,
-                                      tab, sums, **s["ints"], **s["constexprs"], num_warps=s["num_warps"])
-    _rows_kernel[plan.grid](x, dy, w if w is not None else x, mean if mean is not None else rstd, rstd, dx, ws,
-                            dw if dw is not None else dx, db if db is not None else dx, tab, sums,
-                            **plan.ints, **plan.constexprs, num_warps=plan.num_warps)
-    s2 = plan.stage2
-    if s2 is not None:
-        extra = {"launch_pdl": True} if s2["constexprs"]["PDL"] else {}
-        _partials_kernel[s2["grid"]](ws, dw if dw is not None else dx, db if db is not None else dx, plan.ints["N"],
-                                     plan.parts, plan.ints["ws_stride"], **s2["constexprs"],
-                                     num_warps=s2["num_warps"], **extra)
+        _check_overlap(op, call.plan, tensors)
+    call(*tensors)

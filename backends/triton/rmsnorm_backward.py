@@ -1,8 +1,9 @@
 """rmsnorm_backward as Triton kernels (CUDA, or CPU under TRITON_INTERPRET=1).
 
-One pass over dy and x per row gives dx and per-program dweight partials; a second small
-kernel adds the partials in a fixed order (deterministic, no atomics).  The kernels, the
-launch planning and the plan cache are shared with layernorm_backward: backends/triton/_norm.py.
+One pass over dy and x per row gives dx and per-program dweight partials, added in a fixed
+order by the kernel's last programs (or by a second kernel: _norm.Config.finish);
+deterministic, no atomic adds of data.  The kernels, the launch planning and the plan cache
+are shared with layernorm_backward: backends/triton/_norm.py.
 Uses the saved rstd as given (the spec allows it: oracle/rmsnorm_backward.py).
 """
 from __future__ import annotations
