@@ -181,7 +181,7 @@ def reduce_launches(dt: str, shape, strides, params, cfg) -> list[dict]:
                 "cnt_ptr": "i32" if finish == 2 else (acc if finish else ty), "desc_ptr": "i64"}
 
     def ask(L):
-        ints = dict(L.ints, chunks=2, iters=1)
+        ints = dict(L.ints, chunks=2)
         return occupancy(compile_sm90(rs._KERNELS[L.kernel], ptrs(L), ints, L.constexprs, L.num_warps), L.num_warps)
 
     L = rs.plan_request(shape, strides, ITEM[dt], params, cfg, SMS, ask)
