@@ -73,13 +73,14 @@ class Step:
 
     Launches on torch's current stream and device, as the JIT does.  runner: None before the
     first launch, False where every launch goes through the JIT (the interpreter; a triton
-    whose launcher differs).
+    whose launcher differs).  compiled: the compiled kernel of the first launch (its n_regs,
+    n_spills), None before it or under the interpreter.
     """
 
-    __slots__ = ("kernel", "grid", "tail", "num_warps", "runner")
+    __slots__ = ("kernel", "grid", "tail", "num_warps", "runner", "compiled")
 
     def __init__(self, kernel, grid: int, n_tensors: int, values: dict, num_warps: int):
-        self.kernel, self.grid, self.num_warps, self.runner = kernel, grid, num_warps, None
+        self.kernel, self.grid, self.num_warps, self.runner, self.compiled = kernel, grid, num_warps, None, None
         self.tail = tuple(values[name] for name in kernel.arg_names[n_tensors:])
 
     def launch(self, *tensors) -> None:
@@ -93,6 +94,15 @@ class Step:
         compiled = self.kernel[(self.grid,)](*tensors, *self.tail, num_warps=self.num_warps)
         if self.runner is None:
             self.runner = direct_runner(self.kernel, compiled, self.grid) or False
+            self.compiled = None if common.interpreted() else compiled
 
     def signature(self) -> tuple:
         return (self.kernel.__name__, self.grid, self.tail, self.num_warps)
+
+    def resources(self) -> dict | None:
+        """{"regs", "spills", "shared"} of the compiled kernel (after the first launch), else None."""
+        k = self.compiled
+        if k is None or getattr(k, "n_regs", None) is None:
+            return None
+        return {"regs": int(k.n_regs), "spills": int(getattr(k, "n_spills", 0) or 0),
+                "shared": int(getattr(k.metadata, "shared", 0) or 0)}

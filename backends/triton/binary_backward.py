@@ -978,7 +978,7 @@ def _time_ms(plan: _Plan, tensors: tuple, reps: int = 3, rounds: int = 3) -> flo
 
 def plan_spills(plan: _Plan) -> int:
     """Bytes a thread spills in the plan's worst launch (0 where the compiled kernels do not say)."""
-    return max([int(getattr(getattr(s, "compiled", None), "n_spills", 0) or 0) for s in plan.steps()] or [0])
+    return max([(s.resources() or {}).get("spills", 0) for s in plan.steps()] or [0])
 
 
 def _autotune(tkey: tuple, bplan, fn: str, itemsize: int, tensors: tuple) -> _Plan:

@@ -441,6 +441,10 @@ def _plan_row(lay: Layout, fast: int, tile: int, itemsize: int, cfg: Config) -> 
     outer = lay.red[:fast] + lay.red[fast + 1:]
     n_outer = prod(n for n, _ in outer)
     bc = min(p2(n_cols), tile)
+    unroll = 1 if cfg.prefetch else cfg.unroll
+    if n_outer * cdiv(n_cols, bc) < unroll:  # short rows: narrower blocks, more rows each, so a step is whole
+        warp_row = 32 * max(1, 16 // itemsize)  # a warp's row segment of 16-byte vectors
+        bc = max(min(bc, warp_row), p2(cdiv(n_cols, max(1, unroll // n_outer))))
     bm = min(p2(lay.n_y), max(1, tile // bc))
     ncb = cdiv(n_cols, bc)
     desc = [v for n, s in lay.kept for v in (n, s, 0)] + [v for n, s in outer for v in (n, s, 0)]
