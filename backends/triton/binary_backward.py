@@ -729,11 +729,11 @@ class _TilePlan(_Plan):
 
     __slots__ = ("main", "desc", "acc", "ws_a", "ws_b", "sum_a", "sum_b", "launch")
 
-    def __init__(self, device, launch: TileLaunch, itemsize: int, cfg: Config, desc=None):
+    def __init__(self, device, launch: TileLaunch, itemsize: int, cfg: Config):
         super().__init__(device)
         torch = self.torch
         self.launch = launch
-        self.desc = desc if desc is not None else _descriptor(launch.desc, device)
+        self.desc = _descriptor(launch.desc, device)
         self.acc = torch.float64 if itemsize == 8 else torch.float32
         self.main = Step(_tile_kernel, launch.grid, 8, {**launch.ints, **launch.constexprs}, launch.num_warps)
         self.ws_a, self.sum_a = self._stage2(launch.parts_a, launch.ints["numel_ga"], cfg)
@@ -798,10 +798,8 @@ def _build(bplan, fn: str, itemsize: int, cfg: Config, device, tensors: tuple | 
                                       dict(n=n, FN=fn, IS_F64=itemsize == 8, BLOCK=block), warps))
     on_gpu = device.type == "cuda"
     sms = cfg.sms or (_sm_count(device) if on_gpu else 132)
-    desc = None
     ask = None
     if on_gpu and tensors is not None:
-        desc_box = {}
 
         def ask(L: TileLaunch):  # the split variant compiled now (the launch then finds it in the cache)
             import torch
@@ -810,13 +808,11 @@ def _build(bplan, fn: str, itemsize: int, cfg: Config, device, tensors: tuple | 
             acc = torch.float64 if itemsize == 8 else torch.float32
             wa = torch.empty(16, dtype=acc, device=device) if L.parts_a > 1 else ga
             wb = torch.empty(16, dtype=acc, device=device) if L.parts_b > 1 else gb
-            desc_box["d"] = _descriptor(L.desc, device)
-            res = _resources(_tile_kernel, (a, b, g, ga, gb, wa, wb, desc_box["d"]),
+            res = _resources(_tile_kernel, (a, b, g, ga, gb, wa, wb, _descriptor(L.desc, device)),
                              {**L.ints, **L.constexprs}, L.num_warps)
             return _occupancy(res, L.num_warps, device)
 
-    launch = plan_tile(bplan, itemsize, fn, cfg, sms, ask)
-    return _TilePlan(device, launch, itemsize, cfg, desc)
+    return _TilePlan(device, plan_tile(bplan, itemsize, fn, cfg, sms, ask), itemsize, cfg)
 
 
 def _key(fn: str, a, b, g, ga, gb, cfg) -> tuple:

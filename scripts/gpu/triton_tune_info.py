@@ -47,7 +47,8 @@ def binary_cases() -> list[dict]:
 def reduce_cases() -> list[dict]:
     from cases import select
 
-    return [dict(op="reduce_sum", dtype=c.dtype, params=dict(c.params), id=c.id) for c in select("perf", op="reduce_sum")]
+    return [dict(op="reduce_sum", dtype=c.dtype, params=dict(c.params), id=c.id)
+            for c in select("perf", op="reduce_sum")]
 
 
 def binary_call(torch, case: dict):
@@ -84,7 +85,8 @@ def reduce_call(torch, case: dict):
     p, dt = case["params"], getattr(torch, TORCH_DT[case["dtype"]])
     shape = list(p["shape"])
     if p.get("x_layout") == "transposed":
-        x = torch.randn(shape[:-2] + [shape[-1], shape[-2]], device="cuda", dtype=torch.float32).to(dt).transpose(-1, -2)
+        x = torch.randn(shape[:-2] + [shape[-1], shape[-2]], device="cuda", dtype=torch.float32)
+        x = x.to(dt).transpose(-1, -2)  # the last two dims swapped in memory
     else:
         x = torch.randn(shape, device="cuda", dtype=torch.float32).to(dt)
     params = {k: v for k, v in p.items() if k != "x_layout"}
@@ -132,7 +134,8 @@ def probe(torch, case: dict, preset: str | None, calls: int) -> dict:
         from backends.triton import binary_backward as mod
     else:
         from backends.triton import reduce_sum as mod
-    (inputs, outs, params), nbytes, plan_of = (binary_call if case["op"] == "binary_backward" else reduce_call)(torch, case)
+    make = binary_call if case["op"] == "binary_backward" else reduce_call
+    (inputs, outs, params), nbytes, plan_of = make(torch, case)
     cfg = None if preset is None else mod.PRESETS[preset]
     if case["op"] == "binary_backward":
         if cfg is None:
@@ -189,8 +192,8 @@ def main(argv=None) -> int:
     def save():  # after every probe: a run cut by a time limit keeps what it measured
         if args.json:
             tuning = {" ".join(map(str, k)): {"chosen": v["chosen"],
-                                              "tried": [{kk: (vars(vv) if kk == "config" else vv) for kk, vv in t.items()}
-                                                        for t in v["tried"]]}
+                                              "tried": [{kk: (vars(vv) if kk == "config" else vv)
+                                                         for kk, vv in t.items()} for t in v["tried"]]}
                       for k, v in tk.TUNING_LOG.items()}
             args.json.write_text(json.dumps({"rows": rows, "tuning": tuning, "seconds": round(time.time() - t0, 1)},
                                             indent=1, default=str))

@@ -64,7 +64,8 @@ def main(argv=None) -> int:
         ms, pct, host = _figures(r)
         bar = bars.get(r["op"], 0.0)
         k = kernels.get(r["case"], {})
-        flag = ("  < bar" if pct is not None and pct < bar else "") + ("  host > device" if host and ms and host > ms else "")
+        over = bool(host and ms and host > ms)
+        flag = ("  < bar" if pct is not None and pct < bar else "") + ("  host > device" if over else "")
         print(f"{r['op']:15s} {r['case']:50s} {r['status']:6s} {ms or 0:8.4f} {pct or 0:6.1f} {bar:4.0f} "
               f"{host or 0:8.4f}{'!' if host and ms and host > ms else ' '} {k.get('kernel', '-')[:14]:14s} "
               f"{k.get('regs', '-'):>4} {k.get('occupancy', '-'):>3} {k.get('grid', '-'):>6}{flag}")
