@@ -1,4 +1,4 @@
-"""Launch bookkeeping of the binary_backward and reduce_sum kernels (Step: a compiled kernel called through its own launcher after a first JIT launch; occupancy and resources from the compiled kernel).  _launch.py is the same idea for the norm kernels; the two are to be unified.
+"""Launch bookkeeping of the binary_backward and reduce_sum kernels: a kernel called through the
 compiled kernel's own launcher, and what an SM holds of a compiled kernel.
 
 * `Step`: one kernel launch with fixed arguments after the tensors.  The first launch goes
