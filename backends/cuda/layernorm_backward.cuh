@@ -37,6 +37,7 @@
 
 struct NBLayerNorm {
   static constexpr bool kMean = true;
+  static constexpr bool kBias = true;  // has a dbias
 };
 
 #define LN_V1_BLOCK 256

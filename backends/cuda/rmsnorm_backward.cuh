@@ -13,4 +13,5 @@
 
 struct NBRmsNorm {
   static constexpr bool kMean = false;
+  static constexpr bool kBias = false;  // has a dbias
 };
