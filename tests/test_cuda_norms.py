@@ -818,3 +818,126 @@ def test_importing_the_modules_does_not_import_cupy():
     code = ("import sys; import backends.cupy.layernorm_backward, backends.cupy.rmsnorm_backward, "
             "backends.cupy._norm_plan; assert 'cupy' not in sys.modules, 'cupy imported'")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=str(_nvrtc.CUDA_DIR.parent.parent))
+
+
+# ============================================================================= the cupy device's launch paths
+#
+# CupyDevice over a fake cupy and a fake driver: what cuLaunchKernel would read from the argument
+# arrays (`run_fast`, and `launch` for cooperative launches) must be what `run` passes to
+# cupy.RawKernel for the same call.
+
+
+class _FakeArray:
+    def __init__(self, n, dtype):
+        self.a = np.zeros(n, dtype=dtype)
+        self.data = SimpleNamespace(ptr=self.a.ctypes.data)
+
+
+class _FakeCupy:
+    ndarray = _FakeArray
+
+    def __init__(self):
+        self.cuda = SimpleNamespace(get_current_stream=lambda: SimpleNamespace(ptr=0x5100),
+                                    runtime=SimpleNamespace(getDevice=lambda: 0))
+
+    def empty(self, n, dtype):
+        return _FakeArray(n, dtype)
+
+    zeros = empty
+
+
+class _FakeDriver:
+    """Decodes each launch's arguments when it is made (the arrays may be refilled afterwards)."""
+
+    def __init__(self, structs: dict):
+        self.structs, self.launches, self.attrs = structs, [], []  # function -> which arguments are NBParams
+
+    def funcSetAttribute(self, f, attr, value):
+        self.attrs.append((f, attr, value))
+
+    def _decode(self, f, params):
+        import ctypes
+
+        kinds = self.structs[f]
+        addrs = list((ctypes.c_uint64 * len(kinds)).from_address(params))
+        return [list((ctypes.c_int64 * plan.PARAMS_WORDS).from_address(a)) if struct else
+                ctypes.c_uint64.from_address(a).value for a, struct in zip(addrs, kinds)]
+
+    def launchKernel(self, f, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
+        assert extra == 0 and gz == by == bz == 1
+        self.launches.append((f, (gx, gy), bx, smem, stream, False, self._decode(f, params)))
+
+    def launchCooperativeKernel(self, f, gx, gy, gz, bx, by, bz, smem, stream, params):
+        assert gz == by == bz == 1
+        self.launches.append((f, (gx, gy), bx, smem, stream, True, self._decode(f, params)))
+
+
+def _fake_device(entry):
+    exprs = {k.expr: 1000 + i for i, k in enumerate(entry.kernels)}
+    structs = {exprs[k.expr]: [isinstance(a, np.ndarray) for a in k.args] for k in entry.kernels}
+    dev = object.__new__(plan.CupyDevice)
+    dev.cupy, dev.driver = _FakeCupy(), _FakeDriver(structs)
+    dev._function = lambda source, expr, opts: SimpleNamespace(kernel=SimpleNamespace(ptr=exprs[expr]))
+    dev._occupancy, dev._smem_set = {}, set()
+    return dev, exprs
+
+
+def _value(a):
+    """What cuLaunchKernel should read for argument `a`: the struct's words, an array's address, an int."""
+    if isinstance(a, np.ndarray) and a.dtype == plan.PARAMS_DTYPE:
+        return [int(w) for w in a["words"][0]]
+    if isinstance(a, np.integer):
+        return int(a) & (2**64 - 1)
+    return a.data.ptr
+
+
+@pytest.mark.parametrize("op,dt,shape,has_w,has_b,knobs", [
+    (LN, "bf16", (300, 64), True, True, ""), (LN, "bf16", (300, 64), False, True, ""),
+    (LN, "f32", (300, 4096), True, True, "finish=coop"), (RMS, "bf16", (40, 4096), True, False, ""),
+    (LN, "f32", (70, 33), True, True, ""), (LN, "f32", (70, 9000), True, False, ""),
+    (LN, "bf16", (300, 64), True, True, "kernel=rows"), (LN, "bf16", (1, 64), True, True, "")])
+def test_run_fast_passes_what_run_passes(op, dt, shape, has_w, has_b, knobs):
+    item = plan.ITEMSIZE[dt]
+    n = shape[-1]
+    arrays = {"x": _layout(np.ones(shape), "contig", item), "dy": _layout(np.ones(shape), "contig", item),
+              "weight": _layout(np.ones(n), "contig", item) if has_w else None,
+              "mean": _layout(np.ones(shape[0]), "contig", 4) if op == LN else None,
+              "rstd": _layout(np.ones(shape[0]), "contig", 4), "dx": _out(shape, item),
+              "dweight": _out((n,), item) if has_w else None, "dbias": _out((n,), item) if has_b else None}
+    entry = plan.build_entry(op, "best", dt, arrays, True, 8, knobs=plan.settings(knobs))
+    assert entry.fast
+    dev, exprs = _fake_device(entry)
+    ptrs = [0 if arrays[k] is None else arrays[k].data.ptr for k in plan.NAMES]
+    for _ in range(2):  # the second call reuses the stream's prebuilt arrays
+        dev.run_fast(entry, ptrs)
+    fast = entry.workspace[("fast", 0x5100)]
+    assert len(dev.driver.launches) == 2 * len(entry.kernels)
+    ptr_arrs = [None if p == 0 else SimpleNamespace(data=SimpleNamespace(ptr=p)) for p in ptrs]
+    for k, got in zip(entry.kernels * 2, dev.driver.launches):
+        want = [_value(a) for a in plan.kernel_args(k, ptr_arrs, fast.part if fast.part is not None else plan._NULL,
+                                          fast.bar if fast.bar is not None else plan._NULL)]
+        grid = k.grid if isinstance(k.grid, tuple) else (k.grid, 1)
+        assert got == (exprs[k.expr], grid, k.block, k.smem, 0x5100, k.coop, want)
+    assert (fast.part is not None) == bool(entry.ws_size) and (fast.bar is not None) == entry.launch.coop
+    if fast.bar is not None:
+        assert (fast.bar.a == 0).all()
+    big = [k for k in entry.kernels if k.smem > 48 * 1024]
+    assert [(a[0], a[2]) for a in dev.driver.attrs] == [(exprs[k.expr], k.smem) for k in big]
+
+
+def test_cooperative_launch_through_cupy_packs_the_arguments():
+    shape = (300, 4096)
+    arrays = {"x": _layout(np.ones(shape), "contig", 4), "dy": _layout(np.ones(shape), "contig", 4),
+              "weight": _layout(np.ones(4096), "contig", 4), "mean": _layout(np.ones(300), "contig", 4),
+              "rstd": _layout(np.ones(300), "contig", 4), "dx": _out(shape, 4), "dweight": _out((4096,), 4),
+              "dbias": _out((4096,), 4)}
+    entry = plan.build_entry(LN, "best", "f32", arrays, True, 8, knobs=plan.settings("finish=coop,launch=cupy"))
+    assert not entry.fast and entry.launch.coop and len(entry.kernels) == 1
+    dev, exprs = _fake_device(entry)
+    fake = {k: _FakeArray(4, np.float32) for k in plan.NAMES}
+    k = entry.kernels[0]
+    part, bar = _FakeArray(entry.ws_size, np.float32), _FakeArray(2, np.uint32)
+    args = plan.kernel_args(k, [fake[n] for n in plan.NAMES], part, bar)
+    dev.launch(entry.source, k.expr, k.grid, k.block, args, smem=k.smem, coop=True)
+    (got,) = dev.driver.launches
+    assert got == (exprs[k.expr], (k.grid, 1), k.block, k.smem, 0x5100, True, [_value(a) for a in args])

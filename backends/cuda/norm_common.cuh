@@ -19,9 +19,25 @@
 // row tensors t = NB_X, NB_DY, NB_DX, NB_MEAN, NB_RSTD.  Row r's offsets are those of the
 // row-major unravel of r.  col_stride[t] (t = NB_X, NB_DY, NB_DX, NB_W) is the element stride
 // along N; out_stride[0 / 1] those of dweight / dbias.  flags: NB_HAS_W (weight given, dweight
-// wanted), NB_HAS_B (dbias wanted).  Kernels read only the fields their entry below names.
+// wanted), NB_HAS_B (dbias wanted); nb_stage also NB_PHASE_ROWS / NB_PHASE_COLS (below).  Kernels
+// read only the fields their entry below names.
 //
-//   nb_rows<Norm,T,VEC,VPT,WIDE>(p, x, dy, w, mean, rstd, dx, part, dw, db)   [the best variant]
+//   nb_stage<Norm,T,VPT,STAGES>(p, x, dy, w, mean, rstd, dx, part, dw, db, bar)   [best, 16-byte]
+//       nb_rows' work split (its row groups, columns per thread, partial rows; VEC = 16 /
+//       sizeof(T), so nb_rows' VEC > 1 requirements) with blockDim = NB_STAGE_BLOCK, 1 block per
+//       SM (launch bounds), NBStageSmem<T,VPT,STAGES>::BYTES of dynamic shared memory.  Each
+//       thread copies its own x / dy vectors and the row's mean / rstd of step i + STAGES - 1
+//       into shared memory with cp.async (no registers, STAGES - 1 steps in flight) while it
+//       works on step i from the copies (wait_group), the row held in registers for both passes.
+//       The dweight / dbias sums stay in registers and leave through shared memory once per
+//       block: the groups' sums added in group order, 16-byte runs of a partial row.
+//       flags' phases: NB_PHASE_ROWS: the rows, as nb_rows (dw / db final when nparts == 1,
+//       else row b of part); NB_PHASE_COLS: the column sums of part into dw / db
+//       (nb_colsum_tile, 32-column tiles dealt out over the grid); both: rows, a grid-wide
+//       barrier on bar (2 uint, zero at the first launch, left reusable), then the sums -- a
+//       cooperative launch only (every block resident).  The host runs NB_PHASE_ROWS and then
+//       nb_colsum, or both in one cooperative launch; the CPU stand-in runs them as two launches.
+//   nb_rows<Norm,T,VEC,VPT,WIDE>(p, x, dy, w, mean, rstd, dx, part, dw, db)   [best, other layouts]
 //       blockDim = NB_ROWS_BLOCK; grid = nparts blocks.  Block b takes rows
 //       [b * rows_per_block, min(rows, (b+1) * rows_per_block)); its NB_ROWS_BLOCK / gw groups of
 //       gw threads (gw = 1 << gw_log2, a power of two <= NB_ROWS_BLOCK) take one row each per
@@ -41,6 +57,7 @@
 //       grid = (ceil(n / 32), outputs); blockIdx.y = 0 writes out0 from part rows
 //       [row0, row0 + nparts), 1 writes out1 from the next nparts rows: out[j * stride] =
 //       T(sum over those rows of part[row * n + j], in a fixed order).  blockDim = NB_COLSUM_BLOCK.
+//       (nb_colsum_tile: one block's 32 columns; nb_stage's fused finish sums in the same order.)
 //
 // Every element of every output (or partial row) is written once per call and every sum is
 // taken in an order fixed by the launch configuration: results are bitwise reproducible.
