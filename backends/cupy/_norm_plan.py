@@ -85,7 +85,8 @@ ENV = "GRADORACLE_CUPY_NORMS"
 SETTINGS = {  # name -> (allowed values, default); None: the planner's own choice
     "kernel": (("stage", "rows"), "stage"),   # rows held while loads are copied ahead (nb_stage), or nb_rows
     "stages": ((2, 3, 4, 5, 6), None),         # nb_stage: copy stages (default STAGES, as many as fit)
-    "elems": ((4, 8, 16, 32), None),           # nb_stage: elements per thread at most (default STAGE_ELEMS)
+    "elems": ((4, 8, 16, 32), None),           # nb_stage: elements per thread at most (default STAGE_ELEMS;
+                                               # 32 in 16-bit types spills: ptxas, 324 bytes)
     "finish": (("colsum", "coop"), "colsum"),  # nb_stage: nb_colsum after it, or its own (cooperative launch)
     "launch": (("driver", "cupy"), "driver"),  # cuLaunchKernel on prebuilt arguments, or cupy.RawKernel calls
 }
