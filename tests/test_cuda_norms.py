@@ -36,6 +36,10 @@ LN, RMS = plan.LN, plan.RMS
 def _default_settings(monkeypatch):
     """Plans here use the default knobs unless a test sets GRADORACLE_CUPY_NORMS itself."""
     monkeypatch.delenv(plan.ENV, raising=False)
+    # These tests exercise the staged kernel and the driver launch path as the default they were
+    # written for; the shipped default is nb_rows through cupy until nb_stage has run on a GPU.
+    monkeypatch.setitem(plan.SETTINGS, "kernel", (plan.SETTINGS["kernel"][0], "stage"))
+    monkeypatch.setitem(plan.SETTINGS, "launch", (plan.SETTINGS["launch"][0], "driver"))
 
 
 def _nvrtc_usable() -> bool:
