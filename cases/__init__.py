@@ -1,4 +1,4 @@
 """Case registry: shapes, broadcast patterns and layouts for every op (see cases.registry)."""
-from cases.registry import TAGS, Case, add, all_cases, load_file, select
+from cases.registry import TAGS, Case, CaseFileError, add, all_cases, load_file, select
 
-__all__ = ["TAGS", "Case", "add", "all_cases", "load_file", "select"]
+__all__ = ["TAGS", "Case", "CaseFileError", "add", "all_cases", "load_file", "select"]

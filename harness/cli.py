@@ -1,5 +1,6 @@
 """`python -m harness` (also `gradoracle`): list what is registered, run cases, exit non-zero on failure;
-`bench`, `compare` and `ceilings` time implementations (harness/bench_cli.py)."""
+`bench`, `compare` and `ceilings` time implementations (harness/bench_cli.py); `mutate` scores the
+cases against planted near-miss kernels (harness/mutate.py)."""
 from __future__ import annotations
 
 import argparse
@@ -11,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from harness import bench_cli, frameworks, status
+from harness import bench_cli, frameworks, mutate, status
 from harness.registry import BACKENDS, BROKEN, discover, impls_for, load_ops
 
 
@@ -56,6 +57,7 @@ def _parse(argv):
     run.add_argument("-v", "--verbose", action="store_true", help="print every output's error line")
     run.set_defaults(run_parser=run)  # --gpus rebuilds its workers' command lines from it
     bench_cli.add_parsers(sub)
+    mutate.add_parser(sub)
     return parser.parse_args(argv)
 
 
@@ -278,6 +280,16 @@ def _sigterm_as_interrupt(signum, frame):
 
 
 def main(argv=None) -> int:
+    from cases.registry import CaseFileError
+
+    try:
+        return _main(argv)
+    except CaseFileError as exc:  # a bad case file or --cases value: one line naming entry and param
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _main(argv=None) -> int:
     import signal
 
     args = _parse(argv)
@@ -288,4 +300,6 @@ def main(argv=None) -> int:
         return cmd_list()
     if args.command in ("bench", "compare", "ceilings"):
         return bench_cli.dispatch(args, argv)
+    if args.command == "mutate":
+        return mutate.cmd_mutate(args)
     return cmd_run(args)

@@ -24,6 +24,10 @@ and reads, mutated inputs) and two more checks:
   The second oracle is computed once per case and shared by every implementation (`prepare`
   caches it); on an unloaded CPU core every smoke case is under the bound.  Timed runs skip the
   check: `timed_check` re-validates the final timed call against the second set's oracle anyway.
+- **exact arithmetic** (dropped or extra terms that rounding noise hides): last, the inputs are
+  refilled with the op's exact-arithmetic set (harness/exact.py: dyadic grid values on which
+  every sum is exact in float32) and the outputs the op declares exact there must come back
+  exactly, to the rounding of their final store.  Ops and cases with no exact output skip it.
 """
 from __future__ import annotations
 
@@ -38,7 +42,7 @@ from math import prod
 
 import numpy as np
 
-from harness import dtypes, frameworks, guards, status, stress, timing
+from harness import dtypes, exact, frameworks, guards, status, stress, timing
 from harness.compare import OutputReport, compare, tolerance
 from harness.registry import ENV_BACKENDS, Impl, env_backend_modules, get_op, timed_callable
 
@@ -62,6 +66,7 @@ class Prepared:
     # output name -> (flat indices, oracle values, error scales) there: a huge case's outputs whose
     # oracle exists only at a sample (harness/stress.py; `ref` then holds a shape-only placeholder)
     samples: dict = field(default_factory=dict)
+    exact: frozenset = frozenset()  # outputs exact on these inputs (harness/exact.py): judged to output rounding
 
     def nan_count(self, name: str) -> int:
         if name not in self.nan_counts:
@@ -220,7 +225,8 @@ def judge(impl: Impl, prepared: Prepared, case, outs: dict, sample_above: int | 
             reports.append(_sampled_compare(fw, name, outs[name], prepared, n, case.dtype))
             continue
         got = fw.to_host64(outs[name])
-        report = compare(name, got, prepared.ref[name], scale, n, case.dtype, fw.dtype_name(outs[name]))
+        report = compare(name, got, prepared.ref[name], scale, n, case.dtype, fw.dtype_name(outs[name]),
+                         exact=name in prepared.exact)
         if not report.passed and report.numel:  # say so when the wrong output is a trivial one
             in_dtypes = {k: dtypes.from_any(t.dtype) for k, t in prepared.inputs.items()}
             why = guards.trivial(got, prepared.inputs64, in_dtypes, fw.dtype_name(outs[name]))
@@ -566,6 +572,8 @@ def _checked(result: CaseResult, impl: Impl, case, device: str, run_seed: int, o
             _repeat(result, impl, prepared, case, guarded, outs, calls)
         if result.status == "PASS" and recheck and not timed:
             _recheck(result, impl, prepared, case, device, run_seed, oracle, guarded)
+        if result.status == "PASS" and recheck:  # the exact-arithmetic input set (harness/exact.py)
+            exact.check(result, impl, case, device, run_seed, oracle, guarded)
     except (ValueError, TypeError, NotImplementedError) as exc:
         result.status, result.reason = "ERROR", f"{type(exc).__name__}: {exc}"
         return
