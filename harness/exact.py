@@ -188,7 +188,8 @@ def prepare(case, run_seed: int = 0, oracle: str = "auto", device: str = "cpu"):
 
 def check(result, impl, case, device: str, run_seed: int, oracle: str, guarded) -> None:
     """Refill the inputs in place with the exact set, re-poison, call, judge; a failure goes into
-    `result` (status FAIL, the exact set's reports, the reason)."""
+    `result` (status FAIL, the exact set's reports, the reason).  The call is not added to
+    `result.calls`, which counts the repeats and the stale-output check (the spread line reads it)."""
     global LAST
     LAST = []
     if not applies(case):
@@ -198,7 +199,6 @@ def check(result, impl, case, device: str, run_seed: int, oracle: str, guarded) 
     prepared = prepare(case, run_seed, oracle, device)
     guarded.refill(prepared.inputs)
     got, found = guarded.call(fresh=False)
-    result.calls += 1
     reports = judge(impl, prepared, case, got)
     LAST = reports
     if all(r.passed for r in reports) and not found:
