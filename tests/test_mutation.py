@@ -244,3 +244,26 @@ def test_case_file_errors_are_one_line_with_the_entry(tmp_path, text, words):
     with pytest.raises(CaseFileError) as info:
         load_file(path)
     assert str(info.value).startswith(f"{path}: ") and words in str(info.value), str(info.value)
+
+
+def test_torch_cpu_rounds_the_thread_partials_of_a_16bit_full_sum():
+    """Found by the exact set: torch's CPU sum of a bf16 tensor to one element, split over threads, rounds
+    each thread's partial sum to bf16 (one thread, or several outputs: float32 throughout).  The torch
+    baseline declares it (backends/_deviations.py); a run of such a case is XFAIL there, not FAIL."""
+    import torch
+
+    rng = np.random.default_rng(0)
+    x = torch.from_numpy(exact.balance(exact.grid(rng, (65536,), exact.SINGLE), 1.0, (0,), rng)).to(torch.bfloat16)
+    exact_sum = x.double().sum().item()  # a few grid steps: representable in bf16
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert x.sum().item() == exact_sum
+        torch.set_num_threads(2)
+        assert x.sum().item() != exact_sum and x.sum(dtype=torch.float32).item() == exact_sum
+    finally:
+        torch.set_num_threads(threads)
+    discover()
+    case = Case("reduce_sum", "bf16", {"shape": [65536], "axes": None})
+    assert find_impl("reduce_sum", "torch").deviation_for(case, "cpu") is not None
+    assert find_impl("reduce_sum", "torch").deviation_for(case, "cuda") is None
