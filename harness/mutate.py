@@ -176,7 +176,8 @@ def cmd_mutate(args) -> int:
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("mutate", help="mutation score: which planted near-miss kernels (tests/mutants/) the cases catch")
+    p = sub.add_parser("mutate", help="mutation score: which planted near-miss kernels (tests/mutants/) "
+                                      "the cases catch")
     p.add_argument("--op", action="append", help="op name (repeatable); default: every op with mutants")
     p.add_argument("--cases", default="smoke", help="smoke | full | perf | all | FILE.json|yaml | JSON case")
     p.add_argument("--seed", type=int, default=0, help="run seed (default 0: a CI score is reproducible)")

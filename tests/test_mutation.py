@@ -226,6 +226,16 @@ def test_a_bad_case_file_entry_names_file_entry_param_expected_and_got_and_exits
                     f"positive number, got -1"), line
 
 
+def test_pytest_with_a_bad_case_file_stops_with_the_same_line_and_exit_2(tmp_path):
+    path = tmp_path / "cases.json"
+    path.write_text(json.dumps([{"op": "reduce_sum", "params": {"shape": [4], "axes": [3]}}]))
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_correctness.py",
+                          "--cases", str(path)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert f"error: {path}: entry 0 (reduce_sum): reduce_sum case: param 'axes' must be ints in [-1, 1), got [3]" \
+        in out.stdout + out.stderr and "Traceback" not in out.stdout + out.stderr
+
+
 @pytest.mark.parametrize("text, words", [
     ('[1, 2]', "entry 0: expected a mapping with keys op, dtype, params, tags, got 1"),
     ('[{"op": "reduce_sum", "parms": {}}]', "missing params"),

@@ -4,7 +4,8 @@
 shows its exact-set margin.  This prints both, whatever the verdicts (harness/exact.py):
 
     python scripts/diag/exact_verdict.py --backend jax --device cuda --seed 3 \\
-        --case '{"op": "binary_backward", "dtype": "bf16", "params": {"fn": "sub", "a": [1, 1, 1], "b": [8, 2048, 4097]}}'
+        --case '{"op": "binary_backward", "dtype": "bf16",
+                 "params": {"fn": "sub", "a": [1, 1, 1], "b": [8, 2048, 4097]}}'
     python scripts/diag/exact_verdict.py --backend torch --cases smoke --op reduce_sum --json out.json
 
 One line per (implementation, case, input set, output): PASS/FAIL, err/tol, and the worst element.
