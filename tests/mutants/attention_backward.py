@@ -1,5 +1,6 @@
 """attention_backward mutants: mask edges off by one, causal aligned top-left, the GQA head map off by
-one, softcap applied after the mask, dq without its scale, a group head left out of dk/dv, an unwritten row.
+one, softcap applied after the mask, dq without its scale, a group head left out of dk/dv, key and query
+tail blocks dropped, an unwritten row.
 
 Each is a fused backward that takes the forward's o and lse as given (as the spec and flash-attention
 do) and gets one thing wrong; the per-block formulas are the oracle's (attention_backward_block)."""
@@ -18,7 +19,9 @@ def grouped(h: int, g: int, hkv: int) -> int:
 
 
 def attention(inputs, params, *, mask=allowed_mask, head=grouped, cap_after_mask=False, dq_scale=True,
-              skip_group_head=False) -> dict:
+              skip_group_head=False, dkdv_rows=None) -> dict:
+    """{dq, dk, dv} from the given o and lse, per (batch, query head); dkdv_rows(Sq) -> the query rows
+    whose terms reach dk and dv (default all)."""
     q, k, v, o, do, lse = (f64(inputs[n]) for n in ("q", "k", "v", "o", "do", "lse"))
     b, sq, hq, d = q.shape
     sk, hkv = k.shape[1], k.shape[2]
@@ -35,6 +38,11 @@ def attention(inputs, params, *, mask=allowed_mask, head=grouped, cap_after_mask
             dq[bi, :, h] = part["dq"] if dq_scale else part["dq"] / scale
             if skip_group_head and g > 1 and h % g == g - 1:
                 continue
+            if dkdv_rows is not None:  # the dk/dv pass sees only these query rows
+                rows = dkdv_rows(sq)
+                qh, kh, vh, oh, doh, lseh = args
+                part = attention_backward_block(qh[rows], kh, vh, oh[rows], doh[rows], lseh[rows], allowed[rows],
+                                                scale, softcap)
             dk[bi, :, c] += part["dk"]
             dv[bi, :, c] += part["dv"]
     return {"dq": dq, "dk": dk, "dv": dv}
@@ -64,6 +72,18 @@ def _edge_mask(side: str):
             ok &= j != diag + right
         return ok
     return mask
+
+
+def _whole_blocks(n: int, block: int = 64) -> int:
+    """How far a loop over whole blocks of `block` gets: the tail past them is lost (when there is one)."""
+    return n - n % block if n > block else n
+
+
+def _no_key_tail(sq, sk, causal, window):
+    """allowed_mask without the keys past the last whole block of 64 (a K/V loop missing its tail)."""
+    ok = allowed_mask(sq, sk, causal, window)
+    ok[:, _whole_blocks(sk):] = False
+    return ok
 
 
 def _top_left(sq, sk, causal, window):
@@ -117,6 +137,18 @@ def dq_missing_scale(inputs, outs, params):
 def dkdv_drop_last_group_head(inputs, outs, params):
     """dk and dv of a kv head sum its group's query heads but the last (GQA/MQA)."""
     write(outs, attention(inputs, params, skip_group_head=True))
+
+
+@plant(OP, "drops_key_tail_block")
+def drops_key_tail_block(inputs, outs, params):
+    """The loop over key blocks of 64 skips the partial last block (Sk not a multiple of 64)."""
+    write(outs, attention(inputs, params, mask=_no_key_tail))
+
+
+@plant(OP, "dkdv_drop_query_tail_block")
+def dkdv_drop_query_tail_block(inputs, outs, params):
+    """The dk/dv pass loops over whole query blocks of 64: the partial last block adds nothing to dk, dv."""
+    write(outs, attention(inputs, params, dkdv_rows=lambda sq: slice(0, _whole_blocks(sq))))
 
 
 @plant(OP, "dq_last_row_unwritten")
