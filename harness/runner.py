@@ -2,7 +2,7 @@
 
 `run_case` is the correctness path.  On top of the oracle comparison of the first call it
 runs the guards of harness/guards.py on every call (unwritten outputs, out-of-bounds writes
-and reads, mutated inputs) and two more checks:
+and reads, mutated inputs) and three more checks:
 
 - **repeats** (races, non-determinism): the implementation is called `repeats` times on the
   same inputs, fresh poisoned outputs each time.  A deterministic implementation
