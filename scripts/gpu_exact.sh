@@ -11,12 +11,14 @@
 #      grad_a must miss by a wide margin), the f32 sum of 2**25 floats and bf16 layernorm
 #      8192x4096 through torch (both must pass exactly).
 #   3. tests/test_planted_gpu.py (its atomic-sum kernels now also see the exact set).
-#   4. with the time left: binary_backward's full set through cupy, torch_ext and triton.
+#   4. with the time left, the custom kernels' full sets on the exact set too: reduce_sum,
+#      layernorm_backward and rmsnorm_backward (cupy's ladders and best, triton), then
+#      binary_backward (cupy, torch_ext, triton).
 #
 #   OUT=dir scripts/gpu_exact.sh
 # Knobs: BUDGET (s, default 540), SEED (default 1).
 # Writes env.txt, list.txt, smoke.{json,log}, examples.{json,log}, pytest-planted-gpu.log,
-# binary-full.{json,log}, summary.txt.
+# norms-full.{json,log}, binary-full.{json,log}, summary.txt.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
 export XLA_PYTHON_CLIENT_ALLOCATOR=${XLA_PYTHON_CLIENT_ALLOCATOR:-platform}
@@ -60,6 +62,17 @@ timeout -k 10 150 python3 -m pytest -q -p no:cacheprovider tests/test_planted_gp
   > "$OUT/pytest-planted-gpu.log" 2>&1
 echo "pytest planted gpu exit $?" | tee -a "$OUT/summary.txt"
 tail -1 "$OUT/pytest-planted-gpu.log" >> "$OUT/summary.txt"
+
+rest=$(( ($(left) - 15) / 2 ))
+if (( rest > 60 )); then
+  echo "== reduce_sum and the norms full, custom kernels, ${rest}s"
+  timeout -s TERM "$rest" python3 -m harness run --cases full --op reduce_sum --op layernorm_backward \
+    --op rmsnorm_backward --backend cupy --backend triton --seed "$SEED" --json "$OUT/norms-full.json" \
+    > "$OUT/norms-full.log" 2>&1
+  echo "norms full exit $? (124/143: stopped by the budget; the JSON holds what ran)" | tee -a "$OUT/summary.txt"
+  tail -1 "$OUT/norms-full.log" >> "$OUT/summary.txt"
+  grep -E "^(FAIL|ERROR)" -A4 "$OUT/norms-full.log" | head -60 >> "$OUT/summary.txt"
+fi
 
 rest=$(( $(left) - 15 ))
 if (( rest > 60 )); then
