@@ -3,8 +3,11 @@ stand-in in tests/cuda_host/ (fibers for threads, real barriers and warp shuffle
 ctypes, launched through `_norm_plan.run` by `HostCudaDevice`.
 
 One shared library per (op, dtype) holds every instantiation the planner can launch for it
-(`_norm_plan.all_kernel_exprs`), each behind an `extern "C"` wrapper that takes its arguments the
-way cuLaunchKernel does (an array of pointers to the argument values).  Libraries are cached in
+(`_norm_plan.all_kernel_exprs`, plus any nb_stage a test asks for), each behind an `extern "C"`
+wrapper that takes its arguments the way cuLaunchKernel does (an array of pointers to the argument
+values) and the launch's dynamic shared memory.  A cooperative launch (nb_stage finishing its own
+column sums after a grid-wide barrier) runs as two launches of the same kernel, split at the
+barrier: the rows phase, then the column-sum phase (NBParams.flags' phase bits).  Libraries are cached in
 the temp folder under a hash of their sources.  Needs g++ with C++20 and _Float16 (GCC >= 12).
 """
 from __future__ import annotations
@@ -45,7 +48,7 @@ def _types(expr: str) -> tuple[str, str]:
     """(T, A) of a kernel name expression."""
     name, targs = expr.split("<", 1)
     args = [a.strip() for a in targs.rstrip(">").split(",")]
-    t = args[1] if name in ("nb_rows", "nb_chunked") else args[0]
+    t = args[1] if name in ("nb_rows", "nb_chunked", "nb_stage") else args[0]
     return t, f"nb_acc_t<{t}>"
 
 
@@ -55,6 +58,8 @@ def _signature(expr: str) -> list[str]:
     main = ["NBParams", f"const {t}*", f"const {t}*", f"const {t}*", f"const {a}*", f"const {a}*", f"{t}*", f"{a}*"]
     if name == "nb_rows":
         return main + [f"{t}*", f"{t}*"]
+    if name == "nb_stage":
+        return main + [f"{t}*", f"{t}*", "unsigned int*"]
     if name == "nb_colsum":
         return [f"const {a}*", "long long", "long long", "long long", f"{t}*", "long long", f"{t}*", "long long"]
     return main  # nb_chunked, ln_v*
@@ -71,9 +76,10 @@ def _wrappers(exprs: list[str]) -> str:
         unpack = "\n".join(f"  {ty} a{k} = *reinterpret_cast<{ty}*>(args[{k}]);" for k, ty in enumerate(sig))
         call = ", ".join(f"a{k}" for k in range(len(sig)))
         out.append(f"""// {expr}
-extern "C" int launch_{i}(unsigned gx, unsigned gy, unsigned block, void** args, char* err, int errlen) {{
+extern "C" int launch_{i}(unsigned gx, unsigned gy, unsigned block, unsigned smem, void** args, char* err,
+                          int errlen) {{
 {unpack}
-  return cuhost::launch(dim3{{gx, gy, 1}}, dim3{{block, 1, 1}}, [&] {{ {expr}({call}); }}, err, errlen);
+  return cuhost::launch(dim3{{gx, gy, 1}}, dim3{{block, 1, 1}}, [&] {{ {expr}({call}); }}, err, errlen, smem);
 }}""")
     return "\n".join(out) + "\n"
 
@@ -81,8 +87,8 @@ extern "C" int launch_{i}(unsigned gx, unsigned gy, unsigned block, void** args,
 class Library:
     """The compiled kernels of one (op, dtype)."""
 
-    def __init__(self, op: str, dt: str):
-        self.exprs = plan.all_kernel_exprs(op, dt)
+    def __init__(self, op: str, dt: str, extra=()):
+        self.exprs = sorted(set(plan.all_kernel_exprs(op, dt)) | set(extra))
         source = f'#include "cuda_host_runtime.h"\n#include "{_nvrtc.CUDA_DIR / plan.SOURCES[op]}"\n' + \
             _wrappers(self.exprs)
         deps = [HERE / n for n in sorted(os.listdir(HERE))] + sorted(_nvrtc.CUDA_DIR.glob("*.cuh"))
@@ -103,18 +109,19 @@ class Library:
         self.fns = {}
         for i, expr in enumerate(self.exprs):
             fn = getattr(self.lib, f"launch_{i}")
-            fn.argtypes = [ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.POINTER(ctypes.c_void_p),
+            fn.argtypes = [ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.POINTER(ctypes.c_void_p),
                            ctypes.c_char_p, ctypes.c_int]
             fn.restype = ctypes.c_int
             self.fns[expr] = fn
 
 
 _LIBS: dict = {}
+EXTRA_EXPRS: dict = {}  # (op, dtype) -> name expressions beyond the defaults', added before the library is built
 
 
 def library(op: str, dt: str) -> Library:
     if (op, dt) not in _LIBS:
-        _LIBS[(op, dt)] = Library(op, dt)
+        _LIBS[(op, dt)] = Library(op, dt, EXTRA_EXPRS.get((op, dt), ()))
     return _LIBS[(op, dt)]
 
 
@@ -130,7 +137,16 @@ class HostCudaDevice:
     def __init__(self):
         self.launches: list[str] = []
 
-    def launch(self, source: str, expr: str, grid, block: int, args) -> None:
+    def launch(self, source: str, expr: str, grid, block: int, args, smem: int = 0, coop: bool = False) -> None:
+        if coop:  # split at the grid-wide barrier: every block's rows, then every block's column sums
+            words = args[0]["words"][0]
+            flags = int(words[plan.FLAGS_WORD])
+            assert flags & plan.PHASE_ROWS and flags & plan.PHASE_COLS, flags
+            for drop in (plan.PHASE_COLS, plan.PHASE_ROWS):
+                one = plan.params_struct(list(words))
+                one["words"][0][plan.FLAGS_WORD] = flags & ~drop
+                self.launch(source, expr, grid, block, (one,) + tuple(args[1:]), smem)
+            return
         op = plan.LN if source == plan.SOURCES[plan.LN] else plan.RMS
         t = _types(expr)[0]
         dt = next(k for k, v in plan.CUDA_TYPE.items() if v == t)
@@ -155,7 +171,7 @@ class HostCudaDevice:
         lib = library(op, dt)
         lib.lib.set_schedule(len(self.launches) % SCHEDULES)
         self.launches.append(expr)
-        if fn(gx, gy, block, argv, err, len(err)):
+        if fn(gx, gy, block, smem, argv, err, len(err)):
             raise AssertionError(f"{expr} grid ({gx}, {gy}) block {block}: {err.value.decode()}")
 
     def workspace(self, entry, n: int, dtype):
@@ -163,6 +179,9 @@ class HostCudaDevice:
         if buf is None:
             buf = entry.workspace["host"] = np.full(n, np.nan, dtype=dtype)  # read before written: NaN
         return buf
+
+    def barrier(self, entry):
+        return np.zeros(2, dtype=np.uint32)  # never touched: cooperative launches are split
 
     def zeros(self, n: int, dtype):
         return np.zeros(n, dtype=dtype)

@@ -32,6 +32,16 @@ from oracle.rmsnorm_backward import rmsnorm_backward_numpy
 LN, RMS = plan.LN, plan.RMS
 
 
+@pytest.fixture(autouse=True)
+def _default_settings(monkeypatch):
+    """Plans here use the default knobs unless a test sets GRADORACLE_CUPY_NORMS itself."""
+    monkeypatch.delenv(plan.ENV, raising=False)
+    # These tests exercise the staged kernel and the driver launch path as the default they were
+    # written for; the shipped default is nb_rows through cupy until nb_stage has run on a GPU.
+    monkeypatch.setitem(plan.SETTINGS, "kernel", (plan.SETTINGS["kernel"][0], "stage"))
+    monkeypatch.setitem(plan.SETTINGS, "launch", (plan.SETTINGS["launch"][0], "driver"))
+
+
 def _nvrtc_usable() -> bool:
     try:
         from cupy.cuda import nvrtc
@@ -54,7 +64,7 @@ needs_nvrtc = pytest.mark.skipif(not (_nvrtc_usable() and _nvrtc.include_dirs())
 def test_nvrtc_compiles_every_instantiation(op, dt):
     exprs = plan.all_kernel_exprs(op, dt)
     kinds = {e.split("<")[0] for e in exprs}
-    assert {"nb_rows", "nb_chunked", "nb_colsum"} <= kinds
+    assert {"nb_rows", "nb_stage", "nb_chunked", "nb_colsum"} <= kinds
     if op == LN:
         assert {"ln_v1", "ln_v2", "ln_v3", "ln_v4", "ln_v5"} <= kinds
     source = _nvrtc.read_source(plan.SOURCES[op])
@@ -82,10 +92,18 @@ static_assert(sizeof(NBParams) == {plan.PARAMS_WORDS} * 8, "NBParams size");
 static_assert(sizeof(NBParams::size) == {plan.MAX_LEAD} * 8, "size");
 static_assert(sizeof(NBParams::stride) == {plan.NT * plan.MAX_LEAD} * 8, "stride");
 static_assert(sizeof(NBParams::col_stride) == 4 * 8 && sizeof(NBParams::out_stride) == 2 * 8, "col/out strides");
-"""
+static_assert(NB_STAGE_BLOCK == {plan.STAGE_BLOCK}, "STAGE_BLOCK");
+static_assert(NB_PHASE_ROWS == {plan.PHASE_ROWS} && NB_PHASE_COLS == {plan.PHASE_COLS}, "phases");
+""" + "".join(f"static_assert(NBStageSmem<{plan.CUDA_TYPE[dt]}, {vpt}, {st}>::BYTES == "
+              f"{plan.stage_smem_bytes(dt, vpt, st)}, \"stage smem {dt} {vpt} {st}\");\n"
+              for dt in plan.DTYPES for vpt in (1, 2, 4) for st in (2, 4, 6))
     cubin, _ = _nvrtc.compile_cubin(probe, name_expressions=["nb_colsum<float>"], options=plan.compile_options())
     assert cubin
     assert plan.PARAMS_DTYPE.itemsize == plan.PARAMS_WORDS * 8
+    # flags is the sixth field from the end (then gw, gw_log2, rows_per_block, nparts, tile_rows)
+    assert plan.FLAGS_WORD == plan.PARAMS_WORDS - 6
+    layout = plan.make_layout(LN, (2, 8), {"x": (8, 1), "dy": (8, 1), "dx": (8, 1), "mean": (1,), "rstd": (1,)})
+    assert plan.pack_params(layout, 0x5a, gw=4)[plan.FLAGS_WORD:plan.FLAGS_WORD + 3] == [0x5a, 4, 2]
 
 
 def _nvcc_instantiations(op: str, dt: str) -> str:
@@ -93,7 +111,7 @@ def _nvcc_instantiations(op: str, dt: str) -> str:
     t = plan.CUDA_TYPE[dt]
     a = f"nb_acc_t<{t}>"
     main = f"const __grid_constant__ NBParams, const {t}*, const {t}*, const {t}*, const {a}*, const {a}*, {t}*, {a}*"
-    sigs = {"nb_rows": f"{main}, {t}*, {t}*", "nb_chunked": main,
+    sigs = {"nb_rows": f"{main}, {t}*, {t}*", "nb_stage": f"{main}, {t}*, {t}*, unsigned int*", "nb_chunked": main,
             "nb_colsum": f"const {a}*, long long, long long, long long, {t}*, long long, {t}*, long long"}
     lines = [f'#include "{_nvrtc.CUDA_DIR / plan.SOURCES[op]}"']
     for expr in plan.all_kernel_exprs(op, dt):
@@ -314,6 +332,15 @@ def emu_chunked(mean_sub, vec, vpt, grid, block, p, x, dy, w, mean, rstd, dx, pa
                             part.store(q, val if t0 == r_lo else part.load(q) + val)
 
 
+def emu_stage_colsum(p, part, dw, db):
+    """nb_stage's column-sum phase (after the grid barrier): dweight's then dbias's partial rows."""
+    n, np_ = p.n, p.nparts
+    for which, on, out in ((0, p.flags & plan.HAS_W, dw), (1, p.flags & plan.HAS_B, db)):
+        if on:
+            for j in range(n):
+                out.store(j * p.out[which], sum(part.load((which * np_ + r) * n + j) for r in range(np_)))
+
+
 def emu_colsum(grid, block, part, row0, nparts, n, out0, s0, out1, s1):
     gx, gy = grid
     assert block == plan.COLSUM_BLOCK and gx * plan.COLSUM_COLS >= n and gy in (1, 2)
@@ -354,6 +381,7 @@ class EmuDevice:
     def __init__(self):
         self.launches: list[str] = []
         self.parts: list[Arr] = []
+        self.coop: list[str] = []
 
     def workspace(self, entry, n, dtype):
         buf = entry.workspace.get("emu")
@@ -366,12 +394,17 @@ class EmuDevice:
     def zeros(self, n, dtype):
         return Arr(Buf(np.zeros(n)), (n,), (1,), 0, np.dtype(dtype).itemsize)
 
+    def barrier(self, entry):
+        return Arr(Buf(np.zeros(2)), (2,), (1,), 0, 4)
+
     def fill_zero(self, x):
         for off in x.offsets():
             x.store(int(off), 0.0)
 
-    def launch(self, source, expr, grid, block, args):
+    def launch(self, source, expr, grid, block, args, smem=0, coop=False):
         self.launches.append(expr)
+        if coop:
+            self.coop.append(expr)
         name, targs = expr.split("<", 1)
         targs = [s.strip() for s in targs.rstrip(">").split(",")]
         args = [None if isinstance(a, np.uint64) and int(a) == 0 else a for a in args]
@@ -386,6 +419,22 @@ class EmuDevice:
             mean_sub = targs[0] == "NBLayerNorm"
             assert source == plan.SOURCES[LN if mean_sub else RMS]
             emu_rows(mean_sub, int(targs[2]), int(targs[3]), targs[4] == "true", grid, block, p, *args[1:])
+        elif name == "nb_stage":
+            mean_sub = targs[0] == "NBLayerNorm"
+            assert source == plan.SOURCES[LN if mean_sub else RMS]
+            dt = next(k for k, v in plan.CUDA_TYPE.items() if v == targs[1])
+            vpt, stages = int(targs[2]), int(targs[3])
+            assert smem == plan.stage_smem_bytes(dt, vpt, stages) <= plan.STAGE_SMEM_LIMIT
+            phases = p.flags & (plan.PHASE_ROWS | plan.PHASE_COLS)
+            assert phases in (plan.PHASE_ROWS, plan.PHASE_ROWS | plan.PHASE_COLS)
+            assert coop == (phases == plan.PHASE_ROWS | plan.PHASE_COLS)
+            x, dy, w, mean, rstd, dx, part, dw, db, bar = args[1:]
+            assert (bar is not None) == coop and (part is not None) == (coop or p.nparts > 1 and bool(p.flags & 3))
+            p.flags &= plan.HAS_W | plan.HAS_B
+            emu_rows(mean_sub, 16 // plan.ITEMSIZE[dt], vpt, p.gw > 32, grid, block, p, x, dy, w, mean, rstd, dx, part,
+                     dw, db)
+            if coop:
+                emu_stage_colsum(p, part, dw, db)
         elif name == "nb_chunked":
             mean_sub = targs[0] == "NBLayerNorm"
             emu_chunked(mean_sub, int(targs[2]), int(targs[3]), grid, block, p, *args[1:])
@@ -433,8 +482,9 @@ def _out(shape, itemsize):
 
 
 def emulate(op, shape, dt="f32", has_w=True, has_b=True, layouts=("contig", "contig"), variant="best",
-            num_sms=4, occupancy=None, seed=0, misalign=False, calls=1):
-    """Run `variant` through _norm_plan.run on the emulator; check against the float64 oracle."""
+            num_sms=4, occupancy=None, seed=0, misalign=False, calls=1, knobs=""):
+    """Run `variant` through _norm_plan.run on the emulator with the settings `knobs`
+    (GRADORACLE_CUPY_NORMS' syntax); check against the float64 oracle."""
     rng = np.random.default_rng(seed)
     item = plan.ITEMSIZE[dt]
     if op == RMS:
@@ -463,7 +513,7 @@ def emulate(op, shape, dt="f32", has_w=True, has_b=True, layouts=("contig", "con
         ptrs = [0 if a is None else a.data.ptr for a in arrs]
         aligned = not any(ptrs[plan.NAMES.index(k)] % 16 for k in ("x", "dy", "dx", "weight"))
         if entry is None:
-            entry = plan.build_entry(op, variant, dt, arrays, aligned, num_sms, occupancy)
+            entry = plan.build_entry(op, variant, dt, arrays, aligned, num_sms, occupancy, plan.settings(knobs))
         plan.check_overlap(entry, ptrs)
         plan.run(dev, entry, arrs)
         if op == LN:
@@ -487,19 +537,23 @@ def test_small_n_takes_several_rows_per_block():
     launch = entry.launch
     assert launch.kind == "rows" and launch.vec == 1 and launch.gw == 8 and launch.vpt == 1
     assert launch.nparts == 1 and not launch.colsum  # 40 rows fit one step of one block
-    entry, dev = emulate(LN, (300, 8), num_sms=2)  # vec 4: gw = 2, 256 groups; 2 blocks, partial rows
-    launch = entry.launch
-    assert launch.kind == "rows" and launch.vec == 4 and launch.gw == 2 and launch.vpt == 1
-    assert launch.nparts == 2 and launch.colsum and dev.launches[-1] == "nb_colsum<float>"
-    assert launch.rows_per_block % (plan.ROWS_BLOCK // launch.gw) == 0
+    for kernel in ("rows", "stage"):  # vec 4: gw = 2, 256 groups; 2 blocks, partial rows
+        entry, dev = emulate(LN, (300, 8), num_sms=2, knobs=f"kernel={kernel}")
+        launch = entry.launch
+        assert launch.kind == kernel and launch.vec == 4 and launch.gw == 2 and launch.vpt == 1
+        assert launch.nparts == 2 and launch.colsum and dev.launches[-1] == "nb_colsum<float>"
+        assert launch.rows_per_block % (plan.ROWS_BLOCK // launch.gw) == 0
 
 
+@pytest.mark.parametrize("knobs", ["", "kernel=rows", "finish=coop,stages=2"])
 @pytest.mark.parametrize("op", [LN, RMS])
 @pytest.mark.parametrize("dt", ["f32", "bf16", "f64"])
-@pytest.mark.parametrize("shape", [(3, 5), (2, 2, 6), (7,), (1, 17), (4, 1), (37, 64), (9, 256), (5, 1023)])
-def test_emulated_best_matches_oracle(op, dt, shape):
-    entry, _ = emulate(op, shape, dt, num_sms=3)
-    assert entry.launch.kind == "rows"
+@pytest.mark.parametrize("shape", [(3, 5), (2, 2, 6), (7,), (1, 17), (4, 1), (37, 64), (9, 256), (5, 1023), (70, 24)])
+def test_emulated_best_matches_oracle(op, dt, shape, knobs):
+    entry, dev = emulate(op, shape, dt, num_sms=3, knobs=knobs)
+    vec = plan.vector_width(entry.layout, plan.ITEMSIZE[dt], True, True)
+    assert entry.launch.kind == ("stage" if vec > 1 and "rows" not in knobs else "rows")
+    assert bool(dev.coop) == entry.launch.coop == ("coop" in knobs and vec > 1 and entry.launch.nparts > 1)
 
 
 @pytest.mark.parametrize("has_w,has_b", [(True, True), (True, False), (False, True), (False, False)])
@@ -512,8 +566,10 @@ def test_emulated_best_affine_and_bias_forms(has_w, has_b, shape, num_sms):
 
 def test_m1_needs_no_second_stage():
     for shape in [(1, 4096), (4096,), (1, 17)]:
-        entry, dev = emulate(LN, shape, "bf16", num_sms=132)
-        assert entry.launch.nparts == 1 and not entry.launch.colsum and len(dev.launches) == 1
+        for knobs in ("", "finish=coop"):
+            entry, dev = emulate(LN, shape, "bf16", num_sms=132, knobs=knobs)
+            assert entry.launch.nparts == 1 and not entry.launch.colsum and len(dev.launches) == 1
+            assert not entry.launch.coop and not dev.coop and entry.ws_size == 0
     entry, _ = emulate(LN, (1, 4096), "bf16")
     assert entry.launch.vec == 8 and entry.launch.gw == 256 and entry.launch.vpt == 2
 
@@ -562,8 +618,16 @@ def test_misaligned_pointer_takes_scalar_path():
 
 
 def test_occupancy_sets_the_grid():
-    entry, _ = emulate(LN, (64, 1024), "f32", num_sms=2, occupancy=lambda expr, block: 2)  # gw 128: 4 rows a step
-    assert entry.launch.nparts == 4
+    seen = []
+
+    def occupancy(expr, block, smem=0):
+        seen.append((expr, block, smem))
+        return 2
+
+    for kernel in ("rows", "stage"):  # gw 128: 4 rows a step
+        entry, _ = emulate(LN, (64, 1024), "f32", num_sms=2, occupancy=occupancy, knobs=f"kernel={kernel}")
+        assert entry.launch.nparts == 4
+    assert seen[-1] == (entry.launch.expr, plan.STAGE_BLOCK, entry.launch.smem) and entry.launch.smem > 48 * 1024
 
 
 @pytest.mark.parametrize("rung", plan.RUNGS)
@@ -640,7 +704,8 @@ def _layout_for(shape):
 def test_perf_shapes_plan_one_block_per_sm(shape, dt):
     layout = _layout_for(shape)
     launch = plan.plan_best(LN, dt, layout, True, True, 16 // plan.ITEMSIZE[dt], num_sms=132)
-    assert launch.kind == "rows" and launch.colsum
+    assert launch.kind == "stage" and launch.colsum and launch.stages == plan.STAGES
+    assert launch.smem == plan.stage_smem_bytes(dt, launch.vpt, launch.stages) <= plan.STAGE_SMEM_LIMIT
     assert 120 <= launch.nparts <= 132 and launch.nparts * launch.rows_per_block >= layout.rows
     assert (launch.nparts - 1) * launch.rows_per_block < layout.rows
     assert launch.expr in plan.all_kernel_exprs(LN, dt)
@@ -757,3 +822,126 @@ def test_importing_the_modules_does_not_import_cupy():
     code = ("import sys; import backends.cupy.layernorm_backward, backends.cupy.rmsnorm_backward, "
             "backends.cupy._norm_plan; assert 'cupy' not in sys.modules, 'cupy imported'")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=str(_nvrtc.CUDA_DIR.parent.parent))
+
+
+# ============================================================================= the cupy device's launch paths
+#
+# CupyDevice over a fake cupy and a fake driver: what cuLaunchKernel would read from the argument
+# arrays (`run_fast`, and `launch` for cooperative launches) must be what `run` passes to
+# cupy.RawKernel for the same call.
+
+
+class _FakeArray:
+    def __init__(self, n, dtype):
+        self.a = np.zeros(n, dtype=dtype)
+        self.data = SimpleNamespace(ptr=self.a.ctypes.data)
+
+
+class _FakeCupy:
+    ndarray = _FakeArray
+
+    def __init__(self):
+        self.cuda = SimpleNamespace(get_current_stream=lambda: SimpleNamespace(ptr=0x5100),
+                                    runtime=SimpleNamespace(getDevice=lambda: 0))
+
+    def empty(self, n, dtype):
+        return _FakeArray(n, dtype)
+
+    zeros = empty
+
+
+class _FakeDriver:
+    """Decodes each launch's arguments when it is made (the arrays may be refilled afterwards)."""
+
+    def __init__(self, structs: dict):
+        self.structs, self.launches, self.attrs = structs, [], []  # function -> which arguments are NBParams
+
+    def funcSetAttribute(self, f, attr, value):
+        self.attrs.append((f, attr, value))
+
+    def _decode(self, f, params):
+        import ctypes
+
+        kinds = self.structs[f]
+        addrs = list((ctypes.c_uint64 * len(kinds)).from_address(params))
+        return [list((ctypes.c_int64 * plan.PARAMS_WORDS).from_address(a)) if struct else
+                ctypes.c_uint64.from_address(a).value for a, struct in zip(addrs, kinds)]
+
+    def launchKernel(self, f, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
+        assert extra == 0 and gz == by == bz == 1
+        self.launches.append((f, (gx, gy), bx, smem, stream, False, self._decode(f, params)))
+
+    def launchCooperativeKernel(self, f, gx, gy, gz, bx, by, bz, smem, stream, params):
+        assert gz == by == bz == 1
+        self.launches.append((f, (gx, gy), bx, smem, stream, True, self._decode(f, params)))
+
+
+def _fake_device(entry):
+    exprs = {k.expr: 1000 + i for i, k in enumerate(entry.kernels)}
+    structs = {exprs[k.expr]: [isinstance(a, np.ndarray) for a in k.args] for k in entry.kernels}
+    dev = object.__new__(plan.CupyDevice)
+    dev.cupy, dev.driver = _FakeCupy(), _FakeDriver(structs)
+    dev._function = lambda source, expr, opts: SimpleNamespace(kernel=SimpleNamespace(ptr=exprs[expr]))
+    dev._occupancy, dev._smem_set = {}, set()
+    return dev, exprs
+
+
+def _value(a):
+    """What cuLaunchKernel should read for argument `a`: the struct's words, an array's address, an int."""
+    if isinstance(a, np.ndarray) and a.dtype == plan.PARAMS_DTYPE:
+        return [int(w) for w in a["words"][0]]
+    if isinstance(a, np.integer):
+        return int(a) & (2**64 - 1)
+    return a.data.ptr
+
+
+@pytest.mark.parametrize("op,dt,shape,has_w,has_b,knobs", [
+    (LN, "bf16", (300, 64), True, True, ""), (LN, "bf16", (300, 64), False, True, ""),
+    (LN, "f32", (300, 4096), True, True, "finish=coop"), (RMS, "bf16", (40, 4096), True, False, ""),
+    (LN, "f32", (70, 33), True, True, ""), (LN, "f32", (70, 9000), True, False, ""),
+    (LN, "bf16", (300, 64), True, True, "kernel=rows"), (LN, "bf16", (1, 64), True, True, "")])
+def test_run_fast_passes_what_run_passes(op, dt, shape, has_w, has_b, knobs):
+    item = plan.ITEMSIZE[dt]
+    n = shape[-1]
+    arrays = {"x": _layout(np.ones(shape), "contig", item), "dy": _layout(np.ones(shape), "contig", item),
+              "weight": _layout(np.ones(n), "contig", item) if has_w else None,
+              "mean": _layout(np.ones(shape[0]), "contig", 4) if op == LN else None,
+              "rstd": _layout(np.ones(shape[0]), "contig", 4), "dx": _out(shape, item),
+              "dweight": _out((n,), item) if has_w else None, "dbias": _out((n,), item) if has_b else None}
+    entry = plan.build_entry(op, "best", dt, arrays, True, 8, knobs=plan.settings(knobs))
+    assert entry.fast
+    dev, exprs = _fake_device(entry)
+    ptrs = [0 if arrays[k] is None else arrays[k].data.ptr for k in plan.NAMES]
+    for _ in range(2):  # the second call reuses the stream's prebuilt arrays
+        dev.run_fast(entry, ptrs)
+    fast = entry.workspace[("fast", 0x5100)]
+    assert len(dev.driver.launches) == 2 * len(entry.kernels)
+    ptr_arrs = [None if p == 0 else SimpleNamespace(data=SimpleNamespace(ptr=p)) for p in ptrs]
+    for k, got in zip(entry.kernels * 2, dev.driver.launches):
+        want = [_value(a) for a in plan.kernel_args(k, ptr_arrs, fast.part if fast.part is not None else plan._NULL,
+                                          fast.bar if fast.bar is not None else plan._NULL)]
+        grid = k.grid if isinstance(k.grid, tuple) else (k.grid, 1)
+        assert got == (exprs[k.expr], grid, k.block, k.smem, 0x5100, k.coop, want)
+    assert (fast.part is not None) == bool(entry.ws_size) and (fast.bar is not None) == entry.launch.coop
+    if fast.bar is not None:
+        assert (fast.bar.a == 0).all()
+    big = [k for k in entry.kernels if k.smem > 48 * 1024]
+    assert [(a[0], a[2]) for a in dev.driver.attrs] == [(exprs[k.expr], k.smem) for k in big]
+
+
+def test_cooperative_launch_through_cupy_packs_the_arguments():
+    shape = (300, 4096)
+    arrays = {"x": _layout(np.ones(shape), "contig", 4), "dy": _layout(np.ones(shape), "contig", 4),
+              "weight": _layout(np.ones(4096), "contig", 4), "mean": _layout(np.ones(300), "contig", 4),
+              "rstd": _layout(np.ones(300), "contig", 4), "dx": _out(shape, 4), "dweight": _out((4096,), 4),
+              "dbias": _out((4096,), 4)}
+    entry = plan.build_entry(LN, "best", "f32", arrays, True, 8, knobs=plan.settings("finish=coop,launch=cupy"))
+    assert not entry.fast and entry.launch.coop and len(entry.kernels) == 1
+    dev, exprs = _fake_device(entry)
+    fake = {k: _FakeArray(4, np.float32) for k in plan.NAMES}
+    k = entry.kernels[0]
+    part, bar = _FakeArray(entry.ws_size, np.float32), _FakeArray(2, np.uint32)
+    args = plan.kernel_args(k, [fake[n] for n in plan.NAMES], part, bar)
+    dev.launch(entry.source, k.expr, k.grid, k.block, args, smem=k.smem, coop=True)
+    (got,) = dev.driver.launches
+    assert got == (exprs[k.expr], (k.grid, 1), k.block, k.smem, 0x5100, True, [_value(a) for a in args])

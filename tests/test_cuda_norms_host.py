@@ -10,6 +10,12 @@ inputs unchanged, repeated calls bitwise equal for `best`, the stale-input reche
 oracle and its tolerance model.  The planner sees 3 SMs, so cases with enough rows take several
 blocks and the partial-row second stage.
 
+`best` runs with the default settings (nb_stage where 16-byte vectors apply); `best_rows`,
+`best_coop` and `best_s2` with GRADORACLE_CUPY_NORMS' other kernel, the fused (cooperative)
+column sums, and two copy stages of 8 elements per thread (slots refilled every other step).
+The stand-in defers every asynchronous copy to the wait that retires it, and fills dynamic shared
+memory with NaN, so a missing wait or a slot refilled too early shows up as a wrong result.
+
 What this cannot check: timing, the memory model across blocks (blocks run one after another),
 and the GPU's own rounding (no FMA contraction on the host): the GPU batch
 (scripts/gpu/cuda_norms.sh) runs the same cases on the device.
@@ -44,18 +50,25 @@ cupyhost = Backend("cupyhost", framework="numpy", devices=("cpu",), register=Fal
                    description="the cupy norm kernels' CUDA source run on the CPU (tests/cuda_host)")
 
 
-def _impl(op: str, variant: str, num_sms: int = NUM_SMS):
+KNOBS = {"best": "", "best_rows": "kernel=rows", "best_coop": "finish=coop", "best_s2": "stages=2,elems=8"}
+for _op in (LN, RMS):
+    for _dt in plan.DTYPES:  # nb_stage instantiations beyond the defaults' (built into the stand-in's library)
+        cuda_host.EXTRA_EXPRS[(_op, _dt)] = plan.all_kernel_exprs(_op, _dt, plan.settings(KNOBS["best_s2"]))
+
+
+def _impl(op: str, variant: str, num_sms: int = NUM_SMS, knobs: str = ""):
     def fn(inputs, outs, params):
         arrays = {"x": inputs["x"], "dy": inputs["dy"], "weight": inputs.get("weight"), "mean": inputs.get("mean"),
                   "rstd": inputs["rstd"], "dx": outs["dx"], "dweight": outs.get("dweight"), "dbias": outs.get("dbias")}
         arrs = tuple(arrays[k] for k in plan.NAMES)
         ptrs = [0 if a is None else cuda_host.address(a) for a in arrs]
         aligned = not (ptrs[plan.X] | ptrs[plan.DY] | ptrs[plan.DX] | ptrs[plan.W]) & 15
-        key = (op, variant, num_sms, aligned, *[None if a is None else (a.shape, a.strides, a.dtype) for a in arrs])
+        key = (op, variant, num_sms, knobs, aligned,
+               *[None if a is None else (a.shape, a.strides, a.dtype) for a in arrs])
         entry = _ENTRIES.get(key)
         if entry is None:  # kept, as the cupy backend keeps it: later calls reuse its workspace
             entry = _ENTRIES[key] = plan.build_entry(op, variant, dtypes.from_any(arrs[0].dtype), arrays, aligned,
-                                                     num_sms)
+                                                     num_sms, knobs=plan.settings(knobs))
         plan.check_overlap(entry, ptrs)
         plan.run(DEVICE, entry, arrs)
     return fn
@@ -67,12 +80,15 @@ def _v5_supports(case):
     return supports(case)
 
 
-for _variant in plan.RUNGS + ("best",):
-    cupyhost.impl(LN, variant=_variant, dtypes=plan.DTYPES, deterministic=_variant == "best",
+for _variant in plan.RUNGS:
+    cupyhost.impl(LN, variant=_variant, dtypes=plan.DTYPES, deterministic=False,
                   supports=_v5_supports if _variant == "v5" else None)(_impl(LN, _variant))
-cupyhost.impl(RMS, variant="best", dtypes=plan.DTYPES)(_impl(RMS, "best"))
-for _op in (LN, RMS):  # 40 SMs: 16 or more partial rows, every row slice of nb_colsum in use
+for _op in (LN, RMS):
+    for _name, _knobs in KNOBS.items():
+        cupyhost.impl(_op, variant=_name, dtypes=plan.DTYPES)(_impl(_op, "best", knobs=_knobs))
+    # 40 SMs: 16 or more partial rows, every row slice of nb_colsum in use
     cupyhost.impl(_op, variant="best_40sm", dtypes=plan.DTYPES)(_impl(_op, "best", 40))
+    cupyhost.impl(_op, variant="best_40sm_coop", dtypes=plan.DTYPES)(_impl(_op, "best", 40, KNOBS["best_coop"]))
 
 
 def _case(op, dtype, shape, **params):
@@ -107,6 +123,7 @@ MANY_PARTS = [
     _case(LN, "f32", (300, 1024)),
     _case(LN, "f32", (40, 4100), bias=False),
     _case(RMS, "bf16", (260, 1024)),
+    _case(LN, "f32", (3000, 33)),  # N % 4 != 0: nb_rows' scalar path, 64 groups of 8 threads
 ]
 
 
@@ -125,20 +142,31 @@ def _check(impl_id: str, case) -> None:
         "\n".join(r.line() for r in result.outputs)
 
 
+@pytest.fixture(autouse=True)
+def _default_settings(monkeypatch):
+    monkeypatch.delenv(plan.ENV, raising=False)  # each impl names its own knobs
+    # These tests exercise the staged kernel and the driver launch path as the default they were
+    # written for; the shipped default is nb_rows through cupy until nb_stage has run on a GPU.
+    monkeypatch.setitem(plan.SETTINGS, "kernel", (plan.SETTINGS["kernel"][0], "stage"))
+    monkeypatch.setitem(plan.SETTINGS, "launch", (plan.SETTINGS["launch"][0], "driver"))
+
+
 @pytest.mark.parametrize("case", select("smoke", op=LN), ids=_ids(select("smoke", op=LN)))
-@pytest.mark.parametrize("variant", ["best", *plan.RUNGS])
+@pytest.mark.parametrize("variant", [*KNOBS, *plan.RUNGS])
 def test_layernorm_smoke_on_host(variant, case):
     _check(variant, case)
 
 
 @pytest.mark.parametrize("case", select("smoke", op=RMS), ids=_ids(select("smoke", op=RMS)))
-def test_rmsnorm_smoke_on_host(case):
-    _check("best", case)
+@pytest.mark.parametrize("variant", list(KNOBS))
+def test_rmsnorm_smoke_on_host(variant, case):
+    _check(variant, case)
 
 
 @pytest.mark.parametrize("case", EXTRA, ids=_ids(EXTRA))
 def test_long_rows_and_partial_rows_on_host(case):
-    _check("best", case)
+    for variant in ("best", "best_rows", "best_coop"):
+        _check(variant, case)
     shape = case.params["shape"]
     if case.op == LN and shape[-1] <= 8200 and np.prod(shape[:-1]) <= 64:  # long rows through two rungs too
         for rung in ("v2", "v5"):
@@ -148,6 +176,7 @@ def test_long_rows_and_partial_rows_on_host(case):
 @pytest.mark.parametrize("case", MANY_PARTS, ids=_ids(MANY_PARTS))
 def test_many_partial_rows_on_host(case):
     _check("best_40sm", case)
+    _check("best_40sm_coop", case)
 
 
 def test_the_extra_cases_reach_their_paths():
@@ -160,11 +189,17 @@ def test_the_extra_cases_reach_their_paths():
         arrays["mean"] = None if case.op == RMS else np.zeros(x.shape[:-1], np.float64 if case.dtype == "f64"
                                                                 else np.float32)
         arrays["rstd"] = np.zeros(x.shape[:-1], np.float64 if case.dtype == "f64" else np.float32)
-        entry = plan.build_entry(case.op, "best", case.dtype, arrays, True, sms)
-        seen.add((entry.launch.kind, entry.launch.vec > 1, entry.launch.nparts > 1))
-        if sms == 40:
-            assert entry.launch.nparts >= 2 * (plan.COLSUM_BLOCK // 32), entry.launch
-    assert {("chunked", True, True), ("chunked", False, True), ("rows", True, True)} <= seen
+        for knobs in KNOBS.values():
+            entry = plan.build_entry(case.op, "best", case.dtype, arrays, True, sms, knobs=plan.settings(knobs))
+            seen.add((entry.launch.kind, entry.launch.vec > 1, entry.launch.nparts > 1, entry.launch.coop))
+            if sms == 40 and entry.launch.kind != "chunked":
+                assert entry.launch.nparts >= 2 * (plan.COLSUM_BLOCK // 32), entry.launch
+            la = entry.launch
+            if la.kind == "stage" and knobs == KNOBS["best_s2"] and la.rows_per_block * la.gw > 4 * plan.STAGE_BLOCK:
+                seen.add("several trips round two stages")
+    assert {("chunked", True, True, False), ("chunked", False, True, False), ("rows", True, True, False),
+            ("stage", True, True, False), ("stage", True, True, True), ("rows", False, True, False),
+            "several trips round two stages"} <= seen
 
 
 # ============================================================================= the stand-in itself

@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import test_triton_interpret as ti  # noqa: E402
 from backends._plans import binary_backward as _bcast_plan  # noqa: E402
+from backends.triton import _steps as _launch, common  # noqa: E402
 from backends.triton import binary_backward as tk  # noqa: E402
 from harness import argcheck  # noqa: E402
 from harness.registry import timed_callable  # noqa: E402
@@ -144,7 +145,7 @@ def _fake_timer(monkeypatch, bplan, times_by_index, calls):
     def fake(plan, tensors, *_, **__):
         item, device = tensors[0].element_size(), tensors[0].device
         sig = plan.signature()
-        for i, cfg in enumerate(tk.candidates(tk.tune_class(bplan, item))):
+        for i, cfg in enumerate(tk.candidates(tk.tune_class(bplan, item, "mul"))):
             if tk._build(bplan, "mul", item, cfg, device).signature() == sig:
                 calls.append(i)
                 if isinstance(times_by_index[i], Exception):
@@ -174,9 +175,9 @@ def test_autotune_choice(monkeypatch, times, chosen):
     bplan = _bplan(inputs)
     calls = []
     _fake_timer(monkeypatch, bplan, times, calls)
-    cls = tk.tune_class(bplan, 4)
+    cls = tk.tune_class(bplan, 4, "mul")
     cands = tk.candidates(cls)
-    assert cls[:3] == ("tile", "k", True) and len(cands) == len(times)
+    assert cls[:4] == ("tile", "mul", "k", True) and len(cands) == len(times)
     plan = tk._auto_plan(bplan, "mul", 4, _tensors(inputs, outs), tune=True)
     sigs = {tk._build(bplan, "mul", 4, c, inputs["a"].device).signature() for c in cands}
     assert len(calls) == len(sigs), "each distinct candidate launch is timed once"
@@ -201,6 +202,32 @@ def test_unchecked_never_tunes(monkeypatch):
     plan = tk._auto_plan(bplan, "mul", 4, _tensors(inputs, outs), tune=False)
     assert calls == [] and not tk._TUNED
     assert plan.signature() == tk._build(bplan, "mul", 4, tk.GPU_CONFIG, inputs["a"].device).signature()
+
+
+def test_spilling_candidate_is_never_chosen(monkeypatch):
+    """A candidate that times fastest but spills registers loses to the default."""
+    host, inputs, outs = _tune_inputs()
+    bplan = _bplan(inputs)
+    calls = []
+    _fake_timer(monkeypatch, bplan, [1.0, 0.5, 0.9, 1.1, 1.2], calls)
+    spilling = tk._build(bplan, "mul", 4, tk.candidates(tk.tune_class(bplan, 4, "mul"))[1], inputs["a"].device)
+    monkeypatch.setattr(tk, "plan_spills", lambda plan: 64 if plan.signature() == spilling.signature() else 0)
+    tk._auto_plan(bplan, "mul", 4, _tensors(inputs, outs), tune=True)
+    cls = tk.tune_class(bplan, 4, "mul")
+    log = tk.TUNING_LOG[(None, cls)]
+    assert log["tried"][1]["spills"] == 64 and log["chosen"] == 2  # 0.9: the fastest that does not spill
+
+
+def test_tune_class_separates_fns():
+    """pow needs several times mul's registers: a sizing chosen on mul's timings is not pow's."""
+    _, inputs, _ = _tune_inputs()
+    bplan = _bplan(inputs)
+    classes = {tk.tune_class(bplan, 4, fn) for fn in ("mul", "pow", "add")}
+    assert len(classes) == 3
+    flat = _bcast_plan.make_plan((64,), (64,), (1,), (1,), (1,))
+    pow_flat = tk.candidates(tk.tune_class(flat, 2, "pow"))
+    assert all(tk.flat_block(1 << 26, 2, c)[0] // (32 * tk.flat_block(1 << 26, 2, c)[1]) <= 16 for c in pow_flat), \
+        "a pow flat candidate gives a thread over 16 values"
 
 
 def test_tuning_off_and_small_calls_use_defaults(monkeypatch):
@@ -237,19 +264,19 @@ def _candidate_ids():
         cs = _bcast_plan.contiguous_strides
         bplan = _bcast_plan.make_plan(a, b, cs(a), cs(b), cs(g))
         for dt, item in (("f32", 4), ("bf16", 2)):
-            for i, _ in enumerate(tk.candidates(tk.tune_class(bplan, item))):
-                out.append(f"{label}|{dt}|{i}")
+            for fn in ("div", "pow"):
+                for i, _ in enumerate(tk.candidates(tk.tune_class(bplan, item, fn))):
+                    out.append(f"{label}|{dt}|{fn}|{i}")
     return out
 
 
 @pytest.mark.parametrize("case_id", _candidate_ids())
 def test_every_candidate_matches_oracle(case_id):
-    label, dt, i = case_id.split("|")
+    label, dt, fn, i = case_id.split("|")
     a_shape, b_shape = CANDIDATE_SHAPES[label]
-    fn = "maximum" if int(i) % 2 else "div"
     host, inputs, outs = ti.inputs_for(fn, dt, a_shape, b_shape)
     bplan = _bplan(inputs)
-    cfg = tk.candidates(tk.tune_class(bplan, inputs["a"].element_size()))[int(i)]
+    cfg = tk.candidates(tk.tune_class(bplan, inputs["a"].element_size(), fn))[int(i)]
     tk.run(inputs, outs, {"fn": fn}, cfg)
     ti.check_outputs(fn, dt, host, outs)
 
@@ -290,9 +317,9 @@ class _FakeKernel:
 
 
 def test_direct_launch_passes_what_the_jit_got(monkeypatch):
-    monkeypatch.setattr(tk, "interpreted", lambda: False)
+    monkeypatch.setattr(common, "interpreted", lambda: False)
     kernel = _FakeKernel()
-    step = tk._Step(kernel, 7, 2, {"BLOCK": 64, "n": 100}, 4)
+    step = _launch.Step(kernel, 7, 2, {"BLOCK": 64, "n": 100}, 4)
     step.launch("x1", "y1")
     step.launch("x2", "y2")
     step.launch("x3", "y3")
@@ -303,9 +330,9 @@ def test_direct_launch_passes_what_the_jit_got(monkeypatch):
 
 @pytest.mark.parametrize("signature, fail", [(2, False), (4, True)], ids=["old-launcher", "launcher-rejects"])
 def test_direct_launch_falls_back_to_the_jit(monkeypatch, signature, fail):
-    monkeypatch.setattr(tk, "interpreted", lambda: False)
+    monkeypatch.setattr(common, "interpreted", lambda: False)
     kernel = _FakeKernel(signature, fail)
-    step = tk._Step(kernel, 3, 2, {"BLOCK": 8, "n": 5}, 1)
+    step = _launch.Step(kernel, 3, 2, {"BLOCK": 8, "n": 5}, 1)
     for i in range(3):
         step.launch(f"x{i}", f"y{i}")
     assert [e[0] for e in kernel.log] == ["jit"] * 3
@@ -314,7 +341,86 @@ def test_direct_launch_falls_back_to_the_jit(monkeypatch, signature, fail):
 
 def test_interpreter_launches_through_the_jit():
     kernel = _FakeKernel()
-    step = tk._Step(kernel, 2, 2, {"BLOCK": 8, "n": 5}, 1)
+    step = _launch.Step(kernel, 2, 2, {"BLOCK": 8, "n": 5}, 1)
     step.launch("x", "y")
     step.launch("x", "y")
     assert [e[0] for e in kernel.log] == ["jit", "jit"]
+
+
+# ----------------------------------------------------------------------------- paths, presets, variants
+
+
+def _launch_of(pattern: str, cfg, fn: str = "mul"):
+    _, inputs, _ = ti._inputs(fn, "f32", pattern)
+    bplan = _bplan(inputs)
+    if bplan.numel == 0 or bplan.contiguous_fast_path():
+        return None
+    return tk.plan_tile(bplan, 4, fn, cfg, cfg.sms, None)
+
+
+def test_every_tile_path_is_forced():
+    """The interpreter patterns under TINY / TINY_NP take every branch of `_tile_kernel` that the
+    GPU takes on large shapes: both loop directions, prefetch on and off, split loops (several
+    chunks, each several steps), fixed-class partials, stage 2 over several row steps, blocks of
+    1 and more on each summed axis."""
+    seen = set()
+    for pattern in ti.PATTERNS:
+        for cfg in (ti.TINY, ti.TINY_NP):
+            L = _launch_of(pattern, cfg)
+            if L is None:
+                continue
+            c = L.constexprs
+            seen.add(("loop_b" if c["LOOP_B"] else "loop_a", "prefetch" if c["PREFETCH"] else "plain"))
+            looped, fixed = (L.parts_b, L.parts_a) if c["LOOP_B"] else (L.parts_a, L.parts_b)
+            if looped > 1 and L.ints["iters"] > 1:
+                seen.add("split loop")
+            if fixed > 1:
+                seen.add("fixed partials")
+            for parts in (L.parts_a, L.parts_b):
+                if parts > cfg.stage2_rows:
+                    seen.add("stage 2 in steps")
+            seen.add(("BA", c["BA"] > 1))
+            seen.add(("BB", c["BB"] > 1))
+            seen.add(("fast", c["FAST"]))
+    for needed in [("loop_b", "prefetch"), ("loop_b", "plain"), ("loop_a", "prefetch"), ("loop_a", "plain"),
+                   "split loop", "fixed partials", "stage 2 in steps", ("BA", True), ("BA", False),
+                   ("BB", True), ("BB", False), ("fast", True), ("fast", False)]:
+        assert needed in seen, f"no pattern takes path {needed}"
+
+
+def test_split_fills_whole_waves():
+    """A split loop runs sms x occupancy programs at most (one resident wave), in chunks of
+    equal length but the last."""
+    bplan = _bcast_plan.make_plan((8, 2048, 4096), (4096,), (2048 * 4096, 4096, 1), (1,), (2048 * 4096, 4096, 1))
+    for occ in (4, 7, 10):
+        L = tk.plan_tile(bplan, 2, "mul", tk.GPU_CONFIG, 132, lambda _: occ)
+        assert L.parts_b > 1 and L.occupancy == occ
+        assert 132 * occ * 0.9 <= L.grid <= 132 * occ, (occ, L.grid)
+        assert (L.parts_b - 1) * L.ints["iters"] < L.ints["nblk_l"] <= L.parts_b * L.ints["iters"]
+
+
+def test_preset_env(monkeypatch):
+    monkeypatch.setenv(tk.PRESET_ENV, "wide")
+    assert tk._preset() == tk.PRESETS["wide"]
+    monkeypatch.setenv(tk.PRESET_ENV, "fastest")
+    with pytest.raises(ValueError, match=r"GRADORACLE_TRITON_BINARY: expected one of lean, .*got 'fastest'"):
+        tk._preset()
+
+
+def test_variants_register_and_run(monkeypatch):
+    """$GRADORACLE_TRITON_VARIANTS registers triton@<preset> implementations, checked and unchecked."""
+    monkeypatch.setattr(tk.triton_backend, "impls", dict(tk.triton_backend.impls))
+    monkeypatch.setenv(tk.VARIANTS_ENV, "lean_noprefetch,old")
+    tk._register_variants()
+    for name in ("lean_noprefetch", "old"):
+        impl = tk.triton_backend.impls[("binary_backward", name)]
+        assert impl.id == f"triton@{name}" and impl.deterministic
+        host, inputs, outs = ti._inputs("div", "f32", "b_mid")
+        impl.fn(inputs, outs, _params("div", inputs))
+        ti.check_outputs("div", "f32", host, outs)
+        host, inputs, outs = ti._inputs("div", "f32", "b_mid", seed=3)
+        timed_callable(impl)(inputs, outs, _params("div", inputs))
+        ti.check_outputs("div", "f32", host, outs)
+    monkeypatch.setenv(tk.VARIANTS_ENV, "lean,bogus")
+    with pytest.raises(ValueError, match="GRADORACLE_TRITON_VARIANTS: expected names from"):
+        tk._register_variants()

@@ -17,6 +17,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -74,7 +75,7 @@ def _candidate_count(label: str, item: int) -> int:
     sys.path.insert(0, str(ROOT))
     from backends.triton import binary_backward as tk
 
-    return len(tk.candidates(tk.tune_class(_bplan(label), item)))
+    return len(tk.candidates(tk.tune_class(_bplan(label), item, "mul")))
 
 
 JOBS = _jobs()
@@ -92,18 +93,20 @@ def _launch_args(job: str):
     acc = "fp64" if dt == "f64" else "fp32"
     if kind == "cand":
         plan = _bplan(label[0])
-        cfg = tk.candidates(tk.tune_class(plan, item))[int(label[1])]
+        cfg = tk.candidates(tk.tune_class(plan, item, fn))[int(label[1])]
         kind = "flat" if label[0] == "flat" else "tile"
     if kind == "flat":
-        block = cfg.flat_bytes // item
+        if not label:  # the default sizing of this fn's flat class (pow's is smaller)
+            cfg = tk.candidates(tk.tune_class(_bplan("flat"), item, fn))[0]
+        block, warps = tk.flat_block(8 * 2048 * 4096, item, cfg)
         ptrs = dict.fromkeys(("a_ptr", "b_ptr", "g_ptr", "ga_ptr", "gb_ptr"), ty)
         return (tk._flat_kernel, ptrs, {"n": 8 * 2048 * 4096},
-                {"FN": fn, "IS_F64": dt == "f64", "BLOCK": block}, tk._warps(block, item, cfg))
+                {"FN": fn, "IS_F64": dt == "f64", "BLOCK": block}, warps)
     if kind == "stage2":
         acc_item = _ITEM["f64" if dt == "f64" else "f32"]
         bp, bn = tk.stage2_blocks(64, 4096, acc_item, cfg)
         return (tk._sum_partials_kernel, {"ws_ptr": acc, "out_ptr": ty}, {"n": 4096, "parts": 64},
-                {"BP": bp, "BN": bn}, tk._warps(bp * bn, acc_item, cfg))
+                {"BP": bp, "BN": bn}, tk.stage2_warps(bp, bn, acc_item, cfg))
     plan = _bplan(label[0])
     launch = tk.plan_tile(plan, item, fn, cfg)
     ptrs = dict.fromkeys(("a_ptr", "b_ptr", "g_ptr", "ga_ptr", "gb_ptr"), ty)
@@ -130,6 +133,13 @@ def _compile(job: str) -> dict:
                 attrs[(i,)] = [["tt.divisibility", 16]]
     src = triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+    with tempfile.TemporaryDirectory() as d:  # registers and spills, as triton's own ptxas call reports them
+        Path(d, "k.ptx").write_text(compiled.asm["ptx"])
+        log = subprocess.run([triton.knobs.nvidia.ptxas.path, "-lineinfo", "-v", "--regAllocOptLevel=2",
+                              "--gpu-name=sm_90a", str(Path(d, "k.ptx")), "-o", str(Path(d, "k.o"))],
+                             capture_output=True, text=True).stderr
+    regs = re.findall(r"Used (\d+) registers", log)
+    spills = re.findall(r"(\d+) bytes spill stores", log)
     # (offset operand, offset type) of every pointer increment; constants (descriptor fields) may be i32
     ttir = compiled.asm["ttir"]
     constants = set(re.findall(r"(%\S+) = arith\.constant ", ttir))
@@ -140,6 +150,9 @@ def _compile(job: str) -> dict:
         "narrow_offsets": sorted(narrow),
         "addptrs": len(addptrs),
         "vector_loads": sorted(set(re.findall(r"ld\.global(?:\.\w+)*\.v\d\.\w+", compiled.asm["ptx"]))),
+        "regs": int(regs[0]) if regs else None,
+        "spills": int(spills[0]) if spills else 0,
+        "warps": warps,
     }
 
 
@@ -192,6 +205,32 @@ def test_main_patterns_vectorise(compiled, job):
     r = compiled[job]
     assert "error" not in r, r.get("error")
     assert r["vector_loads"], f"{job}: no vectorised global loads in the PTX"
+
+
+@pytest.mark.parametrize("job", JOBS)
+def test_no_spills(compiled, job):
+    """No launch the backend plans (default sizings and every autotune candidate) spills
+    registers, beyond a value parked across a loop (SPILL_LIMIT bytes)."""
+    from backends.triton import binary_backward as tk
+
+    r = compiled[job]
+    assert "error" not in r, r.get("error")
+    assert r["regs"], f"{job}: ptxas reported no register count"
+    assert r["spills"] <= tk.SPILL_LIMIT, f"{job}: {r['spills']} bytes of spill stores at {r['regs']} registers"
+
+
+@pytest.mark.parametrize("job", [j for j in JOBS if j.startswith(("tile-rows", "tile-last", "tile-mid", "tile-a_bcast"))
+                                 and j.split("-")[-1] in ("mul", "add", "div", "maximum")
+                                 and j.split("-")[-2] in ("bf16", "f16", "f32")])
+def test_main_patterns_keep_many_warps_resident(compiled, job):
+    """The register diet: the main broadcast patterns' tile kernels leave room for at least 24
+    resident warps per SM (a quarter of 64 K registers would allow 16 at 128 registers)."""
+    from backends.triton._steps import programs_per_sm
+
+    r = compiled[job]
+    assert "error" not in r, r.get("error")
+    warps = programs_per_sm(r["regs"], 0, r["warps"]) * r["warps"]
+    assert warps >= 24, f"{job}: {r['regs']} registers x {r['warps']} warps: {warps} warps per SM"
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:

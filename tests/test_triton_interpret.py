@@ -16,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -56,15 +57,20 @@ PATTERNS = {
     "zero_bcast": ((3, 1), (3, 0), "contig", "contig", "contig"),       # grad_a sums over a size-0 dim
     "zero_rank": ((1,), (2, 0), "contig", "contig", "contig"),
 }
-# Small launch sizing: tiles of 16 float32, so every path (partials, stage 2) runs here.
-TINY = tk.Config(tile_bytes=64, vectors=2, inner_bytes=32, s_max=2, programs=64, partial_limit=1,
-                 partial_share=None, flat_bytes=32, stage2_bytes=64)
+# Small launch sizing: tiles of 16 float32 on 2 "SMs" x 2 programs, so every path (partials,
+# stage 2 over several row steps, prefetch past a chunk's end) runs here; TINY_NP the kernel
+# without prefetch, and both reductions looped over the contiguous one.
+TINY = tk.Config(tile_bytes=64, vectors=2, inner_bytes=32, s_max=2, row_bytes=32, sms=2, occupancy=2,
+                 partial_limit=1, partial_share=None, flat_bytes=32, flat_vectors=2, stage2_rows=2, stage2_bytes=64)
+TINY_NP = replace(TINY, prefetch=False, loop_inner=True)
+SIZINGS = {"auto": None, "tiny": TINY, "tiny_np": TINY_NP}
 _ZERO = ("zero_out", "zero_bcast", "zero_rank")
 
 
 def _case_ids() -> list[str]:
     ids = [f"{fn}|f32|{p}|auto" for p in PATTERNS if p not in _ZERO for fn in bb.FNS]
     ids += [f"{fn}|f32|{p}|tiny" for p in PATTERNS if p not in _ZERO for fn in ("mul", "pow", "maximum")]
+    ids += [f"{fn}|f32|{p}|tiny_np" for p in PATTERNS if p not in _ZERO for fn in ("div", "pow", "add")]
     ids += [f"{fn}|f32|{p}|auto" for p in _ZERO for fn in ("add", "div")]
     ids += [f"{fn}|{dt}|{p}|{cfg}" for dt in ("f16", "bf16") for p in ("same", "b_rows", "both", "outer")
             for fn in ("mul", "pow", "maximum") for cfg in ("auto", "tiny")]
@@ -119,7 +125,7 @@ def _bound(fn: str, dt: str, a, b, g, ref: dict) -> dict:
 def run_case(case_id: str) -> None:
     fn, dt, pattern, sizing = case_id.split("|")
     host, inputs, outs = _inputs(fn, dt, pattern)
-    tk.run(inputs, outs, {"fn": fn}, TINY if sizing == "tiny" else None)
+    tk.run(inputs, outs, {"fn": fn}, SIZINGS[sizing])
     check_outputs(fn, dt, host, outs)
 
 
@@ -180,6 +186,37 @@ def _worker() -> None:
 
 
 # ----------------------------------------------------------------------------- in-process checks
+
+
+@pytest.mark.parametrize("dt", ["f32", "f64"])
+def test_pow_special_values(dt):
+    """pow's partials where the generated cases never go: negative bases (odd, even and
+    non-integer exponents, so the signs of a**b and a**(b-1) and the NaNs), zeros, ones, infs,
+    NaN, exponents 0 and 1, and |b| past 2**24 where every float is even.  Checked against the
+    oracle's float64 formulas on the same (rounded) values: same NaNs and infs, else close."""
+    if not _interpreting_here():
+        pytest.skip("needs TRITON_INTERPRET=1 in this process")
+    tdt = getattr(torch, dtypes.long_name(dt))
+    av = [-3.0, -2.0, -1.5, -1.0, -0.5, -0.0, 0.0, 0.5, 1.0, 1.5, 2.0, float("inf"), -float("inf"), float("nan")]
+    bv = [-3.0, -2.0, -1.5, -1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 16777218.0, -16777218.0, 1e-10]
+    a = torch.tensor([x for x in av for _ in bv], dtype=tdt)
+    b = torch.tensor([y for _ in av for y in bv], dtype=tdt)
+    # elementwise (the flat kernel), and b broadcast over a's rows (the tile kernel, grad_b summed)
+    for a_in, b_in in ((a, b), (a.view(len(av), len(bv)), b[: len(bv)])):
+        for sizing in (None, TINY, TINY_NP):
+            outs = {"grad_a": torch.full_like(a_in, float("nan")), "grad_b": torch.full_like(b_in, float("nan"))}
+            with np.errstate(all="ignore"):  # the interpreter's numpy meets the infs and NaNs too
+                tk.run({"a": a_in, "b": b_in, "grad_out": torch.ones_like(a_in)}, outs, {"fn": "pow"}, sizing)
+                da, db = bb.partials("pow", a_in.double().numpy(), np.broadcast_to(b_in.double().numpy(), a_in.shape))
+                db = sum_to_shape(db, tuple(b_in.shape))
+            for name, want in (("grad_a", da), ("grad_b", db)):
+                got = outs[name].double().numpy()
+                same = (np.isnan(got) == np.isnan(want)) & (np.isinf(got) == np.isinf(want))
+                finite = np.isfinite(want) & np.isfinite(got)
+                with np.errstate(invalid="ignore"):  # inf - inf where both are inf: judged by `same`
+                    close = np.where(finite, np.abs(got - want) <= 1e-5 * np.abs(want) + 1e-30, got == want)
+                bad = np.flatnonzero(~(same & (close | np.isnan(want))))
+                assert not bad.size, (name, sizing, [(float(got.flat[i]), float(want.flat[i])) for i in bad[:6]])
 
 
 def test_deterministic():

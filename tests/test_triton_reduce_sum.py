@@ -77,10 +77,13 @@ KERNEL = {"rows": "row", "rows_keepdim": "row", "full": "row", "full_3d": "row",
           "s_cols": "col", "s_full": "row", "p_full": "row", "p_cols": "col", "interleaved_row": "row", "interleaved_col": "col", "none": "col",
           "ones": "col", "scalar": "col", "odd_rows": "row", "odd_cols": "col", "long_rows": "row",
           "long_cols": "col", "empty_sum": "col", "empty_keepdim": "col", "empty_target": "col", "empty_out": ""}
-# Tiles of 16 float32, 8 "SMs" x 4 programs: even these shapes split into chunks and partials.
-TINY = rs.Config(tile_bytes=64, seg_bytes=16, vectors=1, sms=8, occupancy=4, query_occupancy=False,
-                 partial_limit=1, finish_bytes=32, stage2_bytes=64)
-CONFIGS = {"auto": None, "last": TINY, "kernel": replace(TINY, finish="kernel")}
+# Tiles of 16 float32, 8 "SMs" x 4 programs: even these shapes split into chunks and partials;
+# reductions of up to 4 run one row a step (BR = 1), and the next block is read ahead (prefetch);
+# "plain": blocks read 4 a step (unroll), tall tiles for all.
+TINY = rs.Config(tile_bytes=64, seg_bytes=16, short_red=4, vectors=1, sms=8, occupancy=4, query_occupancy=False,
+                 partial_limit=1, finish_bytes=32, stage2_bytes=64, prefetch=True)
+CONFIGS = {"auto": None, "last": TINY, "kernel": replace(TINY, finish="kernel"),
+           "plain": replace(TINY, prefetch=False, unroll=4, short_red=0)}
 _EMPTY = ("empty_sum", "empty_keepdim", "empty_target", "empty_out", "scalar")
 
 
@@ -185,7 +188,7 @@ def random_requests(n: int, seed: int = 5) -> list:
                 [int(a) - rank * int(rng.integers(0, 2)) for a in range(rank) if rng.random() < 0.5]
             params = {"axes": axes, "keepdim": bool(rng.random() < 0.3)}
         dt = ("f32", "f32", "bf16", "f16", "f64")[k % 5]
-        out.append((dt, shape, params, layout, ("auto", "last", "kernel")[k % 3]))
+        out.append((dt, shape, params, layout, ("auto", "last", "kernel", "plain")[k % 4]))
     return out
 
 
@@ -262,19 +265,23 @@ def test_every_path_is_forced():
                 continue
             c = L.constexprs
             seen.add((L.kernel, "split" if L.chunks > 1 else "direct", c["FINISH"]))
+            seen.add((L.kernel, "prefetch", c["PREFETCH"]))
             if L.kernel == "row":
                 seen.add(("row", "unit" if c["UNIT"] else "strided", c["NK"] > 0, c["NRO"] > 0))
             else:
                 seen.add(("col", "unit" if c["UNIT_X"] else "strided", "y unit" if c["UNIT_Y"] else "y strided"))
                 seen.add(("col", "NKO", c["NKO"], "NR", c["NR"]))
+                seen.add(("col", "BR", c["BR"] == 1))
             if L.chunks > 1:
                 assert (L.stage2 is not None) == (name == "kernel")
-                assert c["FINISH"] == (2 if name == "last" else 1)
+                assert c["FINISH"] == (1 if name == "kernel" else 2)
     for needed in [("row", "direct", 0), ("row", "split", 2), ("row", "split", 1), ("col", "direct", 0),
                    ("col", "split", 2), ("col", "split", 1), ("row", "strided", True, False),
                    ("row", "unit", False, False), ("row", "unit", True, True), ("row", "unit", False, True),
                    ("col", "strided", "y unit"), ("col", "unit", "y strided"), ("col", "NKO", 0, "NR", 0),
-                   ("col", "NKO", 2, "NR", 2), ("col", "NKO", 1, "NR", 1)]:
+                   ("col", "NKO", 2, "NR", 2), ("col", "NKO", 1, "NR", 1), ("row", "prefetch", True),
+                   ("row", "prefetch", False), ("col", "prefetch", True), ("col", "prefetch", False),
+                   ("col", "BR", True), ("col", "BR", False)]:
         assert needed in seen, f"no pattern takes path {needed}"
 
 
@@ -345,7 +352,7 @@ def test_counters_left_zero():
     _needs_interpreter()
     for pattern in ("full", "cols", "per_seq"):
         _, inputs, outs, params = _inputs("f32", pattern)
-        L, _ = rs._prepare(inputs["x"], outs["y"], params, TINY)
+        L = rs._prepare(inputs["x"], outs["y"], params, TINY).L
         assert L.chunks > 1 and L.stage2 is None, pattern
         rs.run(inputs, outs, params, TINY)
         assert not rs._counters(inputs["x"].device, 1).any(), f"{pattern}: a tile counter was left non-zero"
@@ -384,6 +391,35 @@ def test_bad_arguments(mutate, error, words):
         assert w in msg, f"{w!r} not in {msg!r}"
 
 
+def test_preset_env(monkeypatch):
+    monkeypatch.setenv(rs.PRESET_ENV, "unroll8")
+    assert rs._preset() == rs.PRESETS["unroll8"]
+    monkeypatch.setenv(rs.PRESET_ENV, "turbo")
+    with pytest.raises(ValueError, match=r"GRADORACLE_TRITON_REDUCE: expected one of default, .*got 'turbo'"):
+        rs._preset()
+
+
+def test_variants_register_and_run(monkeypatch):
+    """$GRADORACLE_TRITON_REDUCE_VARIANTS registers triton@<preset>, checked (argcheck) and unchecked."""
+    monkeypatch.setattr(rs.triton_backend, "impls", dict(rs.triton_backend.impls))
+    monkeypatch.setenv(rs.VARIANTS_ENV, "prefetch,before")
+    rs._register_variants()
+    for name in ("prefetch", "before"):
+        impl = rs.triton_backend.impls[("reduce_sum", name)]
+        assert impl.id == f"triton@{name}" and impl.deterministic
+        with pytest.raises(ValueError, match="'y'"):  # the op's argument checks run first
+            impl.fn({"x": torch.ones(2, 3, 4)}, {"y": torch.empty(4)}, {"shape": [2, 3, 4], "axes": [0, 2]})
+        if _interpreting_here():
+            for call in (impl.fn, impl.fn.unchecked):
+                host, inputs, outs, params = _inputs("f32", "per_seq")
+                call(inputs, outs, params)
+                want = spec.reduce_sum_numpy(host["x"].float64(), params)
+                assert np.allclose(outs["y"].double().numpy(), want, rtol=1e-5, atol=1e-5)
+    monkeypatch.setenv(rs.VARIANTS_ENV, "bogus")
+    with pytest.raises(ValueError, match="GRADORACLE_TRITON_REDUCE_VARIANTS: expected names from"):
+        rs._register_variants()
+
+
 # ----------------------------------------------------------------------------- the planner on GPU shapes
 
 
@@ -417,8 +453,8 @@ def test_perf_case_plans():
             assert L.kernel == "col" and L.chunks > 1, cid
         elif "T=8x2048x1" in cid or "axes=(-1)" in cid or "axes=(1)" in cid:
             assert L.kernel == "row" and L.chunks == 1 and L.grid >= 8192, cid
-        elif "T=1x2048x4096" in cid:
-            assert L.kernel == "col" and L.chunks == 1 and L.grid >= 8192, cid
+        elif "T=1x2048x4096" in cid:  # 8 terms an output: one contiguous row segment a step, in lanes
+            assert L.kernel == "col" and L.chunks == 1 and L.constexprs["BR"] == 1 and L.grid >= 1024, cid
         elif "transposed" in cid:
             assert L.kernel == "row" and L.chunks == 1 and L.constexprs["UNIT"] and L.constexprs["NRO"] == 1, cid
         else:
@@ -426,7 +462,9 @@ def test_perf_case_plans():
         c = L.constexprs
         tile = (c["BM"] * c["BC"]) if L.kernel == "row" else (c["BR"] * c["BN"])
         item = 2 if ("bf16" in cid or "f16" in cid) else 4
-        assert tile * item == rs.GPU_CONFIG.tile_bytes and L.num_warps == 8, cid  # 16 KiB tiles, 16-byte loads
+        assert tile * item == rs.GPU_CONFIG.tile_bytes and L.num_warps == 8, cid  # 4 KiB blocks, 16-byte loads
+        if L.kernel == "row" and L.chunks == 1:  # short rows: narrower blocks, so a step reads `unroll` whole ones
+            assert L.ints["nblk"] >= rs.GPU_CONFIG.unroll, cid
         assert L.chunks == 1 or L.chunks * L.n_y * 4 <= 1 << 20, f"{cid}: partials over 1 MiB"
 
 

@@ -92,6 +92,7 @@ def _compile(kernel, ptrs: dict, ints: dict, constexprs: dict, warps: int) -> di
         log = subprocess.run([triton.knobs.nvidia.ptxas.path, "-v", "--regAllocOptLevel=2", "--gpu-name=sm_90a",
                               str(Path(d, "k.ptx")), "-o", str(Path(d, "k.o"))], capture_output=True, text=True)
     regs = re.findall(r"Used (\d+) registers", log.stderr)
+    spills = re.findall(r"(\d+) bytes spill stores", log.stderr)
     out = {
         "cubin": len(compiled.asm.get("cubin", b"")),
         "narrow_offsets": sorted({f"{op}: {ty}" for op, ty in addptrs if "i64" not in ty and op not in constants}),
@@ -99,6 +100,7 @@ def _compile(kernel, ptrs: dict, ints: dict, constexprs: dict, warps: int) -> di
         # the loads of x: plain ld.global (the partials are read with .cg)
         "x_loads": sorted(set(re.findall(r"ld\.global\.(?:v\d\.)?[bf]\d+", ptx))),
         "regs": int(regs[0]) if regs else None,
+        "spills": int(spills[0]) if spills else 0,
         "shared": int(compiled.metadata.shared),
     }
     _COMPILED[key] = out
@@ -121,7 +123,7 @@ def _job(job: str) -> dict:
     kernels = rs._KERNELS
 
     def occupancy(L):  # as the GPU planner asks it: the split variant's registers and shared memory
-        ints = dict(L.ints, chunks=2, iters=1)
+        ints = dict(L.ints, chunks=2)
         r = _compile(kernels[L.kernel], _pointers(L, dt), ints, L.constexprs, L.num_warps)
         return rs.programs_per_sm(r["regs"], r["shared"], L.num_warps) if r["regs"] else None
 
@@ -198,6 +200,12 @@ def test_loads_are_16_byte_vectors(compiled, job):
     r = _ok(compiled, job)
     wide = [ld for ld in r["x_loads"] if ld in ("ld.global.v4.b32", "ld.global.v2.b64")]
     assert wide, f"{job}: x is not read in 16-byte vectors: {r['x_loads']}"
+
+
+@pytest.mark.parametrize("job", JOBS)
+def test_no_spills(compiled, job):
+    r = _ok(compiled, job)
+    assert r["spills"] == 0, f"{job}: {r['spills']} bytes of spill stores at {r['regs']} registers"
 
 
 @pytest.mark.parametrize("job", JOBS)

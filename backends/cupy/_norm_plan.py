@@ -9,12 +9,19 @@ itself compiled for the CPU (tests/cuda_host).  Importing this module never impo
 Inputs may have any strides (16-byte vectors where the layout allows, scalar accesses otherwise);
 outputs must be C-contiguous.  Per call: `call` builds a key from the arrays' shapes, strides,
 dtypes, 16-byte alignment and device, finds (or, once, builds and checks) the `Entry` for it,
-checks that no output overlaps another array, and launches one kernel, plus nb_colsum when
-dweight / dbias come from partial rows or the rungs' accumulators.  The launch contract is
-documented at the top of norm_common.cuh.
+checks that no output overlaps another array (once per set of addresses), and launches one kernel,
+plus nb_colsum when dweight / dbias come from partial rows or the rungs' accumulators (unless the
+staged kernel finishes them itself in a cooperative launch).  The launch contract is documented at
+the top of norm_common.cuh.
+
+The best variant's kernel and launch path are chosen at plan time from the environment variable
+GRADORACLE_CUPY_NORMS (see `settings`), so one process can compare them; entries are planned once
+per key, so a change of the variable applies to shapes not planned before it.
 """
 from __future__ import annotations
 
+import os
+import threading
 import zlib
 from dataclasses import dataclass, field
 from math import prod
@@ -42,6 +49,10 @@ COLSUM_COLS = 32
 MAX_TILE_ROWS = 32
 HAS_W, HAS_B = 1, 2
 PARAMS_WORDS = 3 + MAX_LEAD + NT * MAX_LEAD + 4 + 2 + 6
+FLAGS_WORD = 3 + MAX_LEAD + NT * MAX_LEAD + 4 + 2  # NBParams.flags
+STAGE_BLOCK = 512
+PHASE_ROWS, PHASE_COLS = 4, 8
+STAGE_SMEM_LIMIT = 232448 - 8192  # H100 / H200: 227 KiB of shared memory per block, less nb_stage's static arrays
 V1_BLOCK = 256
 V4_BLOCK = 1024
 V5_MAX_CPT = 16
@@ -51,6 +62,10 @@ V5_MAX_CPT = 16
 # a 512-thread block leaves each thread without spilling (ptxas -v on sm_90).
 ROWS_ELEMS = {"vec": {2: 16, 4: 8, 8: 4}, "scalar": {2: 8, 4: 8, 8: 4}}
 CHUNK_ELEMS = {"vec": {2: 8, 4: 8, 8: 4}, "scalar": {2: 8, 4: 8, 8: 4}}
+# nb_stage: elements of a row per thread (the row in registers, the dweight / dbias sums beside it:
+# ptxas -v on sm_90 gives 96-128 registers, no spills, for these) and stages of copies in flight.
+STAGE_ELEMS = {2: 16, 4: 8, 8: 4}
+STAGES = 4
 TILE_ROWS = 8          # nb_chunked: rows whose two passes run back to back (the second hits L2)
 V5_BLOCKS_PER_SM = 2   # v5's grid: 1024-thread blocks resident per SM
 DEFAULT_SMS = 132      # H100 SXM; only when no device is queried
@@ -62,6 +77,41 @@ def _ceil_div(a: int, b: int) -> int:
 
 def next_pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
+
+
+# ============================================================================= settings
+
+ENV = "GRADORACLE_CUPY_NORMS"
+# Defaults: the kernel and launch path verified on the H100 (results/h100/cupy/norms-1/: every full case
+# passes).  nb_stage and the driver launch path pass every CPU test but have not run on a GPU yet:
+# GRADORACLE_CUPY_NORMS=kernel=stage,launch=driver selects them (scripts/gpu/cuda_norms_tune.sh measures them).
+SETTINGS = {  # name -> (allowed values, default); None: the planner's own choice
+    "kernel": (("stage", "rows"), "rows"),   # rows held while loads are copied ahead (nb_stage), or nb_rows
+    "stages": ((2, 3, 4, 5, 6), None),         # nb_stage: copy stages (default STAGES, as many as fit)
+    "elems": ((4, 8, 16, 32), None),           # nb_stage: elements per thread at most (default STAGE_ELEMS;
+                                               # 32 in 16-bit types spills: ptxas, 324 bytes)
+    "finish": (("colsum", "coop"), "colsum"),  # nb_stage: nb_colsum after it, or its own (cooperative launch)
+    "launch": (("driver", "cupy"), "cupy"),  # cuLaunchKernel on prebuilt arguments, or cupy.RawKernel calls
+}
+
+
+def settings(text: str | None = None) -> dict:
+    """The best variant's knobs from `text` (default: the environment variable GRADORACLE_CUPY_NORMS),
+    comma-separated name=value pairs, e.g. "kernel=stage,stages=3,finish=coop".  Unnamed knobs take
+    their defaults; a bad name or value is a ValueError naming the variable."""
+    text = os.environ.get(ENV, "") if text is None else text
+    out = {k: d for k, (_, d) in SETTINGS.items()}
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        name, _, value = item.partition("=")
+        name, value = name.strip(), value.strip()
+        if name not in SETTINGS:
+            raise ValueError(f"{ENV}: unknown setting {name!r} in {text!r}, expected one of {', '.join(SETTINGS)}")
+        allowed = SETTINGS[name][0]
+        got = int(value) if value.isdigit() and isinstance(allowed[0], int) else value
+        if got not in allowed:
+            raise ValueError(f"{ENV}: {name}={value!r}, expected one of {', '.join(map(str, allowed))}")
+        out[name] = got
+    return out
 
 
 # ============================================================================= layouts
@@ -141,9 +191,10 @@ def vector_width(layout: Layout, itemsize: int, aligned: bool, has_w: bool) -> i
 
 @dataclass
 class Launch:
-    """One call's launches: the main kernel, then nb_colsum when `colsum`."""
+    """One call's launches: the main kernel, then nb_colsum when `colsum` (the staged kernel with
+    `coop` sums the partial rows itself, after a grid-wide barrier, in a cooperative launch)."""
 
-    kind: str                  # zero | rows | chunked | v1 ... v5
+    kind: str                  # zero | rows | stage | chunked | v1 ... v5
     expr: str = ""             # main kernel's name expression
     grid: int = 0
     block: int = 0
@@ -155,6 +206,9 @@ class Launch:
     gw: int = 0
     rows_per_block: int = 0
     tile_rows: int = 0
+    smem: int = 0              # dynamic shared memory (nb_stage)
+    stages: int = 0
+    coop: bool = False
 
 
 def pack_params(layout: Layout, flags: int, gw: int = 1, rows_per_block: int = 0, nparts: int = 1,
@@ -175,14 +229,45 @@ def _flags(has_w: bool, has_b: bool) -> int:
     return (HAS_W if has_w else 0) | (HAS_B if has_b else 0)
 
 
-def rows_config(n: int, vec: int, itemsize: int) -> tuple[int, int] | None:
-    """(VPT, gw) of nb_rows for rows of n elements, or None when the row does not fit in registers."""
+def rows_config(n: int, vec: int, itemsize: int, elems: int | None = None) -> tuple[int, int] | None:
+    """(VPT, gw) of nb_rows (nb_stage with `elems`, its elements per thread at most) for rows of n
+    elements, or None when the row does not fit in registers."""
     nv = _ceil_div(n, vec)
-    vpt_max = ROWS_ELEMS["vec" if vec > 1 else "scalar"][itemsize] // vec
+    if elems is None:
+        elems = ROWS_ELEMS["vec" if vec > 1 else "scalar"][itemsize]
+    vpt_max = max(1, elems // vec)
     if nv > ROWS_BLOCK * vpt_max:
         return None
     vpt = min(vpt_max, next_pow2(_ceil_div(nv, 32)))
     return vpt, next_pow2(_ceil_div(nv, vpt))
+
+
+def stage_smem_bytes(dt: str, vpt: int, stages: int) -> int:
+    """nb_stage's dynamic shared memory (NBStageSmem in norm_common.cuh)."""
+    vec, acc = 16 // ITEMSIZE[dt], 8 if dt == "f64" else 4
+    one = 2 * vpt * STAGE_BLOCK * 16 + 2 * STAGE_BLOCK * acc
+    return max(stages * one, 2 * vpt * vec * STAGE_BLOCK * acc)
+
+
+def stage_config(dt: str, n: int, vec: int, knobs: dict) -> tuple[int, int, int] | None:
+    """(VPT, gw, stages) of nb_stage, or None when it does not apply (scalar accesses, or a row
+    that does not fit in registers)."""
+    if vec == 1:
+        return None
+    cfg = rows_config(n, vec, ITEMSIZE[dt], knobs.get("elems") or STAGE_ELEMS[ITEMSIZE[dt]])
+    if cfg is None:
+        return None
+    vpt, gw = cfg
+    stages = knobs.get("stages") or STAGES
+    while stages > 2 and stage_smem_bytes(dt, vpt, stages) > STAGE_SMEM_LIMIT:
+        stages -= 1
+    if stage_smem_bytes(dt, vpt, stages) > STAGE_SMEM_LIMIT:
+        return None
+    return vpt, gw, stages
+
+
+def stage_expr(op: str, dt: str, vpt: int, stages: int) -> str:
+    return f"nb_stage<{POLICIES[op]}, {CUDA_TYPE[dt]}, {vpt}, {stages}>"
 
 
 def _split_rows(rows: int, target_blocks: int, step: int) -> tuple[int, int]:
@@ -192,26 +277,40 @@ def _split_rows(rows: int, target_blocks: int, step: int) -> tuple[int, int]:
 
 
 def plan_best(op: str, dt: str, layout: Layout, has_w: bool, has_b: bool, vec: int, num_sms: int = DEFAULT_SMS,
-              occupancy=None) -> Launch:
-    """The best variant's launches.  occupancy(expr, block) -> resident blocks per SM (default 1)."""
+              occupancy=None, knobs: dict | None = None) -> Launch:
+    """The best variant's launches.  occupancy(expr, block, smem) -> resident blocks per SM (default 1);
+    knobs: `settings()` (default: the environment's)."""
     if layout.rows == 0:
         return Launch("zero")
-    occupancy = occupancy or (lambda expr, block: 1)
+    knobs = settings() if knobs is None else knobs
+    occupancy = occupancy or (lambda expr, block, smem=0: 1)
     item, t, pol = ITEMSIZE[dt], CUDA_TYPE[dt], POLICIES[op]
     flags = _flags(has_w, has_b)
+    scfg = stage_config(dt, layout.n, vec, knobs) if knobs["kernel"] == "stage" else None
+    if scfg is not None:
+        vpt, gw, stages = scfg
+        expr, smem = stage_expr(op, dt, vpt, stages), stage_smem_bytes(dt, vpt, stages)
+        per_sm = max(1, occupancy(expr, STAGE_BLOCK, smem))
+        rpb, nparts = _split_rows(layout.rows, num_sms * per_sm, STAGE_BLOCK // gw)
+        sums = nparts > 1 and bool(flags)
+        coop = sums and knobs["finish"] == "coop"  # grid <= resident blocks: _split_rows never exceeds it
+        phases = PHASE_ROWS | (PHASE_COLS if coop else 0)
+        words = pack_params(layout, flags | phases, gw=gw, rows_per_block=rpb, nparts=nparts)
+        return Launch("stage", expr, nparts, STAGE_BLOCK, words, nparts, sums and not coop, vec, vpt, gw, rpb,
+                      smem=smem, stages=stages, coop=coop)
     cfg = rows_config(layout.n, vec, item)
     if cfg is not None:
         vpt, gw = cfg
         wide = gw > 32
         expr = f"nb_rows<{pol}, {t}, {vec}, {vpt}, {'true' if wide else 'false'}>"
-        per_sm = max(1, occupancy(expr, ROWS_BLOCK))
+        per_sm = max(1, occupancy(expr, ROWS_BLOCK, 0))
         rpb, nparts = _split_rows(layout.rows, num_sms * per_sm, ROWS_BLOCK // gw)
         words = pack_params(layout, flags, gw=gw, rows_per_block=rpb, nparts=nparts)
         return Launch("rows", expr, nparts, ROWS_BLOCK, words, nparts, nparts > 1 and bool(flags), vec, vpt, gw,
                       rpb)
     vpt = CHUNK_ELEMS["vec" if vec > 1 else "scalar"][item] // vec
     expr = f"nb_chunked<{pol}, {t}, {vec}, {vpt}>"
-    per_sm = max(1, occupancy(expr, CHUNK_BLOCK))
+    per_sm = max(1, occupancy(expr, CHUNK_BLOCK, 0))
     rpb, nparts = _split_rows(layout.rows, num_sms * per_sm, 1)
     tile = min(TILE_ROWS, MAX_TILE_ROWS, rpb)
     words = pack_params(layout, flags, rows_per_block=rpb, nparts=nparts, tile_rows=tile)
@@ -250,10 +349,19 @@ def colsum_expr(dt: str) -> str:
     return f"nb_colsum<{CUDA_TYPE[dt]}>"
 
 
-def all_kernel_exprs(op: str, dt: str) -> list[str]:
-    """Every name expression the planner can launch for (op, dtype)."""
+def all_kernel_exprs(op: str, dt: str, knobs: dict | None = None) -> list[str]:
+    """Every name expression the planner can launch for (op, dtype): nb_rows, nb_chunked, nb_colsum,
+    the rungs, and nb_stage with `knobs`' stages and elements per thread (default: the defaults'),
+    whichever kernel the environment picks."""
     item, t, pol = ITEMSIZE[dt], CUDA_TYPE[dt], POLICIES[op]
     exprs = set()
+    knobs = dict(settings(""), **(knobs or {}))
+    vec = 16 // item
+    for nv in (1 << k for k in range(0, 20)):
+        cfg = stage_config(dt, nv * vec, vec, knobs)
+        if cfg is None:
+            break
+        exprs.add(stage_expr(op, dt, cfg[0], cfg[2]))
     for vec in sorted({1, 16 // item}):
         kind = "vec" if vec > 1 else "scalar"
         vpt_max = ROWS_ELEMS[kind][item] // vec
@@ -310,6 +418,21 @@ def acc_dtype(dt: str):
 NAMES = ("x", "dy", "weight", "mean", "rstd", "dx", "dweight", "dbias")  # the order of `arrs` below
 X, DY, W, MEAN, RSTD, DX, DW, DB = range(len(NAMES))
 OUTPUTS = (DX, DW, DB)
+PART, BAR = "part", "bar"  # argument tokens: the workspace's partial rows, nb_stage's barrier words
+
+
+@dataclass
+class Kernel:
+    """One launch of a call.  `args` are tokens: an int indexes NAMES (that array, or a null pointer
+    when it is absent), PART / BAR the call's workspace buffers, anything else (the params struct,
+    np.int64, the np.uint64 null) is passed as it is."""
+
+    expr: str
+    grid: int | tuple
+    block: int
+    args: tuple
+    smem: int = 0
+    coop: bool = False  # a cooperative launch (every block resident at once)
 
 
 @dataclass
@@ -328,8 +451,11 @@ class Entry:
     pairs: list
     acc: type = np.float32
     ws_size: int = 0             # elements of the partial-row buffer (best) or accumulators (rungs)
-    colsum: tuple | None = None  # (expr, grid, row0, nparts, n, stride0, stride1) of nb_colsum
-    workspace: dict = field(default_factory=dict)  # stream -> partial buffer (best: reused call to call)
+    zeroed: bool = False         # the rungs' accumulators: a zeroed buffer every call
+    kernels: list = field(default_factory=list)  # the launches, in order
+    fast: bool = False           # the cupy device may launch it through prebuilt driver arguments
+    workspace: dict = field(default_factory=dict)  # per stream: partial buffer (reused call to call)
+    checked: set = field(default_factory=set)      # address tuples whose overlap check passed
 
 
 def _extent(shape, strides_bytes, itemsize: int) -> tuple[int, int]:
@@ -358,10 +484,12 @@ def _c_contiguous(shape, strides_bytes, itemsize: int) -> bool:
     return True
 
 
-def build_entry(op: str, variant: str, dt: str, arrays: dict, aligned: bool, num_sms: int, occupancy=None) -> Entry:
+def build_entry(op: str, variant: str, dt: str, arrays: dict, aligned: bool, num_sms: int, occupancy=None,
+                knobs: dict | None = None) -> Entry:
     """Plan a call on `arrays` (name -> array or None; any object with shape, strides in bytes,
     dtype) whose pointers are 16-byte aligned or not (`aligned`).  Inputs may have any strides;
-    outputs must be C-contiguous (the backends' contract: the harness passes them so)."""
+    outputs must be C-contiguous (the backends' contract: the harness passes them so).  knobs:
+    `settings()` (default: read from the environment now)."""
     x = arrays["x"]
     for name in ("dy", "dx"):
         if tuple(arrays[name].shape) != tuple(x.shape):
@@ -379,9 +507,10 @@ def build_entry(op: str, variant: str, dt: str, arrays: dict, aligned: bool, num
                          f"{'without' if has_w else 'absent, with'} dweight)")
     if variant != "best" and op != LN:
         raise ValueError(f"{op}: variant {variant!r} has no kernel: the ladder rungs are layernorm_backward's")
+    knobs = settings() if knobs is None else knobs
     if variant == "best":
         vec = vector_width(layout, ITEMSIZE[dt], aligned, has_w)
-        launch = plan_best(op, dt, layout, has_w, has_b, vec, num_sms, occupancy)
+        launch = plan_best(op, dt, layout, has_w, has_b, vec, num_sms, occupancy, knobs)
     else:
         launch = plan_rung(variant, dt, layout, has_w, has_b, num_sms)
     extents = [_extent(a.shape, a.strides, a.dtype.itemsize) if a is not None else (0, 0)
@@ -390,18 +519,31 @@ def build_entry(op: str, variant: str, dt: str, arrays: dict, aligned: bool, num
              if (j not in OUTPUTS or j > i) and extents[i][1] > extents[i][0] and extents[j][1] > extents[j][0]]
     entry = Entry(op, variant, dt, launch, layout, SOURCES[op], params_struct(launch.words) if launch.words else None,
                   pairs, acc_dtype(dt))
+    if launch.kind == "zero":
+        return entry
     n = layout.n
     outs = [s for present, s in zip((has_w, has_b), layout.out) if present]
-    if launch.kind in ("rows", "chunked") and launch.colsum:
+    sums = launch.colsum or launch.coop  # partial rows (or the rungs' accumulators) to sum
+    if launch.kind in ("rows", "chunked", "stage") and sums:
         entry.ws_size = 2 * launch.nparts * n
     elif launch.kind in RUNGS and outs:
-        entry.ws_size = 2 * n
+        entry.ws_size, entry.zeroed = 2 * n, True
+    part = PART if entry.ws_size else _NULL
+    main = (entry.params, X, DY, W, MEAN, RSTD, DX, part)
+    if launch.kind == "rows":
+        main += (DW, DB)
+    elif launch.kind == "stage":
+        main += (DW, DB, BAR if launch.coop else _NULL)
+    entry.kernels.append(Kernel(launch.expr, launch.grid, launch.block, main, launch.smem, launch.coop))
     if launch.colsum:
         # Partial rows (and the rungs' accumulators) hold dweight's rows first, then dbias's.
         nparts = launch.nparts
         row0 = 0 if has_w else nparts
-        entry.colsum = (colsum_expr(dt), (_ceil_div(n, COLSUM_COLS), len(outs)), np.int64(row0), np.int64(nparts),
-                        np.int64(n), np.int64(outs[0]), np.int64(outs[1] if len(outs) == 2 else 0))
+        out0, out1 = (DW, DB if has_b else _NULL) if has_w else (DB, _NULL)
+        entry.kernels.append(Kernel(colsum_expr(dt), (_ceil_div(n, COLSUM_COLS), len(outs)), COLSUM_BLOCK,
+                                    (PART, np.int64(row0), np.int64(nparts), np.int64(n), out0, np.int64(outs[0]),
+                                     out1, np.int64(outs[1] if len(outs) == 2 else 0))))
+    entry.fast = variant == "best" and knobs["launch"] == "driver"
     return entry
 
 
@@ -415,67 +557,177 @@ def check_overlap(entry: Entry, ptrs) -> None:
                              "(outputs are written while inputs are read)")
 
 
+def check_overlap_once(entry: Entry, ptrs) -> None:
+    """check_overlap, skipped for address tuples it has passed before (the answer depends on nothing
+    else); at most 64 remembered."""
+    key = tuple(ptrs)
+    if key not in entry.checked:
+        check_overlap(entry, ptrs)
+        if len(entry.checked) >= 64:
+            entry.checked.clear()
+        entry.checked.add(key)
+
+
+def kernel_args(kernel: Kernel, arrs, part, bar) -> tuple:
+    """A Kernel's arguments for the arrays `arrs` (NAMES order, None where absent)."""
+    out = []
+    for t in kernel.args:
+        if type(t) is int:
+            a = arrs[t]
+            out.append(_NULL if a is None else a)
+        elif isinstance(t, str):
+            out.append(part if t == PART else bar)
+        else:
+            out.append(t)
+    return tuple(out)
+
+
 def run(dev, entry: Entry, arrs) -> None:
     """Launch `entry` on `arrs` (the arrays in NAMES order, None where absent) through `dev`
-    (CupyDevice, or the tests' emulator)."""
-    launch = entry.launch
-    kind = launch.kind
-    x, dy, w, mean, rstd, dx, dw, db = arrs
-    if kind == "zero":  # no rows: dweight and dbias are sums of nothing
-        if dw is not None:
-            dev.fill_zero(dw)
-        if db is not None:
-            dev.fill_zero(db)
+    (CupyDevice, or the tests' emulators): dev.launch(source, expr, grid, block, args, smem=, coop=);
+    dev.workspace(entry, n, dtype) the stream's partial-row buffer, kept from call to call;
+    dev.barrier(entry) the stream's zeroed barrier words; dev.zeros / dev.fill_zero."""
+    if entry.launch.kind == "zero":  # no rows: dweight and dbias are sums of nothing
+        for a in arrs[DW], arrs[DB]:
+            if a is not None:
+                dev.fill_zero(a)
         return
-    w = _NULL if w is None else w
-    mean = _NULL if mean is None else mean
-    if kind == "rows" or kind == "chunked":
-        part = dev.workspace(entry, entry.ws_size, entry.acc) if entry.ws_size else _NULL
-        args = (entry.params, x, dy, w, mean, rstd, dx, part)
-        if kind == "rows":
-            args += (_NULL if dw is None else dw, _NULL if db is None else db)
-    else:
-        part = dev.zeros(entry.ws_size, entry.acc) if entry.ws_size else _NULL
-        args = (entry.params, x, dy, w, mean, rstd, dx, part)
-    dev.launch(entry.source, launch.expr, launch.grid, launch.block, args)
-    cs = entry.colsum
-    if cs is not None:
-        expr, grid, row0, nparts, n, s0, s1 = cs
-        if dw is None:
-            dw, db = db, None
-        dev.launch(entry.source, expr, grid, COLSUM_BLOCK, (part, row0, nparts, n, dw, s0, _NULL if db is None else db,
-                                                            s1))
+    part = bar = _NULL
+    if entry.ws_size:
+        part = dev.zeros(entry.ws_size, entry.acc) if entry.zeroed else dev.workspace(entry, entry.ws_size, entry.acc)
+    if entry.launch.coop:
+        bar = dev.barrier(entry)
+    for k in entry.kernels:
+        dev.launch(entry.source, k.expr, k.grid, k.block, kernel_args(k, arrs, part, bar), smem=k.smem, coop=k.coop)
 
 
 # ============================================================================= the cupy side
 
 
+MAX_DYNAMIC_SHARED = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+
+
+class _Fast:
+    """One entry's launches on one stream, ready for cuLaunchKernel: `vals` holds the eight array
+    addresses (NAMES order), the partial-row buffer's and the barrier's, then the constants; each
+    launch's `addrs` points at its arguments' values (the params struct at its own bytes)."""
+
+    def __init__(self, dev: "CupyDevice", entry: Entry, stream: int):
+        cp = dev.cupy
+        self.lock = threading.Lock()  # vals is filled and read by one call at a time
+        self.part = cp.empty(entry.ws_size, dtype=entry.acc) if entry.ws_size else None
+        self.bar = cp.zeros(2, dtype=np.uint32) if entry.launch.coop else None
+        consts = []
+        for k in entry.kernels:
+            consts += [t for t in k.args if isinstance(t, np.integer)]
+        self.vals = np.zeros(len(NAMES) + 2 + len(consts), dtype=np.uint64)
+        self.vals[8] = 0 if self.part is None else self.part.data.ptr
+        self.vals[9] = 0 if self.bar is None else self.bar.data.ptr
+        self.vals[10:] = [int(c) & (2**64 - 1) for c in consts]
+        base = self.vals.ctypes.data
+        self.stream = stream
+        self.launches = []
+        self.addrs = []  # kept alive with the entry
+        ci = 10
+        for k in entry.kernels:
+            addrs = np.zeros(len(k.args), dtype=np.uint64)
+            for i, t in enumerate(k.args):
+                if type(t) is int:
+                    addrs[i] = base + 8 * t
+                elif isinstance(t, str):
+                    addrs[i] = base + 8 * (8 if t == PART else 9)
+                elif isinstance(t, np.ndarray):
+                    addrs[i] = t.ctypes.data  # the params struct (entry.params, kept by the entry)
+                else:
+                    addrs[i] = base + 8 * ci
+                    ci += 1
+            self.addrs.append(addrs)
+            gx, gy = k.grid if isinstance(k.grid, tuple) else (k.grid, 1)
+            fptr = dev.function_ptr(entry.source, k.expr, k.smem)
+            self.launches.append((k.coop, fptr, gx, gy, k.block, k.smem, addrs.ctypes.data))
+
+
 class CupyDevice:
-    """What `run` needs from the device: launches on cupy's current stream, buffers, occupancy."""
+    """What `run` needs from the device: launches on cupy's current stream, buffers, occupancy;
+    and `run_fast`, the same launches through cuLaunchKernel on prebuilt argument arrays."""
 
     def __init__(self):
         import cupy
+        from cupy_backends.cuda.api import driver
 
         from backends.cupy.common import function
 
         self.cupy = cupy
+        self.driver = driver
         self._function = function
         self._occupancy: dict = {}
+        self._smem_set: set = set()
 
     def function(self, source: str, expr: str):
         return self._function(source, expr, compile_options())
 
-    def launch(self, source: str, expr: str, grid, block: int, args) -> None:
-        self._function(source, expr, compile_options())(grid if isinstance(grid, tuple) else (grid,), (block,),
-                                                        tuple(args))
+    def function_ptr(self, source: str, expr: str, smem: int = 0) -> int:
+        """The CUfunction of `expr` on the current device, allowed `smem` bytes of dynamic shared memory."""
+        fn = self.function(source, expr).kernel  # cupy.cuda.Function, loaded on the current device
+        key = (fn.ptr, smem)
+        if smem > 48 * 1024 and key not in self._smem_set:
+            self.driver.funcSetAttribute(fn.ptr, MAX_DYNAMIC_SHARED, smem)
+            self._smem_set.add(key)
+        return fn.ptr
+
+    def launch(self, source: str, expr: str, grid, block: int, args, smem: int = 0, coop: bool = False) -> None:
+        grid = grid if isinstance(grid, tuple) else (grid,)
+        if not coop:
+            fn = self.function(source, expr)
+            if smem > 48 * 1024:
+                self.function_ptr(source, expr, smem)
+            fn(grid, (block,), tuple(args), shared_mem=smem)
+            return
+        keep, addrs = [], np.zeros(len(args), dtype=np.uint64)  # cupy.RawKernel has no cooperative launch
+        for i, a in enumerate(args):
+            if isinstance(a, np.ndarray):
+                addrs[i] = a.ctypes.data
+                continue
+            box = np.array([a.data.ptr if isinstance(a, self.cupy.ndarray) else int(a) & (2**64 - 1)], dtype=np.uint64)
+            keep.append(box)
+            addrs[i] = box.ctypes.data
+        gx, gy = grid if len(grid) == 2 else (grid[0], 1)
+        self.driver.launchCooperativeKernel(self.function_ptr(source, expr, smem), gx, gy, 1, block, 1, 1, smem,
+                                            self.cupy.cuda.get_current_stream().ptr, addrs.ctypes.data)
+
+    def run_fast(self, entry: Entry, ptrs) -> None:
+        """`run(self, entry, arrs)` for an entry with entry.fast, on the current stream: the same
+        launches, their arguments written into the stream's prebuilt arrays (`_Fast`)."""
+        stream = self.cupy.cuda.get_current_stream().ptr
+        fast = entry.workspace.get(("fast", stream))
+        if fast is None:
+            fast = entry.workspace[("fast", stream)] = _Fast(self, entry, stream)
+        drv = self.driver
+        with fast.lock:
+            fast.vals[:8] = ptrs
+            for coop, fptr, gx, gy, block, smem, addrs in fast.launches:
+                if coop:
+                    drv.launchCooperativeKernel(fptr, gx, gy, 1, block, 1, 1, smem, stream, addrs)
+                else:
+                    drv.launchKernel(fptr, gx, gy, 1, block, 1, 1, smem, stream, addrs, 0)
 
     def workspace(self, entry: Entry, n: int, dtype):
         """The entry's partial-row buffer for the current stream, kept from call to call (every
-        element a call reads it also writes first, and calls on one stream run in order)."""
+        element a call reads it also writes first, and calls on one stream run in order; calls on
+        other streams get buffers of their own)."""
         stream = self.cupy.cuda.get_current_stream().ptr
         buf = entry.workspace.get(stream)
         if buf is None:
             buf = entry.workspace[stream] = self.cupy.empty(n, dtype=dtype)
+        return buf
+
+    def barrier(self, entry: Entry):
+        """nb_stage's grid-barrier words for the current stream: zeroed once, left reusable by
+        every launch (the count returns to 0)."""
+        key = ("bar", self.cupy.cuda.get_current_stream().ptr)
+        buf = entry.workspace.get(key)
+        if buf is None:
+            buf = entry.workspace[key] = self.cupy.zeros(2, dtype=np.uint32)
         return buf
 
     def zeros(self, n: int, dtype):
@@ -484,14 +736,13 @@ class CupyDevice:
     def fill_zero(self, x) -> None:
         x.fill(0)
 
-    def occupancy(self, source: str, expr: str, block: int) -> int:
-        """Resident blocks per SM of `block` threads (the driver's figure for the compiled kernel)."""
-        key = (self.cupy.cuda.runtime.getDevice(), source, expr, block)
+    def occupancy(self, source: str, expr: str, block: int, smem: int = 0) -> int:
+        """Resident blocks per SM of `block` threads and `smem` bytes of dynamic shared memory (the
+        driver's figure for the compiled kernel)."""
+        key = (self.cupy.cuda.runtime.getDevice(), source, expr, block, smem)
         if key not in self._occupancy:
-            from cupy_backends.cuda.api import driver
-
-            fn = self.function(source, expr)  # a cupy.RawKernel; .kernel is its cupy.cuda.Function
-            self._occupancy[key] = int(driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.kernel.ptr, block, 0))
+            fptr = self.function_ptr(source, expr, smem)
+            self._occupancy[key] = int(self.driver.occupancyMaxActiveBlocksPerMultiprocessor(fptr, block, smem))
         return self._occupancy[key]
 
 
@@ -534,18 +785,23 @@ def _check_dtypes(op: str, dt: str, arrays: dict) -> None:
 def call(op: str, variant: str, inputs, outs) -> None:
     """One call of `variant` (best, v1 ... v5) of `op` on cupy arrays (argcheck has checked names,
     dtypes and shapes on the checked path; what the kernels rely on is checked here too, once per
-    plan)."""
+    plan, and the overlap of outputs once per set of addresses)."""
     g = inputs.get
     x = inputs["x"]
     arrs = (x, inputs["dy"], g("weight"), g("mean"), inputs["rstd"], outs["dx"], outs.get("dweight"), outs.get("dbias"))
     ptrs = [0 if a is None else a.data.ptr for a in arrs]
     aligned = not (ptrs[X] | ptrs[DY] | ptrs[DX] | ptrs[W]) & 15
-    key = (op, variant, x.device.id, aligned, *[None if a is None else (a.shape, a.strides, a.dtype) for a in arrs])
+    dev_id = x.device.id
+    key = (op, variant, dev_id, aligned, *[None if a is None else (a.shape, a.strides, a.dtype) for a in arrs])
     entry = _ENTRIES.get(key)
     if entry is None:
         entry = _ENTRIES[key] = _build(op, variant, dict(zip(NAMES, arrs)), aligned)
-    check_overlap(entry, ptrs)
-    run(_device(), entry, arrs)
+    check_overlap_once(entry, ptrs)
+    dev = _device()
+    if entry.fast and dev.cupy.cuda.runtime.getDevice() == dev_id:  # the functions are the current device's
+        dev.run_fast(entry, ptrs)
+    else:
+        run(dev, entry, arrs)
 
 
 def _build(op: str, variant: str, arrays: dict, aligned: bool) -> Entry:
@@ -558,4 +814,4 @@ def _build(op: str, variant: str, arrays: dict, aligned: bool) -> Entry:
     dev = _device()
     src = SOURCES[op]
     return build_entry(op, variant, dt, arrays, aligned, num_sms(),
-                       occupancy=lambda expr, block: dev.occupancy(src, expr, block))
+                       occupancy=lambda expr, block, smem=0: dev.occupancy(src, expr, block, smem))

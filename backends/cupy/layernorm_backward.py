@@ -9,9 +9,12 @@ top of layernorm_backward.cuh):
   @v4    1024 threads per row, block reduction, atomics;
   @v5    the seed's proposed next rung: a 1024-thread block takes many rows and keeps its
          columns' dweight / dbias sums in registers, one atomicAdd per column per block (N <= 16384);
-  @best  16-byte vector access where the layout allows, the row held in registers (the next
-         row's loads in flight) or, for long rows, two passes over column chunks; no atomics:
-         per-block partial rows of dweight / dbias, then a fixed-order column sum; deterministic.
+  @best  where rows are dense, 16-byte aligned runs: the row held in registers, x / dy and the
+         statistics copied into shared memory STAGES rows ahead (cp.async, nb_stage); other
+         layouts: the row in registers, the next row's loads in flight (nb_rows); long rows:
+         two passes over column chunks.  No atomics: per-block partial rows of dweight / dbias,
+         then a fixed-order column sum (a second kernel, or the same one after a grid barrier
+         in a cooperative launch: GRADORACLE_CUPY_NORMS=finish=coop); deterministic.
 The rungs accumulate dweight / dbias in float (double for f64) atomics: not deterministic.
 
 Host planning and launching: backends/cupy/_norm_plan.py.  Importing this module never imports cupy.

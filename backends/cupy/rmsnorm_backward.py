@@ -2,10 +2,11 @@
 norm_common.cuh) compiled with NVRTC through cupy.RawModule, launched on cupy's current stream.
 
 Variant:
-  @best  layernorm_backward's best design without the mean: 16-byte vector access where the
-         layout allows, the row held in registers (the next row's loads in flight) or, for long
-         rows, two passes over column chunks; no atomics: per-block partial rows of dweight,
-         then a fixed-order column sum; deterministic.
+  @best  layernorm_backward's best design without the mean: where rows are dense, 16-byte
+         aligned runs, the row held in registers with x / dy copied into shared memory STAGES
+         rows ahead (nb_stage); other layouts: nb_rows; long rows: two passes over column
+         chunks; no atomics: per-block partial rows of dweight, then a fixed-order column sum;
+         deterministic.
 
 Host planning and launching: backends/cupy/_norm_plan.py.  Importing this module never imports cupy.
 """

@@ -10,12 +10,18 @@ Every request (axes/keepdim or sum_to_shape target, any layout of x) becomes one
   (row sums, sum_to (..., 1), full reductions as one row, transposed x whose contiguous
   dim is summed).
 * kept fast dim -> `_col_kernel`: each program owns BN outputs along the fast dim and loops
-  over [BR, BN] tiles of the reduced extent (column sums, bias gradients, sum_to (1, ...)).
+  over [BR, BN] tiles of the reduced extent (column sums, bias gradients, sum_to (1, ...));
+  a short reduction (up to `short_red` terms) loops over single rows (BR = 1): whole
+  contiguous segments a step and no adding across lanes.
+* Memory-bound, so sized for reads in flight with few registers: small blocks (one 16-byte
+  vector a thread: the float32 accumulator stays small for 16-bit data), read `unroll` at a
+  time before they are added (or, `prefetch`, the next block read before this one is added).
 * A fast dim of stride != 1 (sliced views, odd layouts) runs through the same kernels with
   the stride as an argument: the general strided path.  Other dims are unravelled from a
   small int64 descriptor (size, x stride, y stride per dim), so any rank works.
 * When the outputs alone cannot fill the GPU (sm_count x programs per SM, the latter asked of
-  the compiled kernel), the reduced extent is split into `chunks`: each program writes a
+  the compiled kernel), the reduced extent is split into `chunks` of equal length (to one
+  block): one full wave of equal programs, all resident at once.  Each program writes a
   float32 (float64) partial into a workspace, and the partials are added in a fixed order,
   either by the last program of each output tile to finish (`finish="last"`, the default:
   one atomic ticket per program on a per-tile counter, no second launch) or by
@@ -25,8 +31,11 @@ Every request (axes/keepdim or sum_to_shape target, any layout of x) becomes one
   offsets are int64.  Empty reductions write 0 (the loops run zero times).
 
 Plans are cached per (shape, strides, dtype, params form, device, config): a repeated call
-allocates the workspace, takes the tile counters and launches; no planning.  No autotuning:
-the sizing is a fixed heuristic (Config); the one compile outside a launch, of a split
+allocates the workspace, takes the tile counters and launches through the compiled kernels'
+own launchers (`_launch.Step`: not the JIT's per-call binding, which cost more than the kernel
+took on the 22 us sums); no planning.  No autotuning: the sizing is a fixed heuristic
+(Config; GRADORACLE_TRITON_REDUCE pins a named preset, GRADORACLE_TRITON_REDUCE_VARIANTS
+registers them as `triton@<name>`, see PRESETS); the one compile outside a launch, of a split
 variant to read its occupancy, happens at planning, on the first (checked) call.  The workspace
 is allocated per call (torch's stream-aware allocator); the per-tile counters of
 `finish="last"` are kept per device and stream and every launch leaves them at zero, so the
@@ -39,6 +48,8 @@ from dataclasses import dataclass, field, replace
 from math import prod
 
 from backends.triton import triton_backend
+from backends.triton._steps import Step, programs_per_sm  # noqa: F401 - programs_per_sm: the tests ask it
+from backends.triton._steps import occupancy as _occupancy, resources as _resources
 from backends.triton.common import IMPORT_ERROR, byte_span, cdiv, check, interpreted, jit, on_device, overlap, p2, tl  # noqa: F401
 from backends.triton.common import to_out as _to_out
 from backends.triton.common import up as _up
@@ -108,20 +119,45 @@ def _finish(s, yoff, ym, y_ptr, ws_ptr, cnt_ptr, tile, ch, chunks, n_y,
                 tl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")
 
 
+@jit
+def _row_block(b, b1, x_ptr, xrow, rm, desc_ptr, n_cols, col_stride, ncb,
+               NK: tl.constexpr, NRO: tl.constexpr, BC: tl.constexpr, UNIT: tl.constexpr, ALX: tl.constexpr,
+               IS_F64: tl.constexpr):
+    """Reduction block b of the row kernel's rows: a [BM, BC] tile in the compute dtype
+    (0 past the program's last block b1: a prefetch past it reads nothing)."""
+    if NRO > 0:
+        j = b // ncb
+        cb = b - j * ncb
+        ro, ro_y_unused = _unravel(j, desc_ptr, NK, NRO, ALX, 0)
+    else:
+        cb = b
+        ro = 0
+    cols = cb * BC + tl.arange(0, BC)
+    if UNIT:
+        coff = cols
+    else:
+        coff = cols * col_stride
+    m = rm[:, None] & ((cols < n_cols) & (b < b1))[None, :]
+    return _up(tl.load(x_ptr + ((xrow + ro)[:, None] + coff[None, :]), mask=m, other=0.0), IS_F64)
+
+
 # Counts that only bound loops and masks are not specialised (fewer recompiles across shapes);
 # n_cols / n_fast are: their divisibility by 16 lets the masked loads along the fast dim vectorise.
-@jit(do_not_specialize=["n_rows", "n_outer", "ncb", "nblk", "iters", "chunks", "n_y"])
+@jit(do_not_specialize=["n_rows", "n_outer", "ncb", "nblk", "chunks", "n_y"])
 def _row_kernel(x_ptr, y_ptr, ws_ptr, cnt_ptr, desc_ptr,
-                n_rows, n_cols, col_stride, n_outer, ncb, nblk, iters, chunks, n_y,
+                n_rows, n_cols, col_stride, n_outer, ncb, nblk, chunks, n_y,
                 NK: tl.constexpr, NRO: tl.constexpr, BM: tl.constexpr, BC: tl.constexpr,
                 UNIT: tl.constexpr, ALX: tl.constexpr, IS_F64: tl.constexpr,
-                FINISH: tl.constexpr, BP: tl.constexpr):
+                FINISH: tl.constexpr, BP: tl.constexpr, PREFETCH: tl.constexpr, UNROLL: tl.constexpr):
     """Rows = the outputs (flat y index; x offset from the NK kept dims of the descriptor).
 
     Row r sums n_outer x n_cols elements: the NRO outer reduced dims (descriptor rows NK..)
     times the fast reduced dim (n_cols, stride col_stride, 1 when UNIT).  The reduction is
     nblk = n_outer * ncb blocks of BC columns; program (rb, ch) adds blocks
-    [ch * iters, ch * iters + iters) of rows [rb * BM, rb * BM + BM).
+    [ch * nblk // chunks, (ch + 1) * nblk // chunks) of rows [rb * BM, rb * BM + BM): the
+    chunks differ by one block at most, so a split launch is one wave of equal programs.
+    Reads in flight: UNROLL blocks are read, then added, a step (one accumulator tile: few
+    registers); or (PREFETCH) block b + 1 is read before block b is added.
     """
     ACC: tl.constexpr = tl.float64 if IS_F64 else tl.float32
     pid = tl.program_id(0).to(tl.int64)
@@ -130,41 +166,54 @@ def _row_kernel(x_ptr, y_ptr, ws_ptr, cnt_ptr, desc_ptr,
     rows = rb * BM + tl.arange(0, BM)
     rm = rows < n_rows
     xrow, yrow_unused = _unravel(rows, desc_ptr, 0, NK, ALX, 0)
-    b0 = ch * iters
-    b1 = tl.minimum(b0 + iters, nblk)
+    b0 = ch * nblk // chunks
+    b1 = (ch + 1) * nblk // chunks
     acc = tl.zeros([BM, BC], ACC)
-    for b in range(b0, b1):
-        if NRO > 0:
-            j = b // ncb
-            cb = b - j * ncb
-            ro, ro_y_unused = _unravel(j, desc_ptr, NK, NRO, ALX, 0)
-        else:
-            cb = b
-            ro = 0
-        cols = cb * BC + tl.arange(0, BC)
-        if UNIT:
-            coff = cols
-        else:
-            coff = cols * col_stride
-        m = rm[:, None] & (cols < n_cols)[None, :]
-        acc += _up(tl.load(x_ptr + ((xrow + ro)[:, None] + coff[None, :]), mask=m, other=0.0), IS_F64)
+    if PREFETCH:
+        x_n = _row_block(b0, b1, x_ptr, xrow, rm, desc_ptr, n_cols, col_stride, ncb, NK, NRO, BC, UNIT, ALX, IS_F64)
+        for b in range(b0, b1):
+            x = x_n
+            x_n = _row_block(b + 1, b1, x_ptr, xrow, rm, desc_ptr, n_cols, col_stride, ncb, NK, NRO, BC, UNIT,
+                             ALX, IS_F64)
+            acc += x
+    else:
+        for b in range(b0, b1, UNROLL):
+            x = _row_block(b, b1, x_ptr, xrow, rm, desc_ptr, n_cols, col_stride, ncb, NK, NRO, BC, UNIT, ALX,
+                           IS_F64)
+            for u in tl.static_range(1, UNROLL):
+                x += _row_block(b + u, b1, x_ptr, xrow, rm, desc_ptr, n_cols, col_stride, ncb, NK, NRO, BC, UNIT,
+                                ALX, IS_F64)
+            acc += x
     s = tl.sum(acc, axis=1)
     _finish(s, rows, rm, y_ptr, ws_ptr, cnt_ptr, rb, ch, chunks, n_y, FINISH, BP)
 
 
-@jit(do_not_specialize=["nfb", "n_red", "nblk", "iters", "chunks", "n_y"])
+@jit
+def _col_block(b, b1, x_ptr, kx, fx, fm, desc_ptr, n_red,
+               NKO: tl.constexpr, NR: tl.constexpr, BR: tl.constexpr, ALX: tl.constexpr, IS_F64: tl.constexpr):
+    """Reduction block b of the col kernel: a [BR, BN] tile (0 past the program's last block b1)."""
+    r = b * BR + tl.arange(0, BR)
+    rx, rx_y_unused = _unravel(r, desc_ptr, NKO, NR, ALX, 0)
+    m = ((r < n_red) & (b < b1))[:, None] & fm[None, :]
+    return _up(tl.load(x_ptr + ((kx + rx)[:, None] + fx[None, :]), mask=m, other=0.0), IS_F64)
+
+
+@jit(do_not_specialize=["nfb", "n_red", "nblk", "chunks", "n_y"])
 def _col_kernel(x_ptr, y_ptr, ws_ptr, cnt_ptr, desc_ptr,
-                n_fast, fast_xs, fast_ys, nfb, n_red, nblk, iters, chunks, n_y,
+                n_fast, fast_xs, fast_ys, nfb, n_red, nblk, chunks, n_y,
                 NKO: tl.constexpr, NR: tl.constexpr, BR: tl.constexpr, BN: tl.constexpr,
                 UNIT_X: tl.constexpr, UNIT_Y: tl.constexpr, ALX: tl.constexpr, ALY: tl.constexpr,
-                IS_F64: tl.constexpr, FINISH: tl.constexpr, BP: tl.constexpr):
+                IS_F64: tl.constexpr, FINISH: tl.constexpr, BP: tl.constexpr, PREFETCH: tl.constexpr,
+                UNROLL: tl.constexpr):
     """Outputs = (ko, f): ko over the NKO other kept dims (descriptor rows 0..), f along the
     fast kept dim (n_fast, x stride fast_xs, y stride fast_ys; 1 when UNIT_X / UNIT_Y).
 
     Each output sums n_red elements over the NR reduced dims (descriptor rows NKO..), in
-    nblk blocks of BR; program (ko, ch, fb) adds blocks [ch * iters, ch * iters + iters) for
-    outputs f in [fb * BN, fb * BN + BN).  fb varies fastest: programs that run together read
-    neighbouring segments of the same rows.
+    nblk blocks of BR; program (ko, ch, fb) adds blocks [ch * nblk // chunks, (ch + 1) *
+    nblk // chunks) for outputs f in [fb * BN, fb * BN + BN).  fb varies fastest: programs
+    that run together read neighbouring segments of the same rows.  BR = 1 (short
+    reductions): each step is one contiguous row segment and the sum stays in the lanes.
+    Reads in flight: as in _row_kernel (UNROLL blocks a step, or PREFETCH).
     """
     ACC: tl.constexpr = tl.float64 if IS_F64 else tl.float32
     pid = tl.program_id(0).to(tl.int64)
@@ -183,15 +232,25 @@ def _col_kernel(x_ptr, y_ptr, ws_ptr, cnt_ptr, desc_ptr,
         fy = f
     else:
         fy = f * fast_ys
-    b0 = ch * iters
-    b1 = tl.minimum(b0 + iters, nblk)
+    b0 = ch * nblk // chunks
+    b1 = (ch + 1) * nblk // chunks
     acc = tl.zeros([BR, BN], ACC)
-    for b in range(b0, b1):
-        r = b * BR + tl.arange(0, BR)
-        rx, rx_y_unused = _unravel(r, desc_ptr, NKO, NR, ALX, 0)
-        m = (r < n_red)[:, None] & fm[None, :]
-        acc += _up(tl.load(x_ptr + ((kx + rx)[:, None] + fx[None, :]), mask=m, other=0.0), IS_F64)
-    s = tl.sum(acc, axis=0)
+    if PREFETCH:
+        x_n = _col_block(b0, b1, x_ptr, kx, fx, fm, desc_ptr, n_red, NKO, NR, BR, ALX, IS_F64)
+        for b in range(b0, b1):
+            x = x_n
+            x_n = _col_block(b + 1, b1, x_ptr, kx, fx, fm, desc_ptr, n_red, NKO, NR, BR, ALX, IS_F64)
+            acc += x
+    else:
+        for b in range(b0, b1, UNROLL):
+            x = _col_block(b, b1, x_ptr, kx, fx, fm, desc_ptr, n_red, NKO, NR, BR, ALX, IS_F64)
+            for u in tl.static_range(1, UNROLL):
+                x += _col_block(b + u, b1, x_ptr, kx, fx, fm, desc_ptr, n_red, NKO, NR, BR, ALX, IS_F64)
+            acc += x
+    if BR == 1:
+        s = tl.reshape(acc, [BN])  # no lanes to add across: the store keeps the loads' layout
+    else:
+        s = tl.sum(acc, axis=0)
     _finish(s, ky + fy, fm, y_ptr, ws_ptr, cnt_ptr, ko * nfb + fb, ch, chunks, n_y, FINISH, BP)
 
 
@@ -222,9 +281,11 @@ class Config:
     (registers, shared memory) when `query_occupancy`, else taken from here.
     """
 
-    tile_bytes: int = 16384
+    tile_bytes: int = 4096     # per block (the accumulator's size); a step reads `unroll` blocks
     seg_bytes: int = 512       # col kernel: contiguous bytes per row segment (before widening)
-    vectors: int = 4
+    short_red: int = 64        # col kernel: reductions this short run one row a step (BR = 1), never split
+    vectors: int = 1
+    unroll: int = 4            # blocks read a step before they are added (without prefetch)
     max_warps: int = 8
     sms: int = 0               # 0: the device's SM count
     occupancy: int = 4         # programs per SM when not asked of the kernel
@@ -233,8 +294,9 @@ class Config:
     waves: int = 1
     partial_limit: int = 8     # chunks <= reduced extent / partial_limit
     finish: str = "last"       # "last": the last program per tile adds the partials; "kernel": _stage2_kernel
-    finish_bytes: int = 4096   # float32 bytes of partials per step of the last program's adding loop
+    finish_bytes: int = 8192   # float32 bytes of partials per step of the last program's adding loop
     stage2_bytes: int = 16384
+    prefetch: bool = False     # instead: read the next block before adding this one
 
 
 GPU_CONFIG = Config(finish=os.environ.get(FINISH_ENV, "last"))
@@ -242,6 +304,22 @@ if GPU_CONFIG.finish not in ("last", "kernel"):
     raise ValueError(f"triton {OP}: ${FINISH_ENV}: expected last or kernel, got {GPU_CONFIG.finish!r}")
 # The interpreter runs programs one after another: as few as the shapes allow, never split.
 INTERPRETER_CONFIG = replace(GPU_CONFIG, sms=1, occupancy=1, query_occupancy=False)
+# Named sizings: GRADORACLE_TRITON_REDUCE=<name> pins one on the GPU, and
+# GRADORACLE_TRITON_REDUCE_VARIANTS=<name>,... (or all) registers `triton@<name>` for each, so
+# # that one bench run lines them up beside the default.  "before" is the sizing of the first
+# H100 run (16 KiB blocks, one a step, 4 KiB finish steps, tall tiles for short column sums).
+PRESETS = {
+    "default": GPU_CONFIG,
+    "unroll8": replace(GPU_CONFIG, unroll=8),
+    "wide_unroll2": replace(GPU_CONFIG, tile_bytes=8192, vectors=2, unroll=2),
+    "prefetch": replace(GPU_CONFIG, tile_bytes=8192, vectors=2, prefetch=True, unroll=1),
+    "kernel_finish": replace(GPU_CONFIG, finish="kernel"),
+    "finish32k": replace(GPU_CONFIG, finish_bytes=32768),
+    "wide_segments": replace(GPU_CONFIG, seg_bytes=1024),
+    "before": replace(GPU_CONFIG, tile_bytes=16384, vectors=4, unroll=1, finish_bytes=4096, short_red=0),
+}
+PRESET_ENV = "GRADORACLE_TRITON_REDUCE"
+VARIANTS_ENV = "GRADORACLE_TRITON_REDUCE_VARIANTS"
 
 
 @dataclass(frozen=True)
@@ -331,15 +409,15 @@ def plan(lay: Layout, itemsize: int, cfg: Config, sms: int, occupancy=None) -> L
     # Split when one wave of programs (sms x occupancy) holds two or more per output tile; the
     # bound `most` (max_occupancy) fixes the variant before its occupancy is asked.
     most = min(nblk, max(1, lay.n_red // cfg.partial_limit), (sms * cfg.max_occupancy * cfg.waves) // base)
+    if L.kernel == "col" and L.constexprs["BR"] == 1 and lay.n_red <= cfg.short_red:
+        most = 1  # a short reduction: the outputs fill the GPU, each program runs whole rows
     if most > 1:
         mode = 2 if cfg.finish == "last" else 1
         L.constexprs.update(FINISH=mode, BP=_finish_rows(L, mode, most, cfg))
         occ = (occupancy(L) if occupancy else None) or cfg.occupancy
         chunks = min(most, (sms * min(occ, cfg.max_occupancy) * cfg.waves) // base)
-        if chunks > 1:
-            iters = cdiv(nblk, chunks)
-            chunks = cdiv(nblk, iters)  # every chunk but the last has exactly `iters` blocks
-            L.ints.update(iters=iters, chunks=chunks)
+        if chunks > 1:  # chunks of nblk // chunks or one more blocks: the wave is full and even
+            L.ints.update(chunks=chunks)
             L.grid, L.chunks, L.tiles = base * chunks, chunks, base
             if mode == 1:
                 bp = min(p2(chunks), 64)
@@ -364,15 +442,20 @@ def _plan_row(lay: Layout, fast: int, tile: int, itemsize: int, cfg: Config) -> 
     outer = lay.red[:fast] + lay.red[fast + 1:]
     n_outer = prod(n for n, _ in outer)
     bc = min(p2(n_cols), tile)
+    unroll = 1 if cfg.prefetch else cfg.unroll
+    if n_outer * cdiv(n_cols, bc) < unroll:  # short rows: narrower blocks, more rows each, so a step is whole
+        warp_row = 32 * max(1, 16 // itemsize)  # a warp's row segment of 16-byte vectors
+        bc = max(min(bc, warp_row), p2(cdiv(n_cols, max(1, unroll // n_outer))))
     bm = min(p2(lay.n_y), max(1, tile // bc))
     ncb = cdiv(n_cols, bc)
     desc = [v for n, s in lay.kept for v in (n, s, 0)] + [v for n, s in outer for v in (n, s, 0)]
     return Launch(
         "row", grid=cdiv(lay.n_y, bm), desc=desc, n_y=lay.n_y, num_warps=_warps(bm * bc, itemsize, cfg),
         ints=dict(n_rows=lay.n_y, n_cols=n_cols, col_stride=col_stride, n_outer=n_outer, ncb=ncb,
-                  nblk=n_outer * ncb, iters=n_outer * ncb, chunks=1, n_y=lay.n_y),
+                  nblk=n_outer * ncb, chunks=1, n_y=lay.n_y),
         constexprs=dict(NK=len(lay.kept), NRO=len(outer), BM=bm, BC=bc, UNIT=col_stride == 1,
-                        ALX=_align([s for _, s in lay.kept + outer]), IS_F64=itemsize == 8))
+                        ALX=_align([s for _, s in lay.kept + outer]), IS_F64=itemsize == 8,
+                        PREFETCH=cfg.prefetch, UNROLL=1 if cfg.prefetch else cfg.unroll))
 
 
 def _plan_col(lay: Layout, fast, tile: int, itemsize: int, cfg: Config) -> Launch:
@@ -387,7 +470,10 @@ def _plan_col(lay: Layout, fast, tile: int, itemsize: int, cfg: Config) -> Launc
         others_ys = lay.kept_ys[:fast] + lay.kept_ys[fast + 1:]
     n_red = lay.n_red
     bn0 = min(p2(n_fast), max(1, cfg.seg_bytes // itemsize))
-    br = min(p2(max(1, n_red)), max(1, tile // bn0))
+    if n_red <= cfg.short_red:  # one row a step: no lanes to add across, whole-tile row segments
+        br = 1
+    else:
+        br = min(p2(max(1, n_red)), max(1, tile // bn0))
     bn = min(p2(n_fast), max(bn0, tile // br))  # a short reduction gets wider rows
     nfb = cdiv(n_fast, bn)
     n_ko = prod(n for n, _ in others)
@@ -395,10 +481,11 @@ def _plan_col(lay: Layout, fast, tile: int, itemsize: int, cfg: Config) -> Launc
     desc = [v for (n, s), ys in zip(others, others_ys) for v in (n, s, ys)] + [v for n, s in lay.red for v in (n, s, 0)]
     return Launch(
         "col", grid=n_ko * nfb, desc=desc, n_y=lay.n_y, num_warps=_warps(br * bn, itemsize, cfg),
-        ints=dict(n_fast=n_fast, fast_xs=fxs, fast_ys=fys, nfb=nfb, n_red=n_red, nblk=nblk, iters=nblk,
-                  chunks=1, n_y=lay.n_y),
+        ints=dict(n_fast=n_fast, fast_xs=fxs, fast_ys=fys, nfb=nfb, n_red=n_red, nblk=nblk, chunks=1,
+                  n_y=lay.n_y),
         constexprs=dict(NKO=len(others), NR=len(lay.red), BR=br, BN=bn, UNIT_X=fxs == 1, UNIT_Y=fys == 1,
-                        ALX=_align([s for _, s in others + lay.red]), ALY=_align(others_ys), IS_F64=itemsize == 8))
+                        ALX=_align([s for _, s in others + lay.red]), ALY=_align(others_ys), IS_F64=itemsize == 8,
+                        PREFETCH=cfg.prefetch, UNROLL=1 if cfg.prefetch else cfg.unroll))
 
 
 def plan_request(shape, strides, itemsize: int, params, cfg: Config = GPU_CONFIG, sms: int = 132,
@@ -434,18 +521,6 @@ def _sm_count(device) -> int:
     return n
 
 
-def programs_per_sm(n_regs: int, smem: int, num_warps: int, max_threads: int = 2048, regs: int = 65536,
-                    smem_per_sm: int = 233472) -> int:
-    """How many programs of a compiled kernel an SM holds at once (H100 defaults): threads,
-    registers (allocated 256 per warp at a time) and shared memory (1 KiB reserved per block)."""
-    threads = 32 * num_warps
-    per_warp = cdiv(max(1, n_regs) * 32, 256) * 256
-    limits = [max_threads // threads, regs // (per_warp * num_warps), 32]
-    if smem:
-        limits.append(smem_per_sm // (smem + 1024))
-    return max(1, min(limits))
-
-
 def _ask_occupancy(L: Launch, x, y) -> int | None:
     """Programs per SM of the split variant of L, from the registers and shared memory of its
     compiled kernel (compiled now, as the launch would: same argument types and alignment);
@@ -453,23 +528,13 @@ def _ask_occupancy(L: Launch, x, y) -> int | None:
     key = (L.kernel, tuple(sorted(L.constexprs.items())), L.num_warps, x.device.index)
     if key in _OCCUPANCY:
         return _OCCUPANCY[key]
-    occ = None
-    try:
-        import torch
+    import torch
 
-        ws = torch.empty(16, dtype=torch.float64 if x.element_size() == 8 else torch.float32, device=x.device)
-        cnt = _counters(x.device, 1) if L.constexprs["FINISH"] == 2 else ws
-        ints = dict(L.ints, chunks=2, iters=1)
-        k = _KERNELS[L.kernel].warmup(x, y, ws, cnt, _descriptor(L.desc, x.device), **ints, **L.constexprs,
-                                      num_warps=L.num_warps, grid=(1,))
-        k._init_handles()
-        props = torch.cuda.get_device_properties(x.device)
-        occ = programs_per_sm(k.n_regs, int(getattr(k.metadata, "shared", 0) or 0), L.num_warps,
-                              getattr(props, "max_threads_per_multi_processor", 2048),
-                              getattr(props, "regs_per_multiprocessor", 65536),
-                              getattr(props, "shared_memory_per_multiprocessor", 233472))
-    except Exception:  # noqa: BLE001 - an API that moved: the configured guess instead
-        occ = None
+    ws = torch.empty(16, dtype=torch.float64 if x.element_size() == 8 else torch.float32, device=x.device)
+    cnt = _counters(x.device, 1) if L.constexprs["FINISH"] == 2 else ws
+    res = _resources(_KERNELS[L.kernel], (x, y, ws, cnt, _descriptor(L.desc, x.device)),
+                     {**dict(L.ints, chunks=2), **L.constexprs}, L.num_warps)
+    occ = _occupancy(res, L.num_warps, x.device)
     _OCCUPANCY[key] = occ
     return occ
 
@@ -484,7 +549,12 @@ def _counters(device, n: int):
     """At least n int32 zeros for the tile tickets, per device and stream."""
     import torch
 
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    if device.type != "cuda":
+        stream = 0
+    elif hasattr(torch._C, "_cuda_getCurrentRawStream"):  # what triton's launcher asks: a C call
+        stream = torch._C._cuda_getCurrentRawStream(device.index)
+    else:
+        stream = torch.cuda.current_stream(device).cuda_stream
     key = (device.type, device.index, stream)
     c = _COUNTERS.get(key)
     if c is None or c.numel() < n:
@@ -492,38 +562,69 @@ def _counters(device, n: int):
     return c
 
 
-def _prepare(x, y, params, cfg: Config | None):
-    """(Launch, descriptor tensor) of this request, planned on its first call."""
+class _Plan:
+    """A planned request: its Launch, the descriptor tensor and the launches (`Step`s: after
+    the first, each goes through the compiled kernel's own launcher, not the JIT)."""
+
+    __slots__ = ("L", "desc", "main", "stage2", "acc")
+
+    def __init__(self, L: Launch, device, itemsize: int):
+        import torch
+
+        self.L = L
+        self.desc = _descriptor(L.desc, device) if L.kernel else None
+        self.acc = torch.float64 if itemsize == 8 else torch.float32
+        self.main = Step(_KERNELS[L.kernel], L.grid, 5, {**L.ints, **L.constexprs}, L.num_warps) if L.kernel else None
+        self.stage2 = None
+        if L.stage2 is not None:
+            grid, bp, bn, warps = L.stage2
+            self.stage2 = Step(_stage2_kernel, grid, 2, dict(n_y=L.n_y, parts=L.chunks, BP=bp, BN=bn), warps)
+
+    def steps(self) -> list:
+        return [s for s in (self.main, self.stage2) if s]
+
+
+def _prepare(x, y, params, cfg: Config | None) -> _Plan:
+    """The plan of this request, planned on its first call."""
     key = (tuple(x.shape), x.stride(), x.dtype, x.device, _form(params), cfg)
     hit = _PLANS.get(key)
     if hit is None:
         if len(_PLANS) > 1024:
             _PLANS.clear()
-        c = cfg or (INTERPRETER_CONFIG if x.device.type == "cpu" else GPU_CONFIG)
+        c = cfg or (INTERPRETER_CONFIG if x.device.type == "cpu" else (_preset() or GPU_CONFIG))
         on_gpu = x.device.type == "cuda"
         lay = collapse(tuple(x.shape), x.stride(), reduced_axes(tuple(x.shape), params))
         sms = c.sms or (_sm_count(x.device) if on_gpu else 1)
         ask = (lambda L: _ask_occupancy(L, x, y)) if on_gpu and c.query_occupancy else None
         L = plan(lay, x.element_size(), c, sms, ask)
-        hit = _PLANS[key] = (L, _descriptor(L.desc, x.device) if L.kernel else None)
+        hit = _PLANS[key] = _Plan(L, x.device, x.element_size())
     return hit
 
 
 def _launch(x, y, params, cfg: Config | None) -> None:
-    L, desc = _prepare(x, y, params, cfg)
-    if not L.kernel:
+    P = _prepare(x, y, params, cfg)
+    if P.main is None:
         return
     ws = cnt = y  # stand-ins the kernel never touches when it writes y directly
+    L = P.L
     if L.chunks > 1:
         import torch
 
-        ws = torch.empty(L.chunks * L.n_y, dtype=torch.float64 if x.element_size() == 8 else torch.float32,
-                         device=x.device)
-        cnt = _counters(x.device, L.tiles) if L.stage2 is None else ws
-    _KERNELS[L.kernel][(L.grid,)](x, y, ws, cnt, desc, **L.ints, **L.constexprs, num_warps=L.num_warps)
-    if L.stage2 is not None:
-        grid, bp, bn, warps = L.stage2
-        _stage2_kernel[(grid,)](ws, y, L.n_y, L.chunks, BP=bp, BN=bn, num_warps=warps)
+        ws = torch.empty(L.chunks * L.n_y, dtype=P.acc, device=x.device)
+        cnt = _counters(x.device, L.tiles) if P.stage2 is None else ws
+    P.main.launch(x, y, ws, cnt, P.desc)
+    if P.stage2 is not None:
+        P.stage2.launch(ws, y)
+
+
+def _preset() -> Config | None:
+    """The sizing $GRADORACLE_TRITON_REDUCE pins (None: the default)."""
+    name = os.environ.get(PRESET_ENV, "")
+    if not name:
+        return None
+    if name not in PRESETS:
+        raise ValueError(f"triton {OP}: ${PRESET_ENV}: expected one of {', '.join(PRESETS)}, got {name!r}")
+    return PRESETS[name]
 
 
 # ============================================================================= validation
@@ -575,3 +676,34 @@ reduce_sum.unchecked = _run
 
 def plan_cache_size() -> int:
     return len(_PLANS)
+
+
+def _variant(name: str, cfg: Config):
+    """`triton@<name>`: reduce_sum with the sizing `cfg` pinned, checked and unchecked."""
+
+    def unchecked(inputs, outs, params):
+        _run(inputs, outs, params, cfg)
+
+    def checked(inputs, outs, params):
+        _check_limits(inputs["x"], outs["y"])
+        _run(inputs, outs, params, cfg)
+
+    checked.__doc__ = f"reduce_sum sized by the preset {name!r}: {cfg}"
+    fn = argcheck.register(triton_backend, OP, variant=name, dtypes=DTYPES, deterministic=True)(checked)
+    fn.unchecked = unchecked
+
+
+def _register_variants() -> None:
+    """The presets named in $GRADORACLE_TRITON_REDUCE_VARIANTS (comma-separated; "all": every one)."""
+    names = [v.strip() for v in os.environ.get(VARIANTS_ENV, "").split(",") if v.strip()]
+    if names == ["all"]:
+        names = list(PRESETS)
+    for name in names:
+        if name not in PRESETS:
+            raise ValueError(f"triton {OP}: ${VARIANTS_ENV}: expected names from {', '.join(PRESETS)} "
+                             f"(or all), got {name!r}")
+        _variant(name, PRESETS[name])
+
+
+_preset()  # a bad $GRADORACLE_TRITON_REDUCE fails at import, with its message
+_register_variants()

@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+# This sweep tunes nb_rows (the first best kernel); nb_stage's is scripts/gpu/cuda_norms_tune.py.
+os.environ["GRADORACLE_CUPY_NORMS"] = "kernel=rows,launch=cupy"
 
 import numpy as np  # noqa: E402
 
@@ -111,7 +114,7 @@ def main() -> int:
                 setattr(plan, k, v)
             try:
                 entry = plan.build_entry(op, "best", dt, arrays, True, num_sms(),
-                                         occupancy=lambda e, b: dev.occupancy(plan.SOURCES[op], e, b))
+                                         occupancy=lambda e, b, sm=0: dev.occupancy(plan.SOURCES[op], e, b, sm))
                 arrs = tuple(arrays[k] for k in plan.NAMES)
                 call_ms = _time(cp, lambda: plan.run(dev, entry, arrs), flush, args.samples)
                 la = entry.launch

@@ -125,7 +125,9 @@ def main(argv=None) -> int:
     if args.device == "cpu":
         if tk.interpreted():
             ap.error("run without TRITON_INTERPRET=1: on the CPU the launches are stubbed, not interpreted")
-        tk._Step.launch = lambda self, *tensors: None  # the Python alone
+        from backends.triton import _steps as _launch
+
+        _launch.Step.launch = lambda self, *tensors: None  # the Python alone
     dtypes = {"bf16": torch.bfloat16, "f32": torch.float32}
     rows = []
     for dt in args.dtype or ("bf16", "f32"):

@@ -12,8 +12,16 @@
 //     different xor masks in one exchange;
 //   * a deadlock (nothing can go on).
 // Memory is plain host memory: a pointer is a host address.  atomicAdd is a plain add (one OS
-// thread).  Only what the norm kernels use is here.
+// thread).  Dynamic shared memory (`dynamic_shared()`, the launch's `smem` bytes) starts every
+// block filled with 0xff bytes (NaN in every float format).  Asynchronous copies (cp.async:
+// `cp_async`, `cp_async_commit`, `cp_async_wait`) are deferred: the source is read when the copy
+// is queued, the destination written only when a wait retires its group, so a thread that reads
+// a slot before waiting for it sees the old bytes; copies still queued when a block ends are
+// reported.  A grid-wide barrier cannot run here (blocks run one after another): `grid_sync`
+// reports it.  Only what the norm kernels use is here.
 #pragma once
+
+#define CUHOST_RUNTIME 1
 
 #include <ucontext.h>
 
@@ -22,6 +30,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <deque>
 #include <string>
 #include <vector>
 
@@ -41,6 +50,12 @@ namespace cuhost {
 
 enum State { RUN, AT_SYNC, AT_SHFL, DONE };
 
+struct Copy {  // one queued asynchronous copy: the source's bytes as read when it was queued
+  unsigned char* dst;
+  unsigned char bytes[16];
+  int n;
+};
+
 struct Fiber {
   ucontext_t ctx;
   char* stack = nullptr;
@@ -50,6 +65,8 @@ struct Fiber {
   uint64_t shfl_in = 0, shfl_out = 0;
   int shfl_xor = 0;
   unsigned shfl_mask = 0;
+  std::vector<Copy> open;                // queued since the last commit
+  std::deque<std::vector<Copy>> groups;  // committed, not yet waited for (oldest first)
 };
 
 constexpr size_t kStack = 256 * 1024;
@@ -60,6 +77,8 @@ struct Scheduler {
   int cur = 0;
   std::function<void()> body;
   std::string error;
+  std::vector<unsigned char> smem;  // dynamic shared memory of the running block
+  size_t smem_bytes = 0;
 };
 
 inline Scheduler S;
@@ -131,12 +150,15 @@ inline bool run_block(unsigned n) {
     if (!f.stack) f.stack = static_cast<char*>(std::malloc(kStack));
     f.state = RUN;
     f.syncs = f.shfls = 0;
+    f.open.clear();
+    f.groups.clear();
     getcontext(&f.ctx);
     f.ctx.uc_stack.ss_sp = f.stack;
     f.ctx.uc_stack.ss_size = kStack;
     f.ctx.uc_link = &S.main;
     makecontext(&f.ctx, entry, 0);
   }
+  S.smem.assign(S.smem_bytes + 16, 0xff);
   const unsigned nwarps = (n + 31) / 32;
   for (;;) {
     bool moved = false;
@@ -172,7 +194,18 @@ inline bool run_block(unsigned n) {
       done += S.fibers[i].state == DONE;
       at_sync += S.fibers[i].state == AT_SYNC;
     }
-    if (done == n) return true;
+    if (done == n) {
+      for (unsigned i = 0; i < n; ++i) {
+        size_t queued = S.fibers[i].open.size();
+        for (const auto& g : S.fibers[i].groups) queued += g.size();
+        if (queued) {
+          S.error = where() + " thread " + std::to_string(i) + ": exited with " + std::to_string(queued) +
+                    " asynchronous copies never waited for";
+          return false;
+        }
+      }
+      return true;
+    }
     if (at_sync + done == n) {
       if (done) {
         S.error = where() + ": " + std::to_string(at_sync) + " threads wait at __syncthreads() while " +
@@ -204,10 +237,12 @@ inline bool run_block(unsigned n) {
   }
 }
 
-// Runs `body` (a kernel call) over the grid; 0 on success, else 1 with the fault in `err`.
-inline int launch(dim3 grid, dim3 block, std::function<void()> body, char* err, int errlen) {
+// Runs `body` (a kernel call) over the grid with `smem` bytes of dynamic shared memory; 0 on
+// success, else 1 with the fault in `err`.
+inline int launch(dim3 grid, dim3 block, std::function<void()> body, char* err, int errlen, size_t smem = 0) {
   S.body = std::move(body);
   S.error.clear();
+  S.smem_bytes = smem;
   grid_dim = grid;
   block_dim = block;
   if (block.y != 1 || block.z != 1 || grid.z != 1) {
@@ -225,6 +260,40 @@ inline int launch(dim3 grid, dim3 block, std::function<void()> body, char* err, 
     }
   }
   return 0;
+}
+
+// The block's dynamic shared memory, 16-byte aligned.
+inline unsigned char* dynamic_shared() {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(S.smem.data());
+  return S.smem.data() + ((16 - a % 16) % 16);
+}
+
+inline void cp_async(void* dst, const void* src, int bytes) {
+  Copy c;
+  c.dst = static_cast<unsigned char*>(dst);
+  c.n = bytes;
+  std::memcpy(c.bytes, src, bytes);
+  S.fibers[S.cur].open.push_back(c);
+}
+
+inline void cp_async_commit() {
+  Fiber& f = S.fibers[S.cur];
+  f.groups.push_back(std::move(f.open));
+  f.open.clear();
+}
+
+// Retires the oldest groups until at most `pending` are left (cp.async.wait_group pending).
+inline void cp_async_wait(int pending) {
+  Fiber& f = S.fibers[S.cur];
+  while ((int)f.groups.size() > pending) {
+    for (const Copy& c : f.groups.front()) std::memcpy(c.dst, c.bytes, c.n);
+    f.groups.pop_front();
+  }
+}
+
+inline void grid_sync() {
+  std::fprintf(stderr, "cuda_host: a grid-wide barrier cannot run here (blocks run one after another)\n");
+  std::abort();
 }
 
 }  // namespace cuhost
@@ -264,4 +333,24 @@ inline double atomicAdd(double* p, double v) {
   const double old = *p;
   *p = old + v;
   return old;
+}
+
+inline unsigned int atomicAdd(unsigned int* p, unsigned int v) {
+  const unsigned int old = *p;
+  *p = old + v;
+  return old;
+}
+
+inline unsigned int atomicExch(unsigned int* p, unsigned int v) {
+  const unsigned int old = *p;
+  *p = v;
+  return old;
+}
+
+inline void __threadfence() {}
+inline void __nanosleep(unsigned int) {}
+
+template <typename T>
+inline T __ldcg(const T* p) {
+  return *p;
 }
