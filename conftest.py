@@ -51,11 +51,23 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
+    _check_case_file(config.getoption("--cases"))
     config.gradoracle_seed_given = config.getoption("--seed") is not None
     shared = getattr(config, "workerinput", {}).get("gradoracle_seed")  # an xdist worker: the controller's seed
     if config.getoption("--seed") is None:
         config.option.seed = shared if shared is not None else random.SystemRandom().randrange(1 << 31)
     config.pluginmanager.register(xdist_pin_report(), "gradoracle-xdist-pins")  # pytest -n N: "GPU per worker"
+
+
+def _check_case_file(spec: str | None) -> None:
+    """A --cases file or JSON case with a bad entry ends the session at once, exit 2, on its one-line message."""
+    from cases.registry import TAGS, CaseFileError, select
+
+    if spec and spec not in TAGS + ("all",):
+        try:
+            select(spec)
+        except CaseFileError as exc:
+            pytest.exit(f"error: {exc}", returncode=2)
 
 
 @pytest.hookimpl(optionalhook=True)

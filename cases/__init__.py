@@ -9,6 +9,6 @@ What may be touched: add cases to an op's module, or a module for a new op (READ
 op"); keep case ids stable (results and repro lines name them).  Cases of an op installed from
 a package live in the module its OpSpec names as `cases_module`.
 """
-from cases.registry import TAGS, Case, add, all_cases, load_file, select
+from cases.registry import TAGS, Case, CaseFileError, add, all_cases, load_file, select
 
-__all__ = ["TAGS", "Case", "add", "all_cases", "load_file", "select"]
+__all__ = ["TAGS", "Case", "CaseFileError", "add", "all_cases", "load_file", "select"]

@@ -47,6 +47,7 @@ for n in (5, 17, 1023):
     case((13, n), "bf16", tags=SMOKE if n != 1023 else FULL)
     case((3, n), "f16", tags=FULL, affine=False)
 case((5, 1023), "bf16", tags=SMOKE)
+case((4096, 16), "bf16", tags=SMOKE)  # dweight, dbias: sums of 4096 rows, where a 16-bit accumulator rounds
 case((1, 4096), "bf16", tags=SMOKE)  # M = 1 at llama hidden
 case((1, 8192), "f32", tags=FULL)
 case((7, 12289), "bf16", tags=FULL)

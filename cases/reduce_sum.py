@@ -90,6 +90,9 @@ axes((257, 129), (1,), "bf16", tags=FULL)
 axes((1000003,), None, tags=FULL)
 to((3, 257, 129), (257, 1), tags=FULL)
 
+# An uneven tail past whole blocks (1000 = 3 * 256 + 232): a block loop without its tail drops 232 terms.
+axes((5, 1000), (1,), tags=SMOKE)
+
 # Long reductions at smoke size: float32 accumulation of ~10**4 low-precision terms.
 axes((16384, 4), (0,), "bf16", tags=SMOKE)
 axes((4, 16384), (1,), "f16", tags=SMOKE)

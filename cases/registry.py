@@ -116,11 +116,30 @@ def strategies() -> dict[str, Callable]:
     return dict(_STRATEGIES)
 
 
+# ----------------------------------------------------------------------------- case files
+
+class CaseFileError(ValueError):
+    """A case that cannot be loaded from a file or the command line: the message names the file (or
+    'command line'), the entry's index, the parameter, what was expected and what it holds.
+    `python -m harness` prints it and exits 2."""
+
+
+KEYS = ("op", "dtype", "params", "tags")
+
+
 def from_json(obj: dict, source: str) -> Case:
     """A case from its JSON form, checked against its op so a typo fails loudly."""
+    if not isinstance(obj, dict):
+        raise ValueError(f"case from {source}: expected a mapping with keys {', '.join(KEYS)}, got {obj!r}")
     missing = {"op", "params"} - set(obj)
     if missing:
         raise ValueError(f"case from {source}: missing {', '.join(sorted(missing))} in {obj}")
+    unknown_keys = sorted(set(obj) - set(KEYS))
+    if unknown_keys:
+        raise ValueError(f"case from {source}: unknown key {unknown_keys[0]!r}: expected one of {', '.join(KEYS)}")
+    if not isinstance(obj["params"], dict):
+        raise ValueError(f"case from {source}: 'params': expected a mapping of param names to values, "
+                         f"got {obj['params']!r}")
     tags = frozenset(obj.get("tags", ["full"]))
     unknown = tags - set(TAGS)
     if unknown:
@@ -131,29 +150,55 @@ def from_json(obj: dict, source: str) -> Case:
     return case
 
 
-def load_file(path: str | Path) -> list[Case]:
-    path = Path(path)
-    text = path.read_text()
-    if path.suffix in (".yaml", ".yml"):
-        import yaml
-
-        data = yaml.safe_load(text)
-    else:
-        data = json.loads(text)
+def _entries(data, source: str) -> list[Case]:
+    """Every entry of a loaded list as a Case; the first bad one raises CaseFileError naming its index."""
     if isinstance(data, dict):
         data = data.get("cases", [data])
-    return [from_json(obj, str(path)) for obj in data]
+    if not isinstance(data, list):
+        raise CaseFileError(f"{source}: expected a list of cases or a mapping with a 'cases' list, got {data!r}")
+    cases = []
+    for index, obj in enumerate(data):
+        op = f" ({obj['op']})" if isinstance(obj, dict) and isinstance(obj.get("op"), str) else ""
+        try:
+            case = from_json(obj, f"{source} entry {index}")
+            case.id  # noqa: B018 - building the id must work too (it reads every shape param)
+        except (ValueError, KeyError, TypeError, IndexError) as exc:
+            text = exc.args[0] if exc.args and isinstance(exc.args[0], str) else str(exc)
+            text = text.removeprefix(f"case from {source} entry {index}: ")
+            raise CaseFileError(f"{source}: entry {index}{op}: {text}") from None
+        cases.append(case)
+    return cases
+
+
+def load_file(path: str | Path) -> list[Case]:
+    path = Path(path)
+    try:
+        text = path.read_text()
+        if path.suffix in (".yaml", ".yml"):
+            import yaml
+
+            data = yaml.safe_load(text)
+        else:
+            data = json.loads(text)
+    except Exception as exc:  # noqa: BLE001 - unreadable or unparsable: one clear line, not a traceback
+        raise CaseFileError(f"{path}: cannot read it as {'YAML' if path.suffix in ('.yaml', '.yml') else 'JSON'}: "
+                            f"{type(exc).__name__}: {exc}") from None
+    return _entries(data, str(path))
 
 
 def select(spec: str = "smoke", op: str | None = None, dtype: str | None = None) -> list[Case]:
     """Cases by tag ('smoke', 'full', 'perf', 'stress', 'all'), from a file path, or one JSON case."""
     if spec.lstrip().startswith("{") or spec.lstrip().startswith("["):
-        data = json.loads(spec)
-        found = [from_json(obj, "command line") for obj in (data if isinstance(data, list) else [data])]
+        try:
+            data = json.loads(spec)
+        except json.JSONDecodeError as exc:
+            raise CaseFileError(f"--cases: not a valid JSON case: {exc}") from None
+        found = _entries(data if isinstance(data, list) else [data], "command line")
     elif spec in TAGS or spec == "all":
         found = [c for c in all_cases() if spec == "all" or spec in c.tags]
     elif Path(spec).exists():
         found = load_file(spec)
     else:
-        raise ValueError(f"--cases {spec!r}: expected one of {', '.join(TAGS)}, 'all', a JSON/YAML file or a JSON case")
+        raise CaseFileError(f"--cases {spec!r}: expected one of {', '.join(TAGS)}, 'all', a JSON/YAML file or a "
+                            "JSON case")
     return [c for c in found if (op is None or c.op == op) and (dtype is None or c.dtype == dtype)]

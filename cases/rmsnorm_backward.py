@@ -45,6 +45,7 @@ case((1, 4096), "bf16", tags=SMOKE)  # M = 1 at llama hidden
 case((1, 8192), "f32", tags=FULL)
 case((7, 12289), "bf16", tags=FULL)
 case((256, 64), "bf16", tags=SMOKE)  # dweight: a sum over 256 rows
+case((4096, 16), "bf16", tags=SMOKE)  # dweight: a sum of 4096 rows, where a 16-bit accumulator rounds
 
 # Non-contiguous dy and x: transposed (the normalised axis strided) and sliced (stride 2).
 for dy_layout, x_layout in [("transposed", "contig"), ("contig", "transposed"), ("sliced", "contig"),

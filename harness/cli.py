@@ -1,5 +1,6 @@
 """`python -m harness` (also `gradoracle`): list what is registered, run cases, exit non-zero on failure;
-`bench`, `compare` and `ceilings` time implementations (harness/bench_cli.py)."""
+`bench`, `compare` and `ceilings` time implementations (harness/bench_cli.py); `mutate` scores the
+cases against planted near-miss kernels (harness/mutate.py)."""
 from __future__ import annotations
 
 import argparse
@@ -8,7 +9,7 @@ import random
 import sys
 import time
 
-from harness import bench_cli, frameworks, status
+from harness import bench_cli, frameworks, mutate, status
 from harness.registry import BACKENDS, BROKEN, BROKEN_OPS, discover, is_baseline, load_ops
 from harness.results import CHECKPOINT_S, resumed, write_run
 from harness.selection import SelectionError, select
@@ -58,6 +59,7 @@ def _parse(argv):
     from harness import profile
 
     profile.add_parser(sub)
+    mutate.add_parser(sub)
     return parser.parse_args(argv)
 
 
@@ -227,6 +229,16 @@ def _sigterm_as_interrupt(signum, frame):
 
 
 def main(argv=None) -> int:
+    from cases.registry import CaseFileError
+
+    try:
+        return _main(argv)
+    except CaseFileError as exc:  # a bad case file or --cases value: one line naming entry and param
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _main(argv=None) -> int:
     import signal
 
     args = _parse(argv)
@@ -241,4 +253,6 @@ def main(argv=None) -> int:
         from harness import profile
 
         return profile.cmd_profile(args)
+    if args.command == "mutate":
+        return mutate.cmd_mutate(args)
     return cmd_run(args)

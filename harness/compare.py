@@ -26,6 +26,12 @@ mis-indexed) output misses by about s_i, far above tol_i; a test proves every ca
 rejects zeros.  An accumulator in float16/bfloat16 over n terms errs by about
 u_in * sqrt(n) * s_i, which exceeds the bound once n is more than a handful, as it should.
 
+Exact outputs.  On an op's exact-arithmetic input set (harness/exact.py) the outputs the op
+declares exact have no rounding error before the final store, so their bound is that one
+rounding alone: tol_i = ulp_out(r_i) / 2, half a unit in the last place of the output dtype
+at r_i (0 where r_i = 0).  It is never looser than the model above (ulp/2 <= u_out*|r|), and a
+missing or extra term, or a partial sum rounded to 16 bits, misses it by a grid step.
+
 NaN in the output fails wherever the oracle is finite (outputs are NaN-poisoned before
 the call, so unwritten elements fail).  Inf must match the oracle's sign exactly.
 """
@@ -88,9 +94,24 @@ def tolerance(ref: np.ndarray, scale: np.ndarray, n: int, dtype: str) -> np.ndar
     return u * np.abs(ref) + SAFETY * (u + u_acc * sqrt(max(n, 1))) * scale + dtypes.tiny(dtype)
 
 
+# Significand bits (with the implicit one) and the exponent of the smallest normal, per dtype.
+_PRECISION = {"f64": (53, -1022), "f32": (24, -126), "f16": (11, -14), "bf16": (8, -126)}
+
+
+def exact_tolerance(ref: np.ndarray, dtype: str) -> np.ndarray:
+    """Half an ulp of `dtype` at each |ref| (subnormal spacing below the normal range; 0 at 0 and
+    at non-finite values, which compare judges by equality): the bound of an exact output."""
+    bits, emin = _PRECISION[dtypes.check(dtype)]
+    ref = np.asarray(ref, np.float64)
+    finite = np.isfinite(ref) & (ref != 0)
+    _, e = np.frexp(np.where(finite, ref, 1.0))  # |ref| = m * 2**e, m in [0.5, 1): its binade is 2**(e-1)
+    return np.where(finite, np.ldexp(0.5, np.maximum(e - 1, emin) - (bits - 1)), 0.0)
+
+
 def compare(name: str, got: np.ndarray, ref: np.ndarray, scale: np.ndarray, n: int, dtype: str,
-            got_dtype: str | None = None) -> OutputReport:
-    """Judge one output (already float64 on the host) against the oracle."""
+            got_dtype: str | None = None, exact: bool = False) -> OutputReport:
+    """Judge one output (already float64 on the host) against the oracle; `exact`: the output is
+    exact on its inputs (harness/exact.py) and gets the rounding of its final store alone."""
     if tuple(got.shape) != tuple(ref.shape):
         return OutputReport(name, False, message=f"shape {tuple(got.shape)}, expected {tuple(ref.shape)}")
     if got_dtype is not None and got_dtype != dtype:
@@ -98,14 +119,14 @@ def compare(name: str, got: np.ndarray, ref: np.ndarray, scale: np.ndarray, n: i
     numel = prod(ref.shape)
     if numel == 0:
         return OutputReport(name, True, numel=0, message="empty output")
-    tol = tolerance(ref, scale, n, dtype)
+    tol = exact_tolerance(ref, dtype) if exact else tolerance(ref, scale, n, dtype)
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         err = np.abs(got - ref)
         both_inf = np.isinf(ref) & (got == ref)
         err = np.where(both_inf, 0.0, err)
         err = np.where(np.isnan(ref) & np.isnan(got), 0.0, err)  # NaN where the oracle says NaN is right
         bad = ~(err <= tol)  # NaN err counts as bad
-        ratio = np.where(np.isnan(err), np.inf, err / tol)
+        ratio = np.where(np.isnan(err), np.inf, np.where(err == 0, 0.0, err / tol))  # 0/0: an exact zero
         rel = np.where(np.abs(ref) > 0, err / np.abs(ref), np.where(err > 0, np.inf, 0.0))
     finite_err = np.where(np.isnan(err), np.inf, err)
     i_abs = np.unravel_index(int(np.argmax(finite_err)), ref.shape)
@@ -120,5 +141,5 @@ def compare(name: str, got: np.ndarray, ref: np.ndarray, scale: np.ndarray, n: i
     if bad.any():
         w = i_worst
         report.message = (f"worst at ({','.join(map(str, w))}): got {float(got[w]):.6g} expected {ref[w]:.6g} "
-                          f"tol {tol[w]:.3g}")
+                          f"tol {tol[w]:.3g}" + (" (exact: half an ulp)" if exact else ""))
     return report

@@ -38,6 +38,7 @@ class Prepared:
     samples: dict = field(default_factory=dict)
     # (oracle, where) of a GPU oracle not run yet (prepare(defer_gpu=True)); prepare.finish runs it
     pending: tuple | None = None
+    exact: frozenset = frozenset()  # outputs exact on these inputs (harness/exact.py): judged to output rounding
 
     def nan_count(self, name: str) -> int:
         if name not in self.nan_counts:

@@ -92,6 +92,9 @@ class OpSpec:
     # cases.registry.strategy), when it is not a module of the `cases` package: an op installed
     # from a package (the `gradoracle.ops` entry points) names its own.
     cases_module: str | None = None
+    # The exact-arithmetic input set (harness/exact.py): attached by `declare_exact_set` at the end
+    # of the op's module; None: the op has none (its outputs are never exact, e.g. attention's exp).
+    exact_set: "ExactSet | None" = None
 
 
     def names(self, params: Mapping) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -108,6 +111,28 @@ class OpSpec:
         from oracle.jax_setup import run_float64
 
         return run_float64(self.jax_vjp, inputs, params, on)
+
+
+@dataclass(frozen=True)
+class ExactSet:
+    """An op's exact-arithmetic input set: a third input set every case also runs on (harness/exact.py).
+
+    generate(case, rng) -> {input name: HostTensor}: values on a coarse dyadic grid (small integers
+    times a power of two), with the shapes, layouts and dtypes of OpSpec.generate, chosen so that
+    every product the op forms is exact in the input dtype and every sum exact in float32.
+    outputs(case) -> the outputs that are then exact: any implementation that follows the spec
+    (products in the input dtype, sums in at least float32) gets them exactly before its final
+    store, so they are judged to output rounding only (half an ulp, harness/compare.py).
+    """
+
+    generate: Callable[[Any, Any], dict]
+    outputs: Callable[[Any], tuple[str, ...]]
+
+
+def declare_exact_set(spec: OpSpec, generate: Callable, outputs: Callable) -> OpSpec:
+    """Attach an ExactSet to a registered op (the op modules do it last, after their own declaration)."""
+    object.__setattr__(spec, "exact_set", ExactSet(generate, outputs))
+    return spec
 
 
 OPS: dict[str, OpSpec] = {}

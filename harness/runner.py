@@ -2,7 +2,7 @@
 
 `run_case` is the correctness path.  On top of the oracle comparison of the first call it
 runs the guards of harness/guards.py on every call (unwritten outputs, out-of-bounds writes
-and reads, mutated inputs) and two more checks:
+and reads, mutated inputs) and three more checks:
 
 - **repeats** (races, non-determinism): the implementation is called `repeats` times on the
   same inputs, fresh poisoned outputs each time.  A deterministic implementation
@@ -24,6 +24,11 @@ and reads, mutated inputs) and two more checks:
   The second oracle is computed once per case and shared by every implementation (harness/prepare.py
   caches it); on an unloaded CPU core every smoke case is under the bound.  Timed runs skip the
   check: `timed_check` re-validates the final timed call against the second set's oracle anyway.
+- **exact arithmetic** (dropped or extra terms that rounding noise hides): last, the inputs are
+  refilled with the op's exact-arithmetic set (harness/exact.py: dyadic grid values on which
+  every sum is exact in float32) and the outputs the op declares exact there must come back
+  exactly, to the rounding of their final store.  Ops and cases with no exact output skip it;
+  like the stale-output check it runs on untimed runs (`recheck`), and GRADORACLE_EXACT=0 skips it.
 """
 from __future__ import annotations
 
@@ -35,7 +40,7 @@ from math import prod
 
 import numpy as np
 
-from harness import dtypes, frameworks, guards, prepared as _prepared, status, stress, timing
+from harness import dtypes, exact, frameworks, guards, prepared as _prepared, status, stress, timing
 from harness.compare import OutputReport, compare, tolerance
 from harness.prepare import generate, prepare
 from harness.prepared import Prepared, sample_index
@@ -85,7 +90,8 @@ def judge(impl: Impl, prepared: Prepared, case, outs: dict, sample_above: int | 
             reports.append(_sampled_compare(fw, name, outs[name], prepared, n, case.dtype))
             continue
         got = fw.to_host64(outs[name])
-        report = compare(name, got, prepared.ref[name], scale, n, case.dtype, fw.dtype_name(outs[name]))
+        report = compare(name, got, prepared.ref[name], scale, n, case.dtype, fw.dtype_name(outs[name]),
+                         exact=name in prepared.exact)
         if not report.passed and report.numel:  # say so when the wrong output is a trivial one
             in_dtypes = {k: dtypes.from_any(t.dtype) for k, t in prepared.inputs.items()}
             why = guards.trivial(got, prepared.inputs64, in_dtypes, fw.dtype_name(outs[name]))
@@ -334,6 +340,27 @@ def _recheck(result: CaseResult, impl: Impl, prepared: Prepared, case, device: s
             f"{STALE} returns outputs that did not change (or were not written): stale or cached output?"
 
 
+def _exact_check(result: CaseResult, impl: Impl, case, device: str, run_seed: int, oracle: str, guarded) -> None:
+    """The exact-arithmetic check (module docstring): refill the inputs in place with the op's exact
+    set, re-poison, call, judge the exact outputs to half an ulp.  A failure goes into `result`
+    (FAIL, the exact set's reports, the reason); the call is not added to `result.calls`, which
+    counts the repeats and the stale-output check (the spread line reads it)."""
+    exact.remember([])
+    if not exact.applies(case):
+        return
+    prepared = exact.prepare(case, run_seed, oracle, device)
+    guarded.refill(prepared.inputs)
+    got, found = guarded.call(fresh=False)
+    reports = judge(impl, prepared, case, got)
+    exact.remember(reports)
+    if _passed(reports) and not found:
+        return
+    result.status = status.FAIL
+    result.outputs = reports + found
+    names = ", ".join(o for o in get_op(case.op).outputs if o in prepared.exact)
+    result.reason = f"{exact.EXACT}: the call fails it ({names} exact there: judged to half an ulp)"
+
+
 def _unchanged(fw, before: dict, got: dict) -> list[OutputReport]:
     """Without a second oracle: outputs left all NaN, or bitwise equal to the previous input set's."""
     found = []
@@ -425,6 +452,8 @@ def _checked(result: CaseResult, impl: Impl, case, device: str, run_seed: int, o
             _repeat(result, impl, prepared, case, guarded, outs, calls)
         if result.status == status.PASS and recheck and not timed:
             _recheck(result, impl, prepared, case, device, run_seed, oracle, guarded)
+        if result.status == status.PASS and recheck and not timed:
+            _exact_check(result, impl, case, device, run_seed, oracle, guarded)
     except (ValueError, TypeError, NotImplementedError) as exc:
         result.status, result.reason = status.ERROR, f"{type(exc).__name__}: {exc}"
         return

@@ -246,3 +246,73 @@ SPEC = register_op(OpSpec(
     check_args=_check_args,
     row_separable=True,
 ))
+
+
+# ----------------------------------------------------------------------------- exact-arithmetic input set
+
+from harness import exact as _exact  # noqa: E402  (the exact set is declared after the op)
+from harness.registry import declare_exact_set  # noqa: E402
+
+def _broadcast_axes(x_shape, out_shape) -> tuple[int, ...]:
+    """The axes of out along which an operand of x_shape was broadcast (the axes its gradient sums)."""
+    lead = len(out_shape) - len(x_shape)
+    return tuple(range(lead)) + tuple(lead + i for i, n in enumerate(x_shape) if n == 1 and out_shape[lead + i] != 1)
+
+
+def _exact_plan(case) -> tuple[int, int, int]:
+    """(grid top of grad_out, grid top of a and b, largest |term| in grid units) on the exact set.
+
+    add/sub sum grad_out alone (up to 255); mul sums g*b and g*a (15 * 15 = 225); div's b is a power
+    of two (+-{1/2, 1, 2}) and its g*a/b**2 is up to 16 * 15 * 15 units of the finest step;
+    maximum/minimum draw a and b from +-{1,2,3} (ties 1 time in 6) and sum g/2 or g; each top falls
+    back to a smaller grid where the sums would be too long to stay exact (exact.top_for)."""
+    fn, shapes = case.params["fn"], _shapes(case)
+    out = prod(shapes["grad_out"])
+    n = max(out // max(prod(shapes[x]), 1) for x in ("a", "b"))
+    if fn in ("add", "sub"):
+        t = _exact.top_for(n, case.dtype)
+        return t, _exact.FACTOR, t
+    if fn in ("maximum", "minimum"):
+        t = _exact.top_for(2 * n, case.dtype)
+        return t, _exact.SMALL, 2 * t
+    if fn == "div":
+        t = _exact.top_for(16 * n, case.dtype, product=True)
+        return t, t, 16 * t * t
+    t = _exact.top_for(n, case.dtype, product=True)
+    return t, t, t * t
+
+
+def _exact_generate(case, rng):
+    """a, b, grad_out on the grid of _exact_plan (harness/exact.py); div's b a power of two, so 1/b and
+    1/b**2 are exact.  pow gets a in {1/2, 1, 2} and b in +-{1, 2} (its a**b * ln a is never exact:
+    not declared).  grad_out is balanced over the longer broadcast reduction, so that sum ends near 0."""
+    p, shapes = case.params, _shapes(case)
+    fn, out = p["fn"], shapes["grad_out"]
+    g_top, ab_top, _ = _exact_plan(case) if fn != "pow" else (_exact.SMALL, _exact.SMALL, 0)
+    if fn == "pow":
+        a, b = np.exp2(rng.integers(-1, 2, shapes["a"])), _exact.grid(rng, shapes["b"], top=2) * 4
+    else:
+        a = _exact.grid(rng, shapes["a"], ab_top)
+        b = _exact.powers(rng, shapes["b"]) if fn == "div" else _exact.grid(rng, shapes["b"], ab_top)
+    g = _exact.grid(rng, out, g_top)
+    da, db = partials(fn, a, b)
+    n, axes, d = max(((prod(out) // max(prod(shapes[x]), 1), _broadcast_axes(shapes[x], out), dx)
+                      for x, dx in (("a", da), ("b", db))), key=lambda t: t[0])
+    if n > 1:
+        g = _exact.balance(g, d, axes, rng)
+    return {"a": from_values(a, case.dtype, p.get("a_layout", "contig")),
+            "b": from_values(b, case.dtype, p.get("b_layout", "contig")),
+            "grad_out": from_values(g, case.dtype, p.get("g_layout", "contig"))}
+
+
+def _exact_outputs(case):
+    """grad_a and grad_b, except for pow (exp and log) and sums too long to stay exact in float32."""
+    if case.params["fn"] == "pow":
+        return ()
+    shapes, units = _shapes(case), _exact_plan(case)[2]
+    out = prod(shapes["grad_out"])
+    return tuple(g for g, x in (("grad_a", "a"), ("grad_b", "b"))
+                 if _exact.sum_exact(out // max(prod(shapes[x]), 1), units, case.dtype))
+
+
+declare_exact_set(SPEC, _exact_generate, _exact_outputs)

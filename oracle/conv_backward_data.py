@@ -175,3 +175,25 @@ SPEC = register_op(OpSpec(
     validate=_validate,
     check_args=_check_args,
 ))
+
+
+# ----------------------------------------------------------------------------- exact-arithmetic input set
+
+from harness import exact as _exact  # noqa: E402  (the exact set is declared after the op)
+from harness.registry import declare_exact_set  # noqa: E402
+
+
+def _exact_generate(case, rng):
+    """dy and w on the grid +-{1..15}/16 (harness/exact.py): products k/256 with k <= 225."""
+    p, s = case.params, _shapes(case)
+    return {"dy": from_values(_exact.grid(rng, s["dy"], _exact.FACTOR), case.dtype, p.get("dy_layout", "contig")),
+            "w": from_values(_exact.grid(rng, s["w"], _exact.FACTOR), case.dtype, p.get("w_layout", "contig"))}
+
+
+def _exact_outputs(case):
+    """dx: a sum of at most Cout/groups * prod(k) products, exact in float32 at every size here."""
+    geo = cc.geometry(case.params, OP)
+    return ("dx",) if _exact.sum_exact(geo.cout // geo.groups * prod(geo.kernel), 225, case.dtype) else ()
+
+
+declare_exact_set(SPEC, _exact_generate, _exact_outputs)

@@ -164,3 +164,26 @@ SPEC = register_op(OpSpec(
     validate=_validate,
     check_args=_check_args,
 ))
+
+
+# ----------------------------------------------------------------------------- exact-arithmetic input set
+
+from harness import exact as _exact  # noqa: E402  (the exact set is declared after the op)
+from harness.registry import declare_exact_set  # noqa: E402
+
+
+def _exact_generate(case, rng):
+    """dy and x on the grid +-{1..15}/16 (harness/exact.py): products k/256 with k <= 225."""
+    p, s = case.params, _shapes(case)
+    return {"dy": from_values(_exact.grid(rng, s["dy"], _exact.FACTOR), case.dtype, p.get("dy_layout", "contig")),
+            "x": from_values(_exact.grid(rng, s["x"], _exact.FACTOR), case.dtype, p.get("x_layout", "contig"))}
+
+
+def _exact_outputs(case):
+    """dw: a sum of N * prod(O) products (fewer where taps read the padding), exact in float32 while
+    sum_exact holds (every case here)."""
+    geo = cc.geometry(case.params, OP)
+    return ("dw",) if _exact.sum_exact(geo.n * prod(geo.out), 225, case.dtype) else ()
+
+
+declare_exact_set(SPEC, _exact_generate, _exact_outputs)

@@ -373,3 +373,117 @@ SPEC = register_op(OpSpec(
     stats=("mean", "rstd"),
     row_separable=True,
 ))
+
+
+# ----------------------------------------------------------------------------- exact-arithmetic input set
+
+from harness import exact as _exact  # noqa: E402  (the exact set is declared after the op)
+from harness.registry import declare_exact_set  # noqa: E402
+
+_BLOCK8 = np.array([5.0, 1, -1, -1, -1, -1, -1, -1])  # sum 0, mean square 4
+_BLOCK5 = np.array([3.0, -3, 1, -1, 0])  # sum 0, mean square 4
+_PAIR = np.array([2.0, -2])  # sum 0, mean square 4
+_FREE8 = np.array([5.0, 1, 1, 1, 1, 1, 1, 1])  # mean square 4 (signs free: no mean to keep)
+
+
+def exact_deviations(rng, rows: int, n: int, zero_sum: bool = True) -> tuple[np.ndarray, float]:
+    """((rows, n) whole-number deviations, their mean square V per row): V = 4 except for n = 1 and 3.
+
+    zero_sum (layer norm): each row is blocks of 8 (5, 1, -1 x 6), one block (3, -3, 1, -1, 0) for an
+    odd remainder, and pairs (2, -2); every block sums to 0 and has mean square 4.  n = 1 and 3 have
+    no such row: 0 (V = 0) and (2, -1, -1) (V = 2).  Without (rms norm): blocks (5, 1 x 7) and
+    single 2s.  Each block gets a random sign and each row is shuffled, so a row sums to exactly 0
+    (zero_sum) and its mean square is exactly V: 1/sqrt(V) is a power of two.
+    """
+    if not zero_sum:
+        blocks = [_FREE8] * (n // 8) + [np.array([2.0])] * (n % 8)
+        square = 4.0
+    elif n in (0, 1, 3):
+        blocks, square = ([np.zeros(n)], 0.0) if n < 3 else ([np.array([2.0, -1, -1])], 2.0)
+    else:
+        q, r = divmod(n, 8)
+        if r % 2 and q and r < 5:  # 9 = 5 + 2 + 2, 11 = 5 + 2 + 2 + 2: give one block of 8 back
+            q, r = q - 1, r + 8
+        blocks = [_BLOCK8] * q + [_BLOCK5] * (r % 2) + [_PAIR] * ((r - 5 * (r % 2)) // 2)
+        square = 4.0
+    row = np.concatenate(blocks) if blocks else np.zeros(0)
+    block_of = np.repeat(np.arange(len(blocks)), [len(b) for b in blocks])
+    rows = max(rows, 0)
+    signs = np.where(rng.random((rows, len(blocks))) < 0.5, -1.0, 1.0)[:, block_of] if zero_sum else \
+        np.where(rng.random((rows, len(row))) < 0.5, -1.0, 1.0)
+    return rng.permuted(row * signs, axis=1), square
+
+
+def _eps_free_scale(eps: float, square: float, dtype: str) -> float:
+    """A power of two s such that the variance square * s**2 absorbs eps in float64 (var + eps == var:
+    the oracle's rstd is then exactly a power of two, as is every float32 implementation's); capped
+    where x = 5s must stay finite (f16: there eps cannot be absorbed and dx, dweight are not exact)."""
+    if not square:
+        return 1.0
+    want = int(np.ceil(0.5 * np.log2(eps * 2.0**54 / square)))
+    cap = 11 if dtype == "f16" else 60
+    return float(2.0 ** max(0, min(want, cap)))
+
+
+def _eps_absorbed(var: float, eps: float) -> bool:
+    return var > 0 and float(np.float64(var) + np.float64(eps)) == var
+
+
+def _exact_generate(case, rng):
+    """x = mean + deviation * s with whole-number deviations of mean square 4 (exact_deviations) and
+    s a power of two large enough that the variance absorbs eps (so rstd is exactly 1/(2s)); dy on
+    the grid +-{1..15}/16, weight and the row means (times s) on +-{1,2,3}/4 (harness/exact.py).
+    dy is balanced over the rows, separately for each deviation value, so that dweight and dbias
+    end near 0."""
+    p = case.params
+    shape = tuple(p["shape"])
+    affine, _, eps = _flags(p)
+    n, rows = shape[-1], prod(shape[:-1])
+    devs, square = exact_deviations(rng, rows, n)
+    s = _eps_free_scale(eps, square, case.dtype)
+    mean = _exact.grid(rng, (rows, 1)) * s
+    x = (mean + devs * s).reshape(shape)
+    var = square * s * s
+    rstd = 1.0 / np.sqrt(var + eps)
+    dy = _exact.grid(rng, shape, _exact.FACTOR)
+    if len(shape) > 1:
+        dy = _exact.balance(dy, 1.0, tuple(range(len(shape) - 1)), rng,
+                            classes=(devs.reshape(shape) + 8).astype(np.int64))
+    out = {
+        "dy": from_values(dy, case.dtype, p.get("dy_layout", "contig")),
+        "x": from_values(x, case.dtype, p.get("x_layout", "contig")),
+        "mean": from_values(mean.reshape(shape[:-1]), stats_dtype(case.dtype)),
+        "rstd": from_values(np.full(shape[:-1], rstd), stats_dtype(case.dtype)),
+    }
+    if affine:
+        out["weight"] = from_values(_exact.grid(rng, shape[-1:]), case.dtype)
+    return out
+
+
+def exact_norm_outputs(n: int, rows: int, var_exact: bool, dtype: str) -> bool:
+    """Whether dx and dweight are exact: rstd a power of two that every float32 implementation gets
+    (the variance absorbs eps; never in f16, whose range is too small for that), N a power of two
+    (the means divide by N exactly however they are formed) and at most 2**13, and dweight's sum
+    of `rows` terms exact in float32.  The bound on N: g = weight * dy is a multiple of 2**-6 up
+    to 45/64, xhat of 1/2 up to 5/2, so g - mean(g) - xhat * mean(g * xhat) is a multiple of
+    2**-8 / N below 5.8, 5.8 * 2**8 * N units, within float32's 2**24 for N <= 2**13."""
+    return var_exact and n & (n - 1) == 0 and n <= 1 << 13 and dtype != "f16" and \
+        _exact.sum_exact(rows, 75, dtype)  # dy * xhat: 15/16 * 5/2, 75 units of 2**-5
+
+
+def _exact_outputs(case):
+    """dbias always; dx and dweight where exact_norm_outputs holds (not N = 1: rstd = 1/sqrt(eps) there,
+    and x*rstd - mean*rstd, formed with an fma, leaves a rounding residue where xhat is 0)."""
+    p = case.params
+    shape = tuple(p["shape"])
+    affine, has_bias, eps = _flags(p)
+    n = shape[-1]
+    square = exact_deviations(np.random.default_rng(0), 0, n)[1]
+    s = _eps_free_scale(eps, square, case.dtype)
+    rows = prod(shape[:-1])
+    exact = exact_norm_outputs(n, rows, _eps_absorbed(square * s * s, eps), case.dtype)
+    dbias = has_bias and _exact.sum_exact(rows, _exact.FACTOR, case.dtype)
+    return tuple(o for o, on in (("dx", exact), ("dweight", exact and affine), ("dbias", dbias)) if on)
+
+
+declare_exact_set(SPEC, _exact_generate, _exact_outputs)

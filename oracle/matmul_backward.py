@@ -221,3 +221,44 @@ SPEC = register_op(OpSpec(
     validate=_validate,
     check_args=_check_args,
 ))
+
+
+# ----------------------------------------------------------------------------- exact-arithmetic input set
+
+from harness import exact as _exact  # noqa: E402  (the exact set is declared after the op)
+from harness.registry import declare_exact_set  # noqa: E402
+
+
+def _exact_top(case) -> int:
+    """The grid's largest whole number: 15 (products up to 225, 8 bits), or 3 where an output folds a
+    broadcast batch in a 16-bit dtype (each batch element's product, which the spec lets an
+    implementation round to the output dtype before the batch sum, must fit it: 9 per term)."""
+    s = _shapes(case)
+    folded = any(_batch_factor(s[x], s["dy"]) > 1 for x in ("a", "b"))
+    return _exact.SMALL if folded and case.dtype in ("f16", "bf16") else _exact.FACTOR
+
+
+def _exact_generate(case, rng):
+    """a, b, dy on the grid +-{1..top} (harness/exact.py, top from _exact_top)."""
+    p, s, top = case.params, _shapes(case), _exact_top(case)
+    return {name: from_values(_exact.grid(rng, s[name], top), case.dtype, p.get(f"{name}_layout", "contig"))
+            for name in ("a", "b", "dy")}
+
+
+def _exact_outputs(case):
+    """da (db) when its sum of N (M) products per batch element, times the batch elements it folds, is
+    exact in float32, and -- when it folds a broadcast batch -- each batch element's product fits the
+    output dtype too (the spec lets an implementation round it there before the batch sum, as torch does)."""
+    s = _shapes(case)
+    m, n = s["a"][-2], s["b"][-1]
+    units = _exact_top(case) ** 2
+    out = []
+    for name, operand, per_batch in (("da", "a", n), ("db", "b", m)):
+        folded = _batch_factor(s[operand], s["dy"])
+        if _exact.sum_exact(per_batch * max(folded, 1), units, case.dtype) and \
+                (folded <= 1 or _exact.fits(units * per_batch, case.dtype)):
+            out.append(name)
+    return tuple(out)
+
+
+declare_exact_set(SPEC, _exact_generate, _exact_outputs)

@@ -262,3 +262,32 @@ SPEC = register_op(OpSpec(
     check_args=_check_args,
     row_separable=True,
 ))
+
+
+# ----------------------------------------------------------------------------- exact-arithmetic input set
+
+from harness import exact as _exact  # noqa: E402  (the exact set is declared after the op)
+from harness.registry import declare_exact_set  # noqa: E402
+
+
+def _exact_terms(case) -> int:
+    shape = tuple(case.params["shape"])
+    return prod(shape[a] for a in reduced_axes(shape, case.params))
+
+
+def _exact_generate(case, rng):
+    """x on the grid +-{1..255} (fewer for very long sums: exact.top_for), balanced so that each sum
+    ends within two terms of zero: every partial sum is exact in float32, y is small enough that
+    bf16 resolves one term of it, and a 16-bit accumulator rounds within a few terms."""
+    shape = tuple(case.params["shape"])
+    x = _exact.grid(rng, shape, _exact.top_for(_exact_terms(case), case.dtype))
+    x = _exact.balance(x, 1.0, reduced_axes(shape, case.params), rng)
+    return {"x": from_values(x, case.dtype, case.params.get("x_layout", "contig"))}
+
+
+def _exact_outputs(case):
+    n = _exact_terms(case)
+    return ("y",) if _exact.sum_exact(n, _exact.top_for(n, case.dtype), case.dtype) else ()
+
+
+declare_exact_set(SPEC, _exact_generate, _exact_outputs)

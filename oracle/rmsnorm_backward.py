@@ -205,3 +205,44 @@ SPEC = register_op(OpSpec(
     stats=("rstd",),
     row_separable=True,
 ))
+
+
+# ----------------------------------------------------------------------------- exact-arithmetic input set
+
+from harness import exact as _exact  # noqa: E402  (the exact set is declared after the op)
+from harness.registry import declare_exact_set  # noqa: E402
+from oracle.layernorm_backward import _eps_absorbed, _eps_free_scale, exact_deviations, exact_norm_outputs  # noqa: E402
+
+
+def _exact_generate(case, rng):
+    """x = deviation * s, whole-number deviations (5, 1 x 7 per block of 8, else 2) with random signs
+    and mean square 4 (layernorm_backward.exact_deviations), s a power of two large enough that the
+    mean square absorbs eps, so rstd is exactly 1/(2s); dy on the grid +-{1..15}/16 and weight on
+    +-{1,2,3}/4, dy balanced over the rows for each value of x, so dweight ends near 0."""
+    p = case.params
+    shape = tuple(p["shape"])
+    eps, n, rows = _eps(p), shape[-1], prod(shape[:-1])
+    devs, square = exact_deviations(rng, rows, n, zero_sum=False)
+    s = _eps_free_scale(eps, square, case.dtype)
+    x = (devs * s).reshape(shape)
+    dy = _exact.grid(rng, shape, _exact.FACTOR)
+    if len(shape) > 1:
+        dy = _exact.balance(dy, 1.0, tuple(range(len(shape) - 1)), rng,
+                            classes=(devs.reshape(shape) + 8).astype(np.int64))
+    return {
+        "dy": from_values(dy, case.dtype, p.get("dy_layout", "contig")),
+        "x": from_values(x, case.dtype, p.get("x_layout", "contig")),
+        "weight": from_values(_exact.grid(rng, shape[-1:]), case.dtype),
+        "rstd": from_values(np.full(shape[:-1], 1.0 / np.sqrt(square * s * s + eps)), stats_dtype(case.dtype)),
+    }
+
+
+def _exact_outputs(case):
+    """dx and dweight where layernorm_backward.exact_norm_outputs holds."""
+    eps, shape = _eps(case.params), case.params["shape"]
+    s = _eps_free_scale(eps, 4.0, case.dtype)
+    exact = exact_norm_outputs(shape[-1], prod(shape[:-1]), _eps_absorbed(4.0 * s * s, eps), case.dtype)
+    return ("dx", "dweight") if exact else ()
+
+
+declare_exact_set(SPEC, _exact_generate, _exact_outputs)

@@ -31,13 +31,14 @@ LAYERS = {
     # the floor: registries, dtypes, host tensors, comparison, frameworks, statuses, result rows
     "harness": CORE, "harness.registry": CORE, "harness.dtypes": CORE, "harness.tensors": CORE,
     "harness.compare": CORE, "harness.frameworks": CORE, "harness.status": CORE, "harness.results": CORE,
-    # checking and measuring one call: argument rules, guards, timing, preparation, selection, the runner
+    # checking and measuring one call: argument rules, guards, timing, preparation, selection, the runner,
+    # the exact-arithmetic input set
     "harness.argcheck": MIDDLE, "harness.guards": MIDDLE, "harness.cuda_errors": MIDDLE, "harness.timing": MIDDLE,
     "harness.ceilings": MIDDLE, "harness.prepared": MIDDLE, "harness.stress": MIDDLE, "harness.prepare": MIDDLE,
-    "harness.selection": MIDDLE, "harness.runner": MIDDLE, "harness.fuzz": MIDDLE,
+    "harness.selection": MIDDLE, "harness.runner": MIDDLE, "harness.fuzz": MIDDLE, "harness.exact": MIDDLE,
     # the roof: the commands and the drivers behind them
     "harness.__main__": DRIVER, "harness.cli": DRIVER, "harness.bench": DRIVER, "harness.bench_cli": DRIVER,
-    "harness.isolate": DRIVER, "harness.sanitize": DRIVER, "harness.profile": DRIVER,
+    "harness.isolate": DRIVER, "harness.sanitize": DRIVER, "harness.profile": DRIVER, "harness.mutate": DRIVER,
 }
 PACKAGE_LAYERS = {"harness.report": DRIVER, "harness.multi_gpu": DRIVER}  # every module of the package
 # Outside harness/, what core may reach: the oracle's JAX import (x64 on, no GPU memory grabbed), and

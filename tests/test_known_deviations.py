@@ -131,5 +131,7 @@ def test_cli_exits_zero_on_a_seed_where_jax_goes_over_and_counts_the_xfail():
                           "--seed", "126", "--cases", "smoke", "--op", "binary_backward", "--dtype", "bf16"],
                          cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "XFAIL  binary_backward  jax" in out.stdout and "1 xfailed" in out.stdout
+    # one on the random inputs; more on the exact-arithmetic set, whose exact bf16 sums resolve the partial sums
+    xfailed = out.stdout.count("XFAIL  binary_backward  jax")
+    assert xfailed >= 1 and f"{xfailed} xfailed" in out.stdout, out.stdout
     assert "known deviation: XLA keeps part of a bf16/f16 reduction" in out.stdout
