@@ -53,11 +53,6 @@ def example_case(op: str):
     return next((c for c in mine if "smoke" in c.tags), mine[0] if mine else None)
 
 
-def _doc(fn) -> str:
-    doc = inspect.getdoc(fn) if fn is not None else None
-    return " ".join(doc.split()) if doc else "(not documented: see the op's docstring)"
-
-
 def paragraph(doc: str | None, heading: str) -> str:
     """The first paragraph of `doc` that starts with `heading` (e.g. "Error model", "Cost"), on one line."""
     for para in inspect.cleandoc(doc or "").split("\n\n"):
@@ -99,9 +94,10 @@ def describe(op: str, brief: bool = False) -> str:
     lines.append("Conventions of every op (harness/registry.py Backend.impl):")
     lines += [w for c in CALLING for w in _wrap("- " + c)]
     lines.append("Tolerance model:")
-    lines += _wrap(TOLERANCE) + _wrap(f"this op's error model (s_i, n): {_doc(spec.error_scale)}")
-    if paragraph(spec.doc, "Error model"):
-        lines += _wrap("from the docstring: " + paragraph(spec.doc, "Error model"))
+    lines += _wrap(TOLERANCE)
+    model = [t for t in (inspect.getdoc(spec.error_scale), paragraph(spec.doc, "Error model")) if t]
+    lines += _wrap("this op's error model (s_i, n): " + (" ".join(" ".join(model).split()) if model
+                                                        else "(not documented)"))
     if spec.exact_set is not None:
         lines += _wrap("exact-arithmetic input set (harness/exact.py): every case also runs on a dyadic grid "
                        "on which the outputs it names are exact; those are judged to half an ulp of the output dtype")

@@ -7,9 +7,9 @@ into one results file and its report.
 `run` parts (their rows under "results"): a row is keyed by (op, impl, case, device); a later
 part's row replaces an earlier one's (a resumed round re-runs what an interrupted one lacked).
 The merged file has a run's results keys (harness/results.py `write_run`): the first part's header,
-the status counts of the merged rows, `interrupted` (the parts' notes, None when every part
-finished), plus "merged_from" (the part files), "seeds" and "parts" (per part: its counts and
-interruption).  The report (OUT.md unless --report names another file): the counts, an op x
+the status counts of the merged rows, `interrupted` None (a part cut short may have been resumed
+by a later one: which parts were is in "parts_interrupted", their notes in order), plus
+"merged_from" (the part files), "seeds" and "parts" (per part: its file, counts and interruption).  The report (OUT.md unless --report names another file): the counts, an op x
 implementation matrix of statuses, and every failure with its reason and repro line.
 
 `bench` parts (schema "gradoracle-bench/1", rows under "rows"): keyed by (op, case, impl), later
@@ -46,8 +46,8 @@ def merge_run(parts: list, sources: list) -> dict:
             rows[(row["op"], row["impl"], row["case"], row.get("device"))] = row
     merged = sorted(rows.values(), key=lambda r: r["op"])  # op by op, as a single run prints them; stable within
     head = {k: v for k, v in parts[0].items() if k not in ("results", "counts", "interrupted")}
-    notes = [f"{src}: {p['interrupted']}" for src, p in zip(sources, parts) if p.get("interrupted")]
-    return {**head, "counts": status.counts(r.get("status") for r in merged), "interrupted": "; ".join(notes) or None,
+    return {**head, "counts": status.counts(r.get("status") for r in merged), "interrupted": None,
+            "parts_interrupted": [p.get("interrupted") for p in parts],
             "merged_from": list(sources), "seeds": [p.get("seed") for p in parts],
             "parts": [{"file": src, "counts": p.get("counts"), "interrupted": p.get("interrupted")}
                       for src, p in zip(sources, parts)],
@@ -83,7 +83,9 @@ def run_report(head: dict, rows: list) -> str:
              f"- device: {head.get('device_name') or head.get('device')}; cases: {head.get('cases')}; "
              f"seeds: {', '.join(str(s) for s in head.get('seeds', []))}",
              "- counts: " + ", ".join(f"{s} {n}" for s, n in counts.items() if n),
-             f"- interrupted: {head.get('interrupted') or 'no'}", "",
+             "- parts cut short (a later part may have resumed them): "
+             + (", ".join(f"`{p['file']}` ({p['interrupted']})" for p in head.get("parts", []) if p.get("interrupted"))
+                or "none"), "",
              "| op | impl | " + " | ".join(s for s in status.ALL if counts.get(s)) + " |",
              "|---|---|" + "---:|" * sum(1 for s in status.ALL if counts.get(s))]
     cells: dict = OrderedDict()

@@ -150,6 +150,8 @@ def _error_scale(inputs, params):
 
 
 def _cost(case):
+    """Bytes: x read once, y written once, in the case dtype: itemsize * (|x| + |y|).  Flops: one add
+    per term folded away, |x| - |y|."""
     s = _shapes(case)
     item = dtypes.numpy_dtype(case.dtype).itemsize
     nx, ny = prod(s["x"]), prod(s["y"])
