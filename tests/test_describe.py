@@ -65,3 +65,11 @@ def test_an_op_with_only_the_required_fields():
         del OPS["bare_describe"]
     assert text.startswith("bare_describe: dx = dy * x") and "Example shapes: none (no cases)" in text
     assert "  x: absent in the example case; the case dtype" in text and "(none declared: see the docstring)" in text
+
+
+def test_readme_backend_section_points_to_describe_and_argcheck():
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("## Adding a kernel to a backend", 1)[1].split("\n## ", 1)[0]
+    assert "python -m harness describe <op>" in section and "harness.argcheck.register" in section

@@ -73,3 +73,16 @@ def test_bench_parts_merge_into_one_bench_report(tmp_path, capsys):
     (tmp_path / "3.json").write_text(json.dumps(two))
     with pytest.raises(SystemExit, match="different devices"):
         main(["merge", str(tmp_path / "x.json"), str(tmp_path / "1.json"), str(tmp_path / "3.json")])
+
+
+def test_readme_documents_scheduler_arrays_and_the_old_script_is_gone():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    readme = (root / "README.md").read_text()
+    assert '--shard "$SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT"' in readme
+    assert '--shard "$JOB_COMPLETION_INDEX/8"' in readme and "python -m harness merge out/full.json" in readme
+    assert not (root / "scripts" / "merge_results.py").exists()
+    users = [p for p in (root / "scripts").rglob("*") if p.is_file() and p.suffix in (".sh", ".py")
+             and "merge_results.py" in p.read_text(errors="replace")]
+    assert not users
