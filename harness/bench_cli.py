@@ -131,6 +131,10 @@ def cmd_bench(args, argv=None) -> int:
     for r in rows:
         if r["status"] in status.REPRO:
             print(f"{r['status']} {r['op']} {r['impl']} {r['case']}: {r['reason']}\n  reproduce: {r.get('repro', '')}")
+    from harness.report.cells import console
+
+    for line in console(rows):
+        print(line)
     flagged = [r for r in rows if r.get("flag")]
     for r in flagged:  # faster than the hardware allows: a timing or cost-model error, not a result
         print(f"IMPOSSIBLE {r['op']} {r['impl']} {r['case']}: {r['flag']}")

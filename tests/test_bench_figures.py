@@ -211,6 +211,10 @@ def test_bench_prints_impossible_rows(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "IMPOSSIBLE binary_backward cupy@opt mul[bf16,A=8x2048x4096,B=4096]: IMPOSSIBLE:" in out
     assert "1 impossible (not results)" in out
+    table = out.splitlines()
+    head = next(k for k, l in enumerate(table) if l.startswith("op ") and "loop ms" in l and "binding ceiling" in l)
+    assert any("cupy@naive" in l and "% copy, " in l for l in table[head:])
+    assert any("cupy@opt" in l and "IMPOSSIBLE" in l for l in table[head:])
     saved = json.loads((tmp_path / "rep" / "results.json").read_text())
     assert sum(1 for r in saved["rows"] if (r.get("flag") or "").startswith("IMPOSSIBLE")) == 1
 

@@ -62,3 +62,20 @@ def flags(rows) -> list:
     return ["", "### Impossible figures (not results)", ""] + [
         f"- {r['impl']} {esc(r['case'])}: {esc(r['flag'])} (median {_ms((r.get('timing') or {}).get('median'))} ms)"
         for r in bad]
+
+
+def console(rows) -> list:
+    """The bench command's closing table: per timed or flagged row, device time, loop figure and
+    mark, binding ceiling, peak extra memory (plain text, one line each)."""
+    shown = [r for r in rows if timed_ms(r) is not None or r.get("flag")]
+    if not shown:
+        return []
+    width = min(max(len(r["case"]) for r in shown), 60)
+    head = (f"{'op':20} {'impl':16} {'case':{width}} {'time ms':>9} {'loop ms':>20} {'binding ceiling':>26} "
+            f"{'peak mem':>10}")
+    out = [head]
+    for r in shown:
+        t = timed_ms(r)
+        out.append(f"{r['op'][:20]:20} {r['impl'][:16]:16} {r['case'][:width]:{width}} "
+                   f"{_ms(t) if t else 'IMPOSSIBLE':>9} {loop(r):>20} {binding(r):>26} {peak(r):>10}")
+    return out
