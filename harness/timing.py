@@ -969,6 +969,8 @@ def time_fn(call, device: str, cfg: TimingConfig, framework: str = "torch", sync
             samples.calls_per_sample = n
             run = TimedRun(samples, eager["calls"] + 2 + n - 1, lambda: gtimer.run(None, 0, 1)[0] * n, graph)
     s = run.samples
+    if run.graph is not None and cfg.memory:
+        s.peak_note = "not measured in graph mode"
     s.mode, s.requested_mode = mode, cfg.mode
     s.fallback = "; ".join(r for r in (fallback, timer_note) if r)
     s.rotate = rotate
