@@ -11,14 +11,18 @@
 #    the regenerated BENCHMARKS.md carry the columns and the per-op markers;
 # 3. prints a table op | impl | device ms | loop ms | host ms | bound | binding | peak extra.
 # $OUT gets bench/ and bench_conv/ (results.json, report.md), BENCHMARKS.md (a copy of the repo's with
-# the sections of these ops regenerated, hand-written text kept), bench.log, bench_conv.log, check.txt.
+# the sections of these ops regenerated, hand-written text kept), bench.log, bench_conv.log, check.txt,
+# loop_crosscheck.txt.
 # Exit status: 0 when every check holds, 1 otherwise (check.txt says which).
-# About 3 minutes on an H100 (ceilings ~15 s, the run stops starting pairs after TIME_LIMIT=150 s).
-# Knobs: TIME_LIMIT=150 BUDGET=0.2 CASES=perf DEVICE=cuda (DEVICE=cpu CASES=smoke dry-runs the logic anywhere).
+# 4. times the rows of run A again with triton.testing.do_bench (scripts/gpu/loop_crosscheck.py):
+#    where the host is the bottleneck do_bench should follow the loop figure, not the device time.
+# About 4 minutes on an H100 (ceilings ~15 s, run A stops starting pairs after TIME_LIMIT=120 s,
+# run B ~20 s, the cross-check ~30 s).
+# Knobs: TIME_LIMIT=120 BUDGET=0.2 CASES=perf DEVICE=cuda (DEVICE=cpu CASES=smoke dry-runs the logic anywhere).
 set -uo pipefail
-export PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1 PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
 : "${OUT:?set OUT to a folder for the results}"
-TIME_LIMIT=${TIME_LIMIT:-150} BUDGET=${BUDGET:-0.2} DEVICE=${DEVICE:-cuda} CASES=${CASES:-perf}
+TIME_LIMIT=${TIME_LIMIT:-120} BUDGET=${BUDGET:-0.2} DEVICE=${DEVICE:-cuda} CASES=${CASES:-perf}
 WORK=$(mktemp -d /tmp/gradoracle-figures.XXXXXX)
 export GRADORACLE_CACHE=$WORK/cache
 mkdir -p "$OUT"
@@ -116,6 +120,9 @@ print("\n".join(["CHECKS FAILED:"] + ["  " + b for b in bad]) if bad else "ALL C
 sys.exit(1 if bad else 0)
 EOF
 rc=${PIPESTATUS[0]}
+stamp "== loop figure against triton.testing.do_bench (informational)"
+timeout 120 python3 scripts/gpu/loop_crosscheck.py "$OUT/bench/results.json" --device "$DEVICE" --max 12 \
+  2>&1 | tee "$OUT/loop_crosscheck.txt"
 stamp "done (exit $rc)"
 rm -rf "$WORK"
 exit "$rc"
