@@ -39,6 +39,9 @@ def add_parsers(sub) -> None:
     b.add_argument("--graph-calls", type=int, default=0, help="calls per graph replay (0: auto)")
     b.add_argument("--no-hold", action="store_true",
                    help="no GPU spin before each sample: times include the host's launch latency (harness/timing.py)")
+    b.add_argument("--loop-calls", type=int, default=0,
+                   help="calls per loop of the loop figure (0: auto, about 20 ms of calls; harness/timing.py)")
+    b.add_argument("--no-loop", action="store_true", help="no loop figure (back-to-back calls) after the samples")
     b.add_argument("--full-validation", action="store_true",
                    help="judge every output element of the final call (default: a 1M sample above 4M elements)")
     b.add_argument("--prefetch", type=int, default=None, help="threads preparing later cases (default: cores/4, <= 4)")
@@ -108,7 +111,8 @@ def cmd_bench(args, argv=None) -> int:
         cfg = timing.TimingConfig(mode=args.mode, rel_ci=args.rel_ci, min_samples=args.min_samples,
                                   max_samples=args.max_samples, budget_s=args.budget,
                                   warmup_budget_s=args.warmup_budget, rotate=args.rotate, cold_sets=args.cold_sets,
-                                  graph_calls=args.graph_calls, hold=not args.no_hold)
+                                  graph_calls=args.graph_calls, hold=not args.no_hold, loop=not args.no_loop,
+                                  loop_calls=args.loop_calls)
         opts = bench.BenchOptions(device, cfg, args.seed, args.oracle,
                                   None if args.full_validation else prepared.SAMPLE_ABOVE,
                                   bench.default_prefetch() if args.prefetch is None else args.prefetch,

@@ -59,8 +59,11 @@ def test_bench_reports_compare_and_benchmarks_md(tmp_path, cache, capsys):
     assert "## binary_backward" in md.read_text()
     assert "| case | bytes | impl | time (ms) | loop (ms) | binding ceiling | peak mem | vs torch |" in md.read_text()
 
-    assert main(["bench", "--cases", str(case_file), *FAST, "--report", str(tmp_path / "two"), "--no-plots"]) == 0
+    assert main(["bench", "--cases", str(case_file), *FAST, "--report", str(tmp_path / "two"), "--no-plots",
+                 "--loop-calls", "12"]) == 0
     capsys.readouterr()
+    assert {r["timing"]["loop_calls"] for r in json.loads((tmp_path / "two" / "results.json").read_text())["rows"]} \
+        == {12}
     assert main(["compare", str(tmp_path / "one" / "results.json"), str(tmp_path / "two" / "results.json"),
                  "--all", "--json", str(tmp_path / "cmp.json")]) == 0
     text = capsys.readouterr().out
