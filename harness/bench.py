@@ -16,8 +16,8 @@ host work only; an oracle that runs on the GPU, JAX for the largest cases, is co
 main thread between timings, `prepare.finish`, so it never overlaps a measurement).
 
 Rows are `results.CaseResult`s with the bench's own keys in `extra` (backend, variant,
-baseline, variant_rank, framework, case_json, cost, footprint_bytes); the results document
-holds their JSON, to which harness/report/figures.py adds `figures`.
+baseline, library (a backends/baselines library), variant_rank, framework, case_json, cost,
+footprint_bytes); the results document holds their JSON, to which harness/report/figures.py adds `figures`.
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ from harness import ceilings as _ceilings
 from harness import prepare as _prepare
 from harness import prepared as _prepared
 from harness import runner, status, timing
-from harness.registry import Impl, baseline_for, get_op
+from harness.registry import Impl, baseline_for, get_op, is_baseline
 from harness.report.figures import add_figures
 from harness.report.files import SCHEMA
 from harness.results import CaseResult
@@ -218,7 +218,8 @@ def base_row(impl: Impl, case, opts: BenchOptions) -> CaseResult:
     return CaseResult(case.op, impl.id, case.id, case.dtype, opts.device, status.SKIP, seed=opts.seed,
                       repro=repro(impl, case, opts.seed, opts.device),
                       extra={"case_json": case.to_json(), "backend": impl.backend.name, "variant": impl.variant,
-                             "baseline": bool(impl.baseline), "variant_rank": variant_rank(impl),
+                             "baseline": bool(impl.baseline), "library": is_baseline(impl.backend),
+                             "variant_rank": variant_rank(impl),
                              "framework": impl.backend.framework,
                              "cost": {"bytes": int(cost.bytes), "flops": int(cost.flops)}})
 
@@ -429,7 +430,10 @@ class BenchSession:
             b = bench_pair(base, case, self.inputs(case), self.opts, self.clock)
             if b["status"] == status.PASS and b.get("timing"):
                 self.baselines[key] = b["timing"]["median"]
-        fig = _ceilings.figures(row["cost"]["bytes"], row["cost"]["flops"], t, self.ceilings, case.dtype)
+        fig = _ceilings.figures(row["cost"]["bytes"], row["cost"]["flops"], t, self.ceilings, case.dtype,
+                                dram=(row.get("timing") or {}).get("mode") == "cold")
+        if fig.get("impossible"):
+            row["flag"], t = fig["impossible"], None
         if t and key in self.baselines and base is not None:
             fig["baseline"] = base.id
             fig["speedup_vs_baseline"] = self.baselines[key] / t

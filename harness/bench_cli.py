@@ -2,7 +2,8 @@
 
     python -m harness bench [--op OP] [--backend B[@V]] [--cases perf] [--dtype D] [--mode cold|hot|graph]
                             --report DIR [--benchmarks-md BENCHMARKS.md] [--budget S] [--time-limit S] ...
-    python -m harness bench --from DIR/results.json [--report DIR2] [--benchmarks-md BENCHMARKS.md]
+    python -m harness bench --from DIR/results.json [--from DIR2/results.json ...] [--report DIR3]
+                            [--benchmarks-md BENCHMARKS.md]
     python -m harness compare A/results.json B/results.json [--all] [--json OUT]
     python -m harness ceilings [--device D] [--refresh]
 """
@@ -38,6 +39,9 @@ def add_parsers(sub) -> None:
     b.add_argument("--graph-calls", type=int, default=0, help="calls per graph replay (0: auto)")
     b.add_argument("--no-hold", action="store_true",
                    help="no GPU spin before each sample: times include the host's launch latency (harness/timing.py)")
+    b.add_argument("--loop-calls", type=int, default=0,
+                   help="calls per loop of the loop figure (0: auto, about 20 ms of calls; harness/timing.py)")
+    b.add_argument("--no-loop", action="store_true", help="no loop figure (back-to-back calls) after the samples")
     b.add_argument("--full-validation", action="store_true",
                    help="judge every output element of the final call (default: a 1M sample above 4M elements)")
     b.add_argument("--prefetch", type=int, default=None, help="threads preparing later cases (default: cores/4, <= 4)")
@@ -49,7 +53,10 @@ def add_parsers(sub) -> None:
     b.add_argument("--report", help="write DIR/results.json, DIR/report.md, DIR/plots/*.png")
     b.add_argument("--benchmarks-md", help="regenerate this BENCHMARKS.md from the results")
     b.add_argument("--plots-link", help="with --benchmarks-md: link the PNGs in this folder from it")
-    b.add_argument("--from", dest="from_json", help="no measuring: regenerate reports from this results.json")
+    b.add_argument("--from", dest="from_json", action="append",
+                   help="no measuring: regenerate reports from this results.json (repeatable, e.g. one run per op: "
+                        "--benchmarks-md takes each op's section from the last run that has it; --report "
+                        "merges them as `harness merge` does)")
     b.add_argument("--no-plots", action="store_true")
     b.add_argument("--refresh-ceilings", action="store_true", help="measure the device's ceilings again")
     b.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
@@ -83,8 +90,17 @@ def cmd_bench(args, argv=None) -> int:
     from harness import bench, ceilings, prepared
     from harness.report import benchmarks_md, files
 
+    docs = None
     if args.from_json:
-        results = files.load(args.from_json)
+        docs = [files.load(p) for p in args.from_json]
+        if len(docs) == 1:
+            from harness.report.figures import add_figures
+
+            results = add_figures(docs[0])  # figures (and flags) by today's rules
+        else:
+            from harness.merge import merge_bench
+
+            results = merge_bench(docs, args.from_json)
     else:
         if not args.report and not args.benchmarks_md:
             raise SystemExit("error: bench needs --report DIR and/or --benchmarks-md FILE")
@@ -95,7 +111,8 @@ def cmd_bench(args, argv=None) -> int:
         cfg = timing.TimingConfig(mode=args.mode, rel_ci=args.rel_ci, min_samples=args.min_samples,
                                   max_samples=args.max_samples, budget_s=args.budget,
                                   warmup_budget_s=args.warmup_budget, rotate=args.rotate, cold_sets=args.cold_sets,
-                                  graph_calls=args.graph_calls, hold=not args.no_hold)
+                                  graph_calls=args.graph_calls, hold=not args.no_hold, loop=not args.no_loop,
+                                  loop_calls=args.loop_calls)
         opts = bench.BenchOptions(device, cfg, args.seed, args.oracle,
                                   None if args.full_validation else prepared.SAMPLE_ABOVE,
                                   bench.default_prefetch() if args.prefetch is None else args.prefetch,
@@ -112,13 +129,22 @@ def cmd_bench(args, argv=None) -> int:
         out = files.write(results, args.report, plots=not args.no_plots)
         written += [str(out["results"]), str(out["report"])] + [str(p) for p in out["plots"]]
     if args.benchmarks_md:
-        written.append(str(benchmarks_md.update_benchmarks_md(results, args.benchmarks_md, args.plots_link)))
+        written.append(str(benchmarks_md.update_benchmarks_md(docs or results, args.benchmarks_md, args.plots_link)))
     rows = results["rows"]
     counts = status.counts(r["status"] for r in rows)
     for r in rows:
         if r["status"] in status.REPRO:
             print(f"{r['status']} {r['op']} {r['impl']} {r['case']}: {r['reason']}\n  reproduce: {r.get('repro', '')}")
+    from harness.report.cells import console
+
+    for line in console(rows):
+        print(line)
+    flagged = [r for r in rows if r.get("flag")]
+    for r in flagged:  # faster than the hardware allows: a timing or cost-model error, not a result
+        print(f"IMPOSSIBLE {r['op']} {r['impl']} {r['case']}: {r['flag']}")
     known = "".join(f", {counts[s]} {s.lower()}ed" for s in (status.XFAIL, status.XPASS) if counts[s])
+    if flagged:
+        known += f", {len(flagged)} impossible (not results)"
     failed = sum(counts[s] for s in status.FAILED)
     print(f"{counts[status.PASS] + counts[status.XPASS]} timed, {failed} failed, {counts[status.SKIP]} skipped"
           + known

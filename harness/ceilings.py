@@ -17,6 +17,21 @@ Which matmul roof a case is held to: 16-bit dtypes (bf16, f16) the bf16 one; f32
 fp32 (TF32 off) one.  (On an H100 dense f16 equals bf16, and f64 tensor-core peak is about
 the fp32 non-tensor peak, so these are the honest roofs for code in those dtypes.)
 
+Binding ceiling (`figures`): a case is held to the roof that bounds it, decided per case by
+the roofline: compute-bound (the matmul roof binds) when its flops / matmul roof exceed its bytes
+/ copy roof, i.e. its arithmetic intensity flops/bytes is above the ridge point matmul / copy;
+else memory-bound (the copy roof).  The headline figure is then % of the matmul roof with TFLOP/s,
+or % of the copy roof with GB/s (`binding`, `pct_binding`).  Large attention, conv and matmul cases
+land on the compute side; small ones, like every elementwise and norm case, on the memory side.
+
+Impossible figures (`impossible`).  A measured time that implies more than the hardware can do is
+a timing or cost-model error, never a result: above the datasheet peak FLOP/s of the case's
+dtype class (16-bit: dense bf16/f16 tensor cores; f32: dense TF32 tensor cores, the highest an f32
+kernel could use; f64: FP64 tensor cores), or, where every byte must come from DRAM (cold mode, or
+a rotation whose sets exceed 2 x L2), above the datasheet memory bandwidth: device time below the
+byte model / peak bandwidth.  Peaks come from DATASHEETS by device name; a device not listed there
+is not checked (the measured ceilings are not hard limits: a kernel may beat torch's copy).
+
 Cache: one JSON per device, $GRADORACLE_CACHE/ceilings-<device>.json, else
 ~/.cache/gradoracle/; `python -m harness ceilings --refresh` (or `bench --refresh-ceilings`)
 measures again.
@@ -35,6 +50,19 @@ GPU_MATMUL_N = 8192
 CPU_COPY_BYTES = 64 << 20
 CPU_MATMUL_N = 512
 SIXTEEN_BIT = ("bf16", "f16")
+
+# Datasheet peaks (dense, no sparsity): name substring as torch reports it -> (GB/s, {dtype class: TFLOP/s}).
+# First match wins, so the longer names come first.
+DATASHEETS = (
+    ("H100 80GB HBM3", "H100 SXM5", 3350.0, {"16": 989.4, "f32": 494.7, "f64": 66.9}),
+    ("H100 NVL", "H100 NVL", 3900.0, {"16": 835.5, "f32": 417.8, "f64": 60.0}),
+    ("H100 PCIe", "H100 PCIe", 2000.0, {"16": 756.5, "f32": 378.0, "f64": 51.2}),
+    ("H200", "H200 SXM", 4800.0, {"16": 989.4, "f32": 494.7, "f64": 66.9}),
+    ("A100-SXM4-80GB", "A100 SXM4 80GB", 2039.0, {"16": 312.0, "f32": 156.0, "f64": 19.5}),
+    ("A100-SXM4-40GB", "A100 SXM4 40GB", 1555.0, {"16": 312.0, "f32": 156.0, "f64": 19.5}),
+    ("A100 80GB PCIe", "A100 PCIe 80GB", 1935.0, {"16": 312.0, "f32": 156.0, "f64": 19.5}),
+    ("A100-PCIE-40GB", "A100 PCIe 40GB", 1555.0, {"16": 312.0, "f32": 156.0, "f64": 19.5}),
+)
 
 
 def cache_dir() -> Path:
@@ -85,7 +113,7 @@ def _time(call, device: str, budget_s: float, min_samples: int = 5) -> dict:
     from harness import timing
 
     cfg = timing.TimingConfig(mode="hot", rel_ci=0.01, min_samples=min_samples, max_samples=200,
-                              budget_s=budget_s, warmup_budget_s=min(budget_s, 1.0))
+                              budget_s=budget_s, warmup_budget_s=min(budget_s, 1.0), loop=False, memory=False)
     run = timing.time_fn(lambda i: call(), device, cfg, "torch")
     return run.samples.to_json()
 
@@ -203,18 +231,60 @@ def matmul_ceiling(ceilings: dict, dtype: str) -> tuple[float | None, str]:
     return entry["tflops"], entry.get("name", key)
 
 
-def figures(nbytes: int, flops: int, time_ms: float | None, ceilings: dict | None, dtype: str) -> dict:
-    """GB/s and % of the copy roof, TFLOP/s and % of the matmul roof, arithmetic intensity and
-    % of the roofline (the roofline's lower bound on the time, max(bytes/copy, flops/matmul),
-    over the measured time)."""
+def datasheet(name: str | None) -> dict | None:
+    """{"name", "gbs", "tflops": {dtype class: TFLOP/s}} of a device by its name, or None if not listed."""
+    for key, label, gbs, tflops in DATASHEETS:
+        if name and key.lower() in name.lower():
+            return {"name": label, "gbs": gbs, "tflops": tflops}
+    return None
+
+
+def _dtype_class(dtype: str) -> str:
+    return "16" if dtype in SIXTEEN_BIT else dtype
+
+
+def impossible(nbytes: int, flops: int, time_ms: float, dtype: str, device_name: str | None,
+               dram: bool) -> str | None:
+    """Why a time is faster than the hardware allows (see the module docstring), or None.
+
+    dram: every byte of the cost model had to come from DRAM (cold mode, or sets over 2 x L2)."""
+    sheet = datasheet(device_name)
+    if sheet is None or not time_ms or time_ms <= 0:
+        return None
+    seconds = time_ms * 1e-3
+    peak = sheet["tflops"].get(_dtype_class(dtype))
+    if peak and flops / seconds / 1e12 > peak:
+        return (f"IMPOSSIBLE: {flops / seconds / 1e12:.4g} TFLOP/s is above the {sheet['name']} datasheet peak "
+                f"{peak:.4g} TFLOP/s for {dtype}: a timing or flop-model error")
+    floor_ms = nbytes / (sheet["gbs"] * 1e9) * 1e3
+    if dram and time_ms < floor_ms:
+        return (f"IMPOSSIBLE: {time_ms:.4g} ms is below the byte model's floor {floor_ms:.4g} ms "
+                f"({nbytes} B at the {sheet['name']} datasheet peak {sheet['gbs']:.0f} GB/s; "
+                f"{nbytes / seconds / 1e9:.0f} GB/s): a timing or byte-model error")
+    return None
+
+
+def figures(nbytes: int, flops: int, time_ms: float | None, ceilings: dict | None, dtype: str,
+            dram: bool = True) -> dict:
+    """GB/s and % of the copy roof, TFLOP/s and % of the matmul roof, arithmetic intensity, the
+    binding roof and % of it, and % of the roofline (the roofline's lower bound on the time,
+    max(bytes/copy, flops/matmul), over the measured time).  A time faster than the datasheet
+    allows (`impossible`; dram: whether the bandwidth limit applies) gets `impossible`, its reason,
+    and no rates: it is not a result."""
     out = {"bytes": nbytes, "flops": flops, "ai": flops / nbytes if nbytes else None}
+    copy = (ceilings or {}).get("copy", {}).get("gbs")
+    mm, mm_name = matmul_ceiling(ceilings, dtype)
+    if copy and mm:
+        out["binding"] = "matmul" if flops / (mm * 1e12) > nbytes / (copy * 1e9) else "copy"
     if not time_ms or time_ms <= 0:
+        return out
+    why = impossible(nbytes, flops, time_ms, dtype, ((ceilings or {}).get("device") or {}).get("name"), dram)
+    if why:
+        out["impossible"] = why
         return out
     seconds = time_ms * 1e-3
     out["gbs"] = nbytes / seconds / 1e9
     out["tflops"] = flops / seconds / 1e12
-    copy = (ceilings or {}).get("copy", {}).get("gbs")
-    mm, mm_name = matmul_ceiling(ceilings, dtype)
     out["matmul_roof"] = mm_name
     if copy:
         out["pct_copy"] = 100 * out["gbs"] / copy
@@ -223,6 +293,7 @@ def figures(nbytes: int, flops: int, time_ms: float | None, ceilings: dict | Non
     if copy and mm:
         bound = max(nbytes / (copy * 1e9), flops / (mm * 1e12))
         out["pct_roofline"] = 100 * bound / seconds
+        out["pct_binding"] = out["pct_matmul"] if out["binding"] == "matmul" else out["pct_copy"]
     return out
 
 

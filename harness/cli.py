@@ -60,6 +60,10 @@ def _parse(argv):
 
     profile.add_parser(sub)
     mutate.add_parser(sub)
+    from harness import describe, merge
+
+    describe.add_parser(sub)
+    merge.add_parser(sub)
     return parser.parse_args(argv)
 
 
@@ -255,4 +259,8 @@ def _main(argv=None) -> int:
         return profile.cmd_profile(args)
     if args.command == "mutate":
         return mutate.cmd_mutate(args)
+    if args.command in ("describe", "merge"):
+        from harness import describe, merge
+
+        return describe.cmd_describe(args) if args.command == "describe" else merge.cmd_merge(args)
     return cmd_run(args)

@@ -92,6 +92,10 @@ class OpSpec:
     # cases.registry.strategy), when it is not a module of the `cases` package: an op installed
     # from a package (the `gradoracle.ops` entry points) names its own.
     cases_module: str | None = None
+    # What an implementation must follow beyond the shapes and dtypes, one line each (saved statistics'
+    # dtype, log base, layout, masks, accumulation): printed by `python -m harness describe OP`, with
+    # the calling conventions every op shares (harness/describe.py).  The docstring holds the why.
+    conventions: tuple[str, ...] = ()
     # The exact-arithmetic input set (harness/exact.py): attached by `declare_exact_set` at the end
     # of the op's module; None: the op has none (its outputs are never exact, e.g. attention's exp).
     exact_set: "ExactSet | None" = None

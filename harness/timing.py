@@ -71,6 +71,26 @@ Modes.
          stream; JAX (XLA's own streams) and any capture that fails fall back to hot with
          the reason recorded in `Samples.fallback`.  No graphs on the CPU: hot, with reason.
 
+Loop figure (`time_loop`).  The device time above is what the kernel costs; a training step
+that calls it back to back also pays whatever the host needs to queue each call, once that is
+longer than the kernel (measured on the H100: triton.testing.do_bench, a back-to-back timer,
+read 1.7-2.9x the device time of triton, torch_compile and jax calls whose host time per call
+exceeded their kernel time, and agreed within 2% elsewhere).  So after sampling (cold and hot
+modes) the engine also runs LOOP_REPEATS loops of N calls with no hold, no flush and no sync
+between them (the inputs still rotate over the sets), one sync before and one after each loop,
+wall clock around it; `Samples.loop_ms` is the median loop time / N.  N (`loop_calls`) is about
+LOOP_TARGET_MS of calls by max(device, host) time, within LOOP_MIN_CALLS..LOOP_MAX_CALLS.  A row
+is host-bound when its host time per call exceeds its device time or its loop figure exceeds
+HOST_BOUND_LOOP (1.1) x the device time (`host_bound`).  Graph mode: none (replays have no host).
+
+Peak memory (`memory_probe`).  One more call after the loop, alone: on CUDA, the device memory
+it allocates beyond its (already allocated) inputs and outputs -- workspace, fp32 accumulators,
+autograd temporaries.  torch: torch.cuda.max_memory_allocated after reset_peak_memory_stats, minus
+memory_allocated before; cupy: growth of the default memory pool's total_bytes over the call
+after its free blocks were released (the pool keeps what a call freed, so that is its high-water
+mark); JAX: none (XLA's peak cannot be reset per call): `Samples.peak_note` says so.  Not on the
+CPU, not in graph mode.
+
 Throttling.  The SM clock is read once per batch while the GPU runs it (NVML through
 pynvml / nvidia-ml-py, else torch.cuda.clock_rate).  A sample whose clock is below
 `throttle` (95%) of the highest clock seen this session is throttled: reported, dropped
@@ -96,6 +116,8 @@ MARKER_CYCLES = 2000  # the CUPTI timer's marker spin: about a microsecond
 MARKER_NAME = "spin_kernel"  # torch.cuda._sleep's kernel, as CUPTI names it
 GRAPH_TARGET_MS = 2.0
 GRAPH_MAX_CALLS = 200
+LOOP_TARGET_MS, LOOP_MIN_CALLS, LOOP_MAX_CALLS, LOOP_REPEATS = 20.0, 10, 1000, 3
+HOST_BOUND_LOOP = 1.1
 
 
 # ----------------------------------------------------------------------------- config and results
@@ -118,6 +140,9 @@ class TimingConfig:
     batch_s: float = 0.02         # wall time of one batch of samples after the first
     hold: bool = True             # CUDA, cold/hot: spin the GPU while the host queues each sample (GpuHold)
     cold_sets: int = 16           # cold mode: input sets (allocations) to rotate over, within COLD_SETS_BYTES
+    loop: bool = True             # cold/hot: also time back-to-back calls (the loop figure, `time_loop`)
+    loop_calls: int = 0           # calls per loop; 0: auto (about LOOP_TARGET_MS of calls, LOOP_MIN..LOOP_MAX)
+    memory: bool = True           # cold/hot, CUDA: measure the peak extra device memory of one call
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -129,7 +154,7 @@ class TimingConfig:
     def quick(cls, mode: str = "hot") -> "TimingConfig":
         """Small budget: `run --time` and the CI smoke benchmark."""
         return cls(mode=mode, rel_ci=0.02, min_samples=5, max_samples=50, budget_s=0.05, warmup_max=10,
-                   warmup_budget_s=0.05)
+                   warmup_budget_s=0.05, loop=False, memory=False)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -190,6 +215,10 @@ class Samples:
     final_ms: float | None = None  # the re-validated final call (not in the statistics)
     host_ms: float | None = None   # median host time to queue one call (sampling phase)
     hold_ms: float = 0.0           # the GPU hold before each sample's start event (0: none)
+    loop_ms: float | None = None   # per call, median over LOOP_REPEATS loops of back-to-back calls (`time_loop`)
+    loop_calls: int = 0            # calls in each of those loops
+    peak_extra_bytes: int | None = None  # device memory one call allocates beyond its inputs and outputs
+    peak_note: str = ""            # how peak_extra_bytes was read, or why it was not
 
     @property
     def n(self) -> int:
@@ -213,6 +242,8 @@ class Samples:
                    calls_per_sample=self.calls_per_sample, rotate=self.rotate, flush_bytes=self.flush_bytes,
                    fallback=self.fallback, elapsed_s=round(self.elapsed_s, 4), throttled_all=self.throttled_all,
                    final_ms=self.final_ms, host_ms=self.host_ms, hold_ms=round(self.hold_ms, 4),
+                   loop_ms=self.loop_ms, loop_calls=self.loop_calls, peak_extra_bytes=self.peak_extra_bytes,
+                   peak_note=self.peak_note,
                    samples_ms=[float(f"{t:.6g}") for t in self.times_ms],
                    dropped_ms=[float(f"{t:.6g}") for t in self.dropped_ms])
         return out
@@ -225,7 +256,9 @@ class Samples:
                    flush_bytes=d.get("flush_bytes", 0), requested_mode=d.get("requested_mode", ""),
                    fallback=d.get("fallback", ""), elapsed_s=d.get("elapsed_s", 0.0),
                    throttled_all=d.get("throttled_all", False), final_ms=d.get("final_ms"),
-                   host_ms=d.get("host_ms"), hold_ms=d.get("hold_ms", 0.0))
+                   host_ms=d.get("host_ms"), hold_ms=d.get("hold_ms", 0.0), loop_ms=d.get("loop_ms"),
+                   loop_calls=d.get("loop_calls", 0), peak_extra_bytes=d.get("peak_extra_bytes"),
+                   peak_note=d.get("peak_note", ""))
 
 
 # ----------------------------------------------------------------------------- clocks
@@ -700,6 +733,91 @@ def measure(call, timer, cfg: TimingConfig, clock: ClockMonitor | None = None,
     return samples
 
 
+def loop_calls(cfg: TimingConfig, device_ms: float | None, host_ms: float | None) -> int:
+    """Calls per loop: cfg.loop_calls, else about LOOP_TARGET_MS by the slower of device and host time."""
+    if cfg.loop_calls:
+        return int(cfg.loop_calls)
+    per = max(device_ms or 0.0, host_ms or 0.0)
+    if per <= 0:
+        return LOOP_MIN_CALLS
+    return int(min(LOOP_MAX_CALLS, max(LOOP_MIN_CALLS, math.ceil(LOOP_TARGET_MS / per))))
+
+
+def time_loop(call, start: int, calls: int, sync: Callable[[], None] | None,
+              now: Callable[[], float] = time.perf_counter, repeats: int = LOOP_REPEATS) -> float:
+    """Per-call ms of `calls` back-to-back calls (indices from `start`), the median of `repeats` loops:
+    no hold, flush or sync between calls; one sync before (nothing else queued) and one after."""
+    sync = sync or (lambda: None)
+    per = []
+    index = start
+    for _ in range(repeats):
+        sync()
+        t0 = now()
+        for _ in range(calls):
+            call(index)
+            index += 1
+        sync()
+        per.append((now() - t0) * 1e3 / calls)
+    return float(np.median(per))
+
+
+def host_bound(t: dict) -> bool:
+    """Whether a timing record (Samples.to_json()) is host-bound: host time per call above the device
+    time, or the loop figure above HOST_BOUND_LOOP x the device time."""
+    med, host, loop = t.get("median"), t.get("host_ms"), t.get("loop_ms")
+    if not med:
+        return False
+    return bool((host is not None and host > med) or (loop is not None and loop > HOST_BOUND_LOOP * med))
+
+
+class TorchPeak:
+    """Peak extra device memory of one call through torch's caching allocator."""
+
+    note = "torch.cuda.max_memory_allocated over the call, minus memory_allocated before"
+
+    def __init__(self, device: str):
+        import torch
+
+        self.torch, self.device = torch, torch.device(device)
+
+    def __call__(self, run_one: Callable[[], None]) -> int:
+        cuda = self.torch.cuda
+        cuda.synchronize(self.device)
+        before = cuda.memory_allocated(self.device)
+        cuda.reset_peak_memory_stats(self.device)
+        run_one()
+        cuda.synchronize(self.device)
+        return int(cuda.max_memory_allocated(self.device) - before)
+
+
+class CupyPeak:
+    """Peak extra device memory of one call through cupy's default memory pool."""
+
+    note = "cupy default pool: growth of total_bytes over the call, free blocks released before"
+
+    def __call__(self, run_one: Callable[[], None]) -> int:
+        import cupy
+
+        pool = cupy.get_default_memory_pool()
+        cupy.cuda.get_current_stream().synchronize()
+        pool.free_all_blocks()
+        before = pool.total_bytes()
+        run_one()
+        cupy.cuda.get_current_stream().synchronize()
+        return int(pool.total_bytes() - before)
+
+
+def memory_probe(framework: str, device: str) -> tuple[Callable | None, str]:
+    """(probe(run_one) -> extra bytes, note) for a framework on a device; (None, why not) where none."""
+    if not device.startswith("cuda"):
+        return None, "not measured on the CPU"
+    if framework == "torch":
+        return TorchPeak(device), TorchPeak.note
+    if framework == "cupy":
+        return CupyPeak(), CupyPeak.note
+    return None, f"{framework}: its allocator's peak cannot be read per call"
+
+
 def effective_mode(mode: str, device: str) -> tuple[str, str]:
     """(mode used, reason it differs) for a device: no graphs on the CPU."""
     if mode == "graph" and not device.startswith("cuda"):
@@ -784,12 +902,13 @@ class TimedRun:
 def time_fn(call, device: str, cfg: TimingConfig, framework: str = "torch", sync: Callable[[], None] | None = None,
             clock: ClockMonitor | None = None, rotate: int = 1, now: Callable[[], float] = time.perf_counter,
             capture=capture_graph, event: Callable[[], object] | None = None,
-            hold: GpuHold | None = None) -> TimedRun:
+            hold: GpuHold | None = None, memory=None) -> TimedRun:
     """Measure `call(i)` on `device` in `cfg.mode`; see the module docstring for every rule.
 
-    `capture`, `event` (a CUDA event factory) and `hold` are replaceable so tests can fake the
-    GPU; by default the hold is the real spin kernel when `cfg.hold` and the framework queues
-    on the current stream (not JAX).
+    `capture`, `event` (a CUDA event factory), `hold` and `memory` (a memory probe, see
+    `memory_probe`) are replaceable so tests can fake the GPU; by default the hold is the real
+    spin kernel when `cfg.hold` and the framework queues on the current stream (not JAX), and the
+    memory probe the framework's (none with a fake event factory).
     """
     mode, fallback = effective_mode(cfg.mode, device)
     cuda = device.startswith("cuda")
@@ -813,6 +932,18 @@ def time_fn(call, device: str, cfg: TimingConfig, framework: str = "torch", sync
     if mode != "graph":
         samples = measure(call, timer, cfg, clock, now)
         nxt = samples._next_index
+        if cfg.loop:  # after sampling: the calls are warm, and the samples are not disturbed
+            samples.loop_calls = loop_calls(cfg, samples.median, samples.host_ms)
+            samples.loop_ms = time_loop(call, nxt, samples.loop_calls, sync, now)
+            nxt += samples.loop_calls * LOOP_REPEATS
+        if cfg.memory:
+            if memory is None:
+                memory, samples.peak_note = memory_probe(framework, device) if event is None else (None, "")
+            else:
+                samples.peak_note = getattr(memory, "note", "")
+            if memory is not None:
+                samples.peak_extra_bytes = memory(lambda nxt=nxt: call(nxt))
+                nxt += 1
 
         def final_call(nxt=nxt):
             return timer.run(call, nxt, 1)[0]
@@ -838,6 +969,8 @@ def time_fn(call, device: str, cfg: TimingConfig, framework: str = "torch", sync
             samples.calls_per_sample = n
             run = TimedRun(samples, eager["calls"] + 2 + n - 1, lambda: gtimer.run(None, 0, 1)[0] * n, graph)
     s = run.samples
+    if run.graph is not None and cfg.memory:
+        s.peak_note = "not measured in graph mode"
     s.mode, s.requested_mode = mode, cfg.mode
     s.fallback = "; ".join(r for r in (fallback, timer_note) if r)
     s.rotate = rotate

@@ -685,4 +685,16 @@ SPEC = register_op(OpSpec(
     exact_inputs=exact_inputs,
     check_args=_check_args,
     stats=("lse",),
+    conventions=(
+        "layout (B, S, H, D): heads next to last (flash-attention's), not torch SDPA's (B, H, S, D)",
+        "lse (B, Hq, Sq) in float32 (float64 in f64 cases), natural log (not log2)",
+        "o and lse are the forward's, given: use them as given (P from lse, Di = rowsum(do * o)), do not "
+        "recompute the forward",
+        "GQA/MQA: query head h reads kv head h // (Hq / Hkv); dk and dv of a kv head sum over its query heads",
+        "causal and window masks aligned to the bottom right when Sq != Sk (flash-attention), not SDPA's top "
+        "left",
+        "a row with no allowed key: its dq row is 0 and it adds nothing to dk, dv",
+        "softmax_scale defaults to 1/sqrt(D); softcap 0 is off",
+        "accumulate in at least float32; dq, dk, dv in the case dtype",
+    ),
 ))

@@ -245,6 +245,12 @@ SPEC = register_op(OpSpec(
     validate=_validate,
     check_args=_check_args,
     row_separable=True,
+    conventions=(
+        "NumPy broadcasting: grad_a, grad_b are summed over every axis their operand was broadcast along "
+        "(sum_to_shape)",
+        "maximum/minimum: a tie splits the gradient 1/2 and 1/2 (as JAX and torch do)",
+        "partials and sums in at least float32; grad_a, grad_b written in the case dtype",
+    ),
 ))
 
 

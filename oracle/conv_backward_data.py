@@ -174,6 +174,15 @@ SPEC = register_op(OpSpec(
     wrt={"dx": "x"},
     validate=_validate,
     check_args=_check_args,
+    conventions=(
+        "torch's convolution (cross-correlation), symmetric zero padding; the input size is a param "
+        "(`spatial`), not derived from dy",
+        "layout channels_first: dy (N, Cout, *O), w (Cout, Cin/g, *k), dx (N, Cin, *I); channels_last: "
+        "contiguous NHWC buffers, w (Cout, *k, Cin/g) (KRSC)",
+        "f32 means IEEE float32: TF32 fails the tolerance",
+        "accumulate in at least float32; dx in the case dtype, every element written (unreached positions "
+        "are 0)",
+    ),
 ))
 
 

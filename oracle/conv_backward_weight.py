@@ -163,6 +163,14 @@ SPEC = register_op(OpSpec(
     wrt={"dw": "w"},
     validate=_validate,
     check_args=_check_args,
+    conventions=(
+        "torch's convolution (cross-correlation), symmetric zero padding; the kernel size is a param, not "
+        "derived from x and dy",
+        "layout channels_first: dy (N, Cout, *O), x (N, Cin, *I), dw (Cout, Cin/g, *k); channels_last: "
+        "contiguous NHWC buffers, dw (Cout, *k, Cin/g) (KRSC)",
+        "f32 means IEEE float32: TF32 fails the tolerance",
+        "accumulate in at least float32 (the reductions are long: N * prod(O) terms); dw in the case dtype",
+    ),
 ))
 
 

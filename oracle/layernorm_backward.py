@@ -372,6 +372,14 @@ SPEC = register_op(OpSpec(
     io_names=_io_names,
     stats=("mean", "rstd"),
     row_separable=True,
+    conventions=(
+        "mean and rstd inputs are float32 (float64 in f64 cases), shaped x.shape[:-1]; the variance is the "
+        "biased one (divide by N)",
+        "dx is the full derivative (through mean and rstd); dx is overwritten, never accumulated into",
+        "weight exists iff param affine, dweight too; dbias exists iff param bias (the bias tensor is not an "
+        "input)",
+        "compute and accumulate in at least float32; dx, dweight, dbias in the case dtype",
+    ),
 ))
 
 

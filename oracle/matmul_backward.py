@@ -220,6 +220,13 @@ SPEC = register_op(OpSpec(
     wrt={"da": "a", "db": "b"},
     validate=_validate,
     check_args=_check_args,
+    conventions=(
+        "batch dims broadcast by NumPy rules; da, db are summed over the batch dims their operand was "
+        "broadcast along",
+        "inputs in any layout (a_layout, b_layout, dy_layout); b_layout=transposed is nn.Linear's weight",
+        "f32 means IEEE float32: TF32 fails the tolerance",
+        "accumulate in at least float32; da, db contiguous in the case dtype",
+    ),
 ))
 
 

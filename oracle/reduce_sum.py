@@ -150,6 +150,8 @@ def _error_scale(inputs, params):
 
 
 def _cost(case):
+    """Bytes: x read once, y written once, in the case dtype: itemsize * (|x| + |y|).  Flops: one add
+    per term folded away, |x| - |y|."""
     s = _shapes(case)
     item = dtypes.numpy_dtype(case.dtype).itemsize
     nx, ny = prod(s["x"]), prod(s["y"])
@@ -261,6 +263,13 @@ SPEC = register_op(OpSpec(
     validate=_validate,
     check_args=_check_args,
     row_separable=True,
+    conventions=(
+        "axes form: an empty axes list sums nothing (NumPy/JAX), unlike torch's x.sum(dim=[]); absent or "
+        "null axes sum every axis",
+        "target form: sum_to_shape(x, target), as autograd reduces a broadcast operand's gradient",
+        "x in any layout (x_layout); y contiguous, accumulated in at least float32 and rounded once to the "
+        "case dtype",
+    ),
 ))
 
 

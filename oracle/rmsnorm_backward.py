@@ -204,6 +204,11 @@ SPEC = register_op(OpSpec(
     check_args=_check_args,
     stats=("rstd",),
     row_separable=True,
+    conventions=(
+        "rstd input is float32 (float64 in f64 cases), shaped x.shape[:-1]; no mean is subtracted",
+        "dx is the full derivative (through rstd); dx is overwritten, never accumulated into",
+        "compute and accumulate in at least float32; dx, dweight in the case dtype",
+    ),
 ))
 
 

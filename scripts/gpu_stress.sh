@@ -82,7 +82,7 @@ wait "$beside"
 parts=()
 for op in $OPS; do [[ -f "$OUT/stress-$op.json" ]] && parts+=("$OUT/stress-$op.json"); done
 if (( ${#parts[@]} )); then
-  python3 scripts/merge_results.py "$OUT/stress.json" "${parts[@]}" > /dev/null
+  python3 -m harness merge "$OUT/stress.json" "${parts[@]}" > /dev/null
 fi
 
 {

@@ -1,7 +1,7 @@
 """Print a markdown table of the row counts (PASS/FAIL/SKIP/ERROR, and CRASH/TIMEOUT when any)
 of `harness run --json` result files (.json or .json.gz), one line per file plus a total.
 A file whose run was cut short says so in the last column (its `interrupted` note, or the
-notes of the merged parts that were, for files made by scripts/merge_results.py).
+notes of the merged parts that were, for files made by `python -m harness merge`).
 
     python scripts/summarize_results.py results/h100/baselines-full/*.json.gz
     python scripts/summarize_results.py --by-impl FILE...   # one line per (file, implementation)

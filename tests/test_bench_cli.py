@@ -50,13 +50,20 @@ def test_bench_reports_compare_and_benchmarks_md(tmp_path, cache, capsys):
         assert t["n"] >= 5 and t["timer"] == "perf_counter" and t["mode"] == "hot" and t["final_ms"] > 0
         assert t["ci_lo"] <= t["median"] <= t["ci_hi"] and len(t["samples_ms"]) == t["n"]
         assert r["figures"]["gbs"] > 0 and "pct_copy" in r["figures"] and r["outputs"][0]["passed"]
+        assert t["loop_ms"] > 0 and t["loop_calls"] >= 10 and "host_bound" in r["figures"]  # the loop figure
+        assert t["peak_extra_bytes"] is None and t["peak_note"] == "not measured on the CPU"
+        assert r["figures"]["binding"] in ("copy", "matmul") and r["figures"]["pct_binding"] > 0
     assert rows[1]["figures"]["speedup_vs_baseline"] > 0 and rows[1]["figures"]["baseline"] == "torch"
     assert (tmp_path / "one" / "plots" / "roofline_binary_backward.png").exists()
     assert "| case | impl | status | time (ms)" in (tmp_path / "one" / "report.md").read_text()
-    assert "## binary_backward" in md.read_text() and "| case | bytes | torch | torch_ext |" in md.read_text()
+    assert "## binary_backward" in md.read_text()
+    assert "| case | bytes | impl | time (ms) | loop (ms) | binding ceiling | peak mem | vs torch |" in md.read_text()
 
-    assert main(["bench", "--cases", str(case_file), *FAST, "--report", str(tmp_path / "two"), "--no-plots"]) == 0
+    assert main(["bench", "--cases", str(case_file), *FAST, "--report", str(tmp_path / "two"), "--no-plots",
+                 "--loop-calls", "12"]) == 0
     capsys.readouterr()
+    assert {r["timing"]["loop_calls"] for r in json.loads((tmp_path / "two" / "results.json").read_text())["rows"]} \
+        == {12}
     assert main(["compare", str(tmp_path / "one" / "results.json"), str(tmp_path / "two" / "results.json"),
                  "--all", "--json", str(tmp_path / "cmp.json")]) == 0
     text = capsys.readouterr().out

@@ -53,6 +53,16 @@ def test_list_shows_the_op_its_backend_and_cases(toy):
     assert "toy_backward: smoke=9, full=9, perf=1, stress=0" in out.stdout
 
 
+def test_describe_prints_the_toy_ops_contract(toy):
+    out = run(["-m", "harness", "describe", "toy_backward"], toy)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("toy_backward") and "Example shapes: case " in out.stdout
+    for name in ("x", "dy", "dx"):
+        assert f"\n  {name}: shape (" in out.stdout
+    assert "Conventions of every op" in out.stdout and "Tolerance model:" in out.stdout
+    assert "Spec (the docstring of toy_op." in out.stdout
+
+
 def test_harness_run_passes_and_takes_the_stress_path(toy, tmp_path):
     """With GRADORACLE_HUGE_NUMEL lowered, the 9x4 cases go through harness/stress.py in row chunks
     (row_separable=True in the toy's OpSpec): oracle numpy@rows."""

@@ -10,6 +10,7 @@ every report can be regenerated from it (`bench --from results.json`):
 """
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -30,7 +31,9 @@ def write(results: dict, outdir, plots: bool = True) -> dict:
 
 
 def load(path) -> dict:
-    data = json.loads(Path(path).read_text())
+    """A results.json (or .json.gz) of `bench`; ValueError if it is not one."""
+    raw = Path(path).read_bytes()
+    data = json.loads(gzip.decompress(raw) if str(path).endswith(".gz") else raw)
     if data.get("schema") != SCHEMA:
         raise ValueError(f"{path}: not a gradoracle bench results file (schema {data.get('schema')!r}, "
                          f"expected {SCHEMA!r})")

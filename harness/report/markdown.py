@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from harness import status
+from harness.report import cells
 from harness.report.figures import ladders, timed_ms
 from harness.report.text import (by_case, by_op, ceilings_line, clock_line, device_line, esc, host, ladder_section,
                                  ms, num, rate, timing_line, versions_line)
@@ -19,6 +20,7 @@ def markdown(results: dict, plots: list | None = None) -> str:
              f"- SM clock: {clock_line(results)}",
              f"- ceilings: {ceilings_line(results)}",
              f"- timing: {timing_line(results)}",
+             f"- columns: {cells.RULES}",
              f"- command: `{results.get('command', '')}`",
              f"- versions: {versions_line(results)}",
              f"- created {results.get('created')}, {results.get('elapsed_s')} s; "
@@ -34,9 +36,10 @@ def markdown(results: dict, plots: list | None = None) -> str:
         for p in plots:
             if p.stem.endswith(op) or f"_{op}_" in p.stem:
                 lines.append(f"![{p.stem}](plots/{p.name})")
-        lines += ["", "| case | impl | status | time (ms) | 95% CI (ms) | p10–p90 (ms) | GB/s | % copy | TFLOP/s | "
-                  "% matmul | % roofline | vs baseline | host (ms) | n (dropped) | mode |",
-                  "|---|---|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+        lines += ["", "| case | impl | status | time (ms) | loop (ms) | binding ceiling | peak mem | 95% CI (ms) | "
+                  "p10–p90 (ms) | GB/s | % copy | TFLOP/s | % matmul | % roofline | vs baseline | host (ms) | "
+                  "n (dropped) | mode |",
+                  "|---|---|---|---:|---:|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
         for case, crow in by_case(orows).items():
             for k, r in enumerate(crow):
                 t, f = r.get("timing") or {}, r.get("figures") or {}
@@ -47,7 +50,8 @@ def markdown(results: dict, plots: list | None = None) -> str:
                     mode += " *"
                 lines.append(
                     f"| {esc(case) if k == 0 else ''} | {r['impl']}{' (baseline)' if r.get('baseline') else ''} | "
-                    f"{r['status']} | {ms(t.get('median')) if timed else '–'} | "
+                    f"{cells.status(r)} | {ms(t.get('median')) if timed else '–'} | {cells.loop(r)} | "
+                    f"{cells.binding(r)} | {cells.peak(r)} | "
                     + (f"{ms(t.get('ci_lo'))}–{ms(t.get('ci_hi'))} | {ms(t.get('p10'))}–{ms(t.get('p90'))} | "
                        if timed else "– | – | ")
                     + f"{rate(f.get('gbs'))} | {rate(f.get('pct_copy'))} | {num(f.get('tflops'), '.3g')} | "
@@ -55,6 +59,7 @@ def markdown(results: dict, plots: list | None = None) -> str:
                     f"{num(sp, '.2f') + 'x' if sp else '–'} | {host(t) if timed else '–'} | "
                     f"{str(t.get('n', '–')) + ' (' + str(t.get('dropped', 0)) + ')' if timed else '–'} | {mode} |")
         lines += ladder_section(orows, ladder, op)
+        lines += cells.flags(orows)
         fallbacks = sorted({(r['impl'], (r.get('timing') or {}).get('fallback')) for r in orows
                             if (r.get('timing') or {}).get('fallback')})
         if fallbacks:

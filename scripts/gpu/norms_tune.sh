@@ -57,7 +57,7 @@ for p in "${pids[@]}"; do wait "$p"; echo "check process $p: exit $?"; done
 grep -E "^== |^(FAIL|ERROR|CRASH|TIMEOUT)" "$OUT/check.log" | head -40
 jsons=()  # the default sizing's results (finish=kernel's are in check.log)
 for f in "$TMP"/smoke.json "$TMP"/perf-*.json; do [ -s "$f" ] && jsons+=("$f"); done
-[ ${#jsons[@]} -gt 0 ] && $PY scripts/merge_results.py "$OUT/check.json.gz" "${jsons[@]}" 2>&1 | tail -2
+[ ${#jsons[@]} -gt 0 ] && $PY -m harness merge "$OUT/check.json.gz" "${jsons[@]}" 2>&1 | tail -3
 stamp "check done"
 
 left=$(( TOTAL - ($(date +%s) - t0) ))
