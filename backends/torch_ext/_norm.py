@@ -56,6 +56,11 @@ def check(op: str, args: dict, functional: bool = False, bias: bool = True) -> N
     if op == LN:
         outs = {k: v for k, v in outs.items() if k == "dx" or (k == "dweight" and params["affine"])
                 or (k == "dbias" and params["bias"])}
+    if not functional:  # argcheck lets a functional call leave outputs out; an .out call may not
+        for name, out in outs.items():
+            if out is None:
+                raise ValueError(f"torch_ext {op}: argument {name!r} is missing, expected a tensor"
+                                 + (" (weight is given, so dweight is wanted)" if name == "dweight" else ""))
     argcheck.check(op, inputs, outs, params, who="torch_ext", framework="torch")
 
 
@@ -114,14 +119,18 @@ def make_record(op: str, args: dict) -> list[int]:
 
 
 def plan_for(op: str, args: dict):
-    """The NBRecord (an int64 CPU tensor) for these tensors, made once per layout."""
-    x = args["x"]
-    key = [op, x.device, x.dtype]
-    for t in args.values():
-        key.append(None if t is None else (t.shape, t.stride(), t.dtype, t.device))
+    """The NBRecord (an int64 CPU tensor) for these tensors, made once per layout.  The key holds
+    what the plan depends on and the call's checks do not pin down (x's shape, dtype and device,
+    every tensor's strides, which optional ones exist, alignment); the run op's C++ checks every
+    tensor's shape, dtype and device on every call, so a key that matches a checked call cannot
+    let a bad one through."""
+    x, w, mean, dw, db = args["x"], args["weight"], args["mean"], args["dweight"], args["dbias"]
+    key = (op, x.shape, x.dtype, x.get_device(), x.stride(), args["dy"].stride(), args["dx"].stride(),
+           args["rstd"].stride(), None if mean is None else mean.stride(), None if w is None else w.stride(),
+           dw is None, db is None)
     if x.is_cuda:
-        key.append(not any(args[k].data_ptr() % 16 for k in ("x", "dy", "dx", "weight") if args.get(k) is not None))
-    key = tuple(key)
+        key += (not (x.data_ptr() | args["dy"].data_ptr() | args["dx"].data_ptr()
+                     | (0 if w is None else w.data_ptr())) % 16,)
     record = _RECORDS.get(key)
     if record is None:
         import torch

@@ -4,7 +4,7 @@
 //
 // Ops (namespace gradoracle):
 //   reduce_sum(Tensor x, int[]? axes=None, bool keepdim=False, int[]? target=None) -> Tensor
-//   reduce_sum.out(..., *, Tensor(a!) y) -> Tensor(a!)
+//   reduce_sum.out(..., *, Tensor(a!) y) -> ()
 //       the public ops (axes form, or sum_to_shape with `target`); their kernels are Python
 //       (they make the plan, then call:)
 //   _reduce_sum_run(Tensor x, Tensor plan, *, Tensor(a!) y) -> ()
@@ -155,8 +155,9 @@ void check_reduce_sum_run(const at::Tensor& x, const at::Tensor& plan, const at:
 
 TORCH_LIBRARY_FRAGMENT(gradoracle, m) {
   m.def("reduce_sum(Tensor x, int[]? axes=None, bool keepdim=False, int[]? target=None) -> Tensor");
-  m.def("reduce_sum.out(Tensor x, int[]? axes=None, bool keepdim=False, int[]? target=None, *, Tensor(a!) y) "
-        "-> Tensor(a!)");
+  // .out returns nothing: torch.compile functionalizes a custom op's mutations only when it does
+  // not also return the mutated tensor.
+  m.def("reduce_sum.out(Tensor x, int[]? axes=None, bool keepdim=False, int[]? target=None, *, Tensor(a!) y) -> ()");
   m.def("_reduce_sum_run(Tensor x, Tensor plan, *, Tensor(a!) y) -> ()");
 }
 

@@ -2,7 +2,7 @@
 
 Ops (namespace gradoracle; schemas in reduce_sum.cpp):
     reduce_sum(Tensor x, int[]? axes=None, bool keepdim=False, int[]? target=None) -> Tensor
-    reduce_sum.out(..., *, Tensor(a!) y) -> Tensor(a!)
+    reduce_sum.out(..., *, Tensor(a!) y) -> ()     (returns nothing, so torch.compile can functionalize it)
     _reduce_sum_run(Tensor x, Tensor plan, *, Tensor(a!) y) -> ()          (internal)
 
 The two forms of oracle/reduce_sum.py: `axes` (None: every axis; []: none) with `keepdim`, or
@@ -107,11 +107,10 @@ def make_record(x, params, vec_ok: bool, store_ok: bool) -> list[int]:
 def plan_for(x, y, params):
     """The RSRecord (an int64 CPU tensor) for these tensors, made once per layout (after
     argcheck's checks of the call, which depend on nothing else)."""
+    # y's dtype and device are checked by the run op on every call; its shape only here.
+    key = (x.shape, x.stride(), x.dtype, x.get_device(), y.shape, _form(params))
     if x.is_cuda:
-        key = (x.device, x.dtype, x.shape, x.stride(), y.shape, y.dtype, y.device, _form(params),
-               not x.data_ptr() % 16, not y.data_ptr() % 16)
-    else:
-        key = (x.device, x.dtype, x.shape, x.stride(), y.shape, y.dtype, y.device, _form(params))
+        key += (not x.data_ptr() % 16, not y.data_ptr() % 16)
     record = _RECORDS.get(key)
     if record is None:
         import torch
@@ -119,7 +118,7 @@ def plan_for(x, y, params):
         _check(x, dict(params, shape=list(x.shape)), y)
         if len(_RECORDS) >= _MAX_RECORDS:
             _RECORDS.clear()
-        words = make_record(x, params, key[-2] if x.is_cuda else False, key[-1] if x.is_cuda else False)
+        words = make_record(x, params, x.is_cuda and key[-2], x.is_cuda and key[-1])
         record = _RECORDS[key] = torch.tensor(words, dtype=torch.int64)
     return record
 
@@ -175,7 +174,6 @@ def _functional(x, axes=None, keepdim=False, target=None):
 
 def _out(x, axes=None, keepdim=False, target=None, *, y):
     run(x, y, _params(x, axes, keepdim, target))
-    return y
 
 
 def on_load(with_cuda: bool) -> None:
@@ -197,7 +195,6 @@ def on_load(with_cuda: bool) -> None:
     @torch.library.register_fake("gradoracle::reduce_sum.out")
     def _reduce_sum_out_fake(x, axes=None, keepdim=False, target=None, *, y):
         _check(x, _params(x, axes, keepdim, target), y)
-        return y
 
     @torch.library.register_fake("gradoracle::_reduce_sum_run")
     def _reduce_sum_run_fake(x, plan, *, y):
