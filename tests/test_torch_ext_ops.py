@@ -321,3 +321,28 @@ def test_cuda_reduce_sum_plans(fake_gpu, shape, form):
         return
     assert kind in (trs.ROW_TEAM, trs.ROW_BLOCK, trs.COL) and kind == (trs.COL if col else kind)
     assert grid >= 1 and (n_part == 0) == (n_ticket == 0)
+
+
+@pytest.mark.parametrize("op", [_norm.LN, _norm.RMS])
+@pytest.mark.parametrize("dt", ["f32", "f16", "bf16", "f64"])
+def test_every_planner_kernel_of_the_rows_path_is_built(op, dt):
+    """Every nb_rows / nb_chunked instantiation the planner can name (_norm_plan.all_kernel_exprs)
+    parses, and is one norm_backward_cuda.h builds."""
+    item = {"f32": 4, "f16": 2, "bf16": 2, "f64": 8}[dt]
+    exprs = [e for e in _norm.nplan.all_kernel_exprs(op, dt, dict(_norm.KNOBS))
+             if e.startswith(("nb_rows<", "nb_chunked<"))]
+    assert exprs
+    for expr in exprs:
+        kind, vec, vpt, wide = _norm.parse_expr(op, expr)
+        assert built_norm_kernel(kind, item, vec, vpt), expr
+    with pytest.raises(ValueError, match="does not build"):
+        _norm.parse_expr(op, "nb_stage<NBRmsNorm, float, 2, 4>")
+
+
+def test_reduce_sum_kernel_names_parse():
+    for kernel, kind in trs.KIND.items():
+        for vec in (True, False):
+            for simple in (True, False):
+                assert trs.parse_expr(trs.rs_plan.kernel_expr(kernel, "bf16", vec, simple)) == (kind, vec, simple)
+    with pytest.raises(ValueError, match="does not build"):
+        trs.parse_expr("rs_v5<float, float>")

@@ -81,15 +81,25 @@ def _occupancy(op: str, device_index: int, dtype):
     def occupancy(expr: str, block: int, smem: int = 0) -> int:
         key = (op, device_index, expr)
         if key not in _OCC:
-            m = re.fullmatch(r"nb_(rows|chunked)<\w+, [\w ]+, (\d+), (\d+)(?:, (true|false))?>", expr)
-            if m is None:
-                raise ValueError(f"torch_ext {op}: the planner chose {expr!r}, which the extension does not build")
-            kind = ROWS if m.group(1) == "rows" else CHUNKED
             with torch.cuda.device(device_index):
-                got = query(kind, dtype, int(m.group(2)), int(m.group(3)), m.group(4) == "true")
+                got = query(*_query_args(op, expr, dtype))
             _OCC[key] = max(1, int(got))
         return _OCC[key]
     return occupancy
+
+
+def parse_expr(op: str, expr: str) -> tuple[int, int, int, bool]:
+    """(kind, vec, vpt, wide) of a planner's name expression, e.g. 'nb_rows<NBLayerNorm, float, 4, 2,
+    true>' -> (ROWS, 4, 2, True); ValueError for a kernel the extension does not build."""
+    m = re.fullmatch(r"nb_(rows|chunked)<\w+, [\w ]+, (\d+), (\d+)(?:, (true|false))?>", expr)
+    if m is None:
+        raise ValueError(f"torch_ext {op}: the planner chose {expr!r}, which the extension does not build")
+    return ROWS if m.group(1) == "rows" else CHUNKED, int(m.group(2)), int(m.group(3)), m.group(4) == "true"
+
+
+def _query_args(op: str, expr: str, dtype) -> tuple:
+    kind, vec, vpt, wide = parse_expr(op, expr)
+    return kind, dtype, vec, vpt, wide
 
 
 def _strides(args: dict) -> dict:

@@ -171,7 +171,8 @@ void norm_backward_cpu(const NBParamsH& p, const NormArgs& a) {
   const int64_t nblk = (rows + per - 1) / per;
   const int64_t nsum = (has_w ? 1 : 0) + (has_b ? 1 : 0);
   std::vector<acc_t> part(static_cast<size_t>(nblk * nsum * n), acc_t(0));
-  at::parallel_for(0, nblk, 1, [&](int64_t b0, int64_t b1) {
+  // Threads only for work worth their start-up: 64K elements each at least.
+  at::parallel_for(0, nblk, std::max<int64_t>(1, (int64_t(1) << 16) / (per * n)), [&](int64_t b0, int64_t b1) {
     std::vector<acc_t> g(n), xh(n);
     for (int64_t b = b0; b < b1; ++b) {
       acc_t* pw = part.data() + b * nsum * n;

@@ -34,6 +34,7 @@ namespace {
 constexpr const char* kOp = "reduce_sum";
 constexpr int kLanes = 8;
 constexpr int64_t kColBlock = 256;  // columns per work item in col mode
+constexpr int64_t kGrain = 1 << 16;  // elements of x per thread at least (small sums stay on one thread)
 
 // x offset of element `idx` of a group (row-major unravel, last dim fastest); y offset too.
 inline void offsets(const RSGroupH& g, int64_t idx, int64_t& xo, int64_t& yo) {
@@ -55,7 +56,7 @@ acc_t sum_lanes(const acc_t (&l)[kLanes]) {
 template <typename scalar_t>
 void run_row(const RSParamsH& p, const scalar_t* x, scalar_t* y) {
   using acc_t = at::opmath_type<scalar_t>;
-  at::parallel_for(0, p.nseg, std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(1, p.red.numel * p.run)),
+  at::parallel_for(0, p.nseg, std::max<int64_t>(1, kGrain / std::max<int64_t>(1, p.red.numel * p.run)),
                    [&](int64_t s0, int64_t s1) {
     for (int64_t s = s0; s < s1; ++s) {
       int64_t xo, yo;
@@ -77,7 +78,9 @@ template <typename scalar_t>
 void run_col(const RSParamsH& p, const scalar_t* x, scalar_t* y) {
   using acc_t = at::opmath_type<scalar_t>;
   const int64_t nblk = (p.inner + kColBlock - 1) / kColBlock;
-  at::parallel_for(0, p.outer.numel * nblk, 1, [&](int64_t t0, int64_t t1) {
+  const int64_t per_item = p.red.numel * std::min(kColBlock, p.inner);  // elements a work item reads
+  at::parallel_for(0, p.outer.numel * nblk, std::max<int64_t>(1, kGrain / std::max<int64_t>(1, per_item)),
+                   [&](int64_t t0, int64_t t1) {
     std::vector<acc_t> acc(kColBlock);
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t o = t / nblk, i0 = (t % nblk) * kColBlock, n = std::min(kColBlock, p.inner - i0);

@@ -61,13 +61,20 @@ def _occupancy(device_index: int, dtype):
     def occupancy(expr: str) -> int:
         key = (device_index, expr)
         if key not in _OCC:
-            m = re.fullmatch(r"rs_(\w+)<[^,]+, (true|false), (true|false)>", expr)
+            kind, vec, simple = parse_expr(expr)
             with torch.cuda.device(device_index):
-                got = torch.ops.gradoracle._reduce_sum_occupancy(KIND[m.group(1)], dtype, m.group(2) == "true",
-                                                                 m.group(3) == "true")
+                got = torch.ops.gradoracle._reduce_sum_occupancy(kind, dtype, vec, simple)
             _OCC[key] = max(1, int(got))
         return _OCC[key]
     return occupancy
+
+
+def parse_expr(expr: str) -> tuple[int, bool, bool]:
+    """(kind, vec, simple) of a best kernel's name expression, e.g. 'rs_col<float, true, false>'."""
+    m = re.fullmatch(r"rs_(row_team|row_block|col)<[\w ]+, (true|false), (true|false)>", expr)
+    if m is None:
+        raise ValueError(f"torch_ext {OP}: the planner chose {expr!r}, which the extension does not build")
+    return KIND[m.group(1)], m.group(2) == "true", m.group(3) == "true"
 
 
 def _num_sms(index: int) -> int:

@@ -66,7 +66,7 @@ def tensor(shape, dtype, layout):
         return torch.rand(*shape[:-2], shape[-1], shape[-2], device="cuda", dtype=dtype).transpose(-1, -2) + 0.5
     if layout == "sliced" and len(shape) >= 1:
         return torch.rand(*shape[:-1], 2 * shape[-1] + 1, device="cuda", dtype=dtype)[..., :2 * shape[-1]:2] + 0.5
-    return torch.rand(*shape, device="cuda", dtype=dtype) + 0.5
+    return torch.rand(tuple(shape), device="cuda", dtype=dtype) + 0.5
 
 
 def make(case):
