@@ -128,23 +128,23 @@ def make_record(op: str, args: dict) -> list[int]:
     return head + list(launch.words)
 
 
-def plan_for(op: str, args: dict):
-    """The NBRecord (an int64 CPU tensor) for these tensors, made once per layout.  The key holds
-    what the plan depends on and the call's checks do not pin down (x's shape, dtype and device,
-    every tensor's strides, which optional ones exist, alignment); the run op's C++ checks every
-    tensor's shape, dtype and device on every call, so a key that matches a checked call cannot
-    let a bad one through."""
-    x, w, mean, dw, db = args["x"], args["weight"], args["mean"], args["dweight"], args["dbias"]
-    key = (op, x.shape, x.dtype, x.get_device(), x.stride(), args["dy"].stride(), args["dx"].stride(),
-           args["rstd"].stride(), None if mean is None else mean.stride(), None if w is None else w.stride(),
-           dw is None, db is None)
+def plan_for(op: str, dy, x, weight, mean, rstd, dx, dweight, dbias):
+    """The NBRecord (an int64 CPU tensor) for these tensors (mean None for rmsnorm; weight,
+    dweight, dbias None where absent), made once per layout.  The key holds what the plan depends
+    on and the call's checks do not pin down (x's shape, dtype and device, the strides, which
+    optional tensors exist, alignment); the run op's C++ checks every tensor's shape, dtype and
+    device on every call, so a key that matches a checked call cannot let a bad one through."""
+    key = (op, x.shape, x.dtype, x.get_device(), x.stride(), dy.stride(), dx.stride(), rstd.stride(),
+           None if mean is None else mean.stride(), None if weight is None else weight.stride(), dweight is None,
+           dbias is None)
     if x.is_cuda:
-        key += (not (x.data_ptr() | args["dy"].data_ptr() | args["dx"].data_ptr()
-                     | (0 if w is None else w.data_ptr())) % 16,)
+        key += (not (x.data_ptr() | dy.data_ptr() | dx.data_ptr() | (0 if weight is None else weight.data_ptr())) % 16,)
     record = _RECORDS.get(key)
     if record is None:
         import torch
 
+        args = {"dy": dy, "x": x, "weight": weight, "mean": mean, "rstd": rstd, "dx": dx, "dweight": dweight,
+                "dbias": dbias}
         check(op, args)
         if len(_RECORDS) >= _MAX_RECORDS:
             _RECORDS.clear()

@@ -26,9 +26,8 @@ _RUN = None  # torch.ops.gradoracle._layernorm_backward_run.default, once loaded
 
 def run(dy, x, weight, mean, rstd, dx, dweight, dbias) -> None:
     """Write dx (and dweight / dbias when given) in place (the extension must be loaded)."""
-    args = {"dy": dy, "x": x, "weight": weight, "mean": mean, "rstd": rstd, "dx": dx, "dweight": dweight,
-            "dbias": dbias}
-    _RUN(dy, x, weight, mean, rstd, _norm.plan_for(OP, args), dx=dx, dweight=dweight, dbias=dbias)
+    plan = _norm.plan_for(OP, dy, x, weight, mean, rstd, dx, dweight, dbias)
+    _RUN(dy, x, weight, mean, rstd, plan, dx=dx, dweight=dweight, dbias=dbias)
 
 
 def _outputs(x, weight, bias: bool):

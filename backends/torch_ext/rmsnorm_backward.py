@@ -22,9 +22,7 @@ _RUN = None  # torch.ops.gradoracle._rmsnorm_backward_run.default, once loaded
 
 def run(dy, x, weight, rstd, dx, dweight) -> None:
     """Write dx and dweight in place (the extension must be loaded)."""
-    args = {"dy": dy, "x": x, "weight": weight, "mean": None, "rstd": rstd, "dx": dx, "dweight": dweight,
-            "dbias": None}
-    _RUN(dy, x, weight, rstd, _norm.plan_for(OP, args), dx=dx, dweight=dweight)
+    _RUN(dy, x, weight, rstd, _norm.plan_for(OP, dy, x, weight, None, rstd, dx, dweight, None), dx=dx, dweight=dweight)
 
 
 def _args(dy, x, weight, rstd, dx=None, dweight=None) -> dict:
