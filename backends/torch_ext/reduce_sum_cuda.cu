@@ -44,9 +44,10 @@ struct Workspace {
 std::pair<void*, unsigned int*> workspace(const at::Tensor& like, at::ScalarType acc, int64_t n_part,
                                           int64_t n_ticket, cudaStream_t stream) {
   static std::mutex lock;
-  static std::map<std::tuple<int, cudaStream_t, int>, Workspace> spaces;
+  // Never destroyed: freeing CUDA memory from a static destructor would run after the driver shut down.
+  static auto* spaces = new std::map<std::tuple<int, cudaStream_t, int>, Workspace>();
   const std::lock_guard<std::mutex> guard(lock);
-  Workspace& w = spaces[{like.get_device(), stream, static_cast<int>(acc)}];
+  Workspace& w = (*spaces)[{like.get_device(), stream, static_cast<int>(acc)}];
   if (!w.part.defined() || w.part.numel() < n_part)
     w.part = at::empty({std::max<int64_t>(n_part, 1024)}, like.options().dtype(acc));
   if (!w.ticket.defined() || w.ticket.numel() < n_ticket)
