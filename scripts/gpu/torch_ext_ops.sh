@@ -6,7 +6,8 @@
 #    sm_90 (`harness list` triggers the build; build.log);
 # 1. torch_ext on the full set of the three ops (full.json / full.log);
 # 2. `harness bench` of torch, torch_ext, cupy@best and triton on the three ops' perf cases, side by
-#    side (bench/results.json, bench/report.md; BUDGET s of sampling per pair, TIME_LIMIT s in all);
+#    side (bench/results.json, bench/report.md; BUDGET s of sampling per pair, PER_OP cases of each
+#    op (default 10: 30 cases x 4 backends), no pair started after TIME_LIMIT s);
 # 3. per perf case: host time per call of torch_ext's unchecked path (what the harness times) against
 #    its device time (GPU kept busy while the host queues), and the plan's header (host.txt).
 # Everything ends up in $OUT/torch_ext_ops.tgz (plus summary.txt beside it).
@@ -16,7 +17,7 @@ export PYTHONUNBUFFERED=1
 : "${OUT:?set OUT to a folder for the results}"
 export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
 export MAX_JOBS=${MAX_JOBS:-16}
-BUDGET=${BUDGET:-0.25} TIME_LIMIT=${TIME_LIMIT:-140} PY=${PY:-python3}
+BUDGET=${BUDGET:-0.2} TIME_LIMIT=${TIME_LIMIT:-150} PER_OP=${PER_OP:-10} PY=${PY:-python3}
 W="$OUT/work"
 mkdir -p "$W"
 t0=$(date +%s)
@@ -44,7 +45,7 @@ grep -E "^(FAIL|ERROR|CRASH)" -A3 "$W/full.log" | head -60 >> "$OUT/summary.txt"
 
 stamp "== 2. bench: torch, torch_ext, cupy@best, triton on the perf cases"
 $PY -m harness bench "${OPS[@]}" --backend torch --backend torch_ext --backend cupy@best --backend triton \
-  --cases perf --budget "$BUDGET" --time-limit "$TIME_LIMIT" --report "$W/bench" -q > "$W/bench.log" 2>&1
+  --cases perf --budget "$BUDGET" --warmup-budget 0.1 --per-op "$PER_OP" --time-limit "$TIME_LIMIT" --report "$W/bench" -q > "$W/bench.log" 2>&1
 echo "exit $?" | tee -a "$OUT/summary.txt"; tail -5 "$W/bench.log" >> "$OUT/summary.txt"
 
 stamp "== 3. plans, host time per call (unchecked path) and device time, per perf case"
