@@ -57,6 +57,14 @@
 //   bb_naive<T,FN>(p, a, b, g, acc_a, acc_b)                        [the @naive reference]
 //       grp = {K, RA, RB} exactly as the broadcast plan makes them, swap = 0.  acc_a / acc_b (A,
 //       numel of grad_a / grad_b) must be zeroed; then bb_finalize with nchunks = 1.
+//   bb_opt2<T,FN>(c, a, b, g, ga, gb, acc_a, acc_b)                [the @opt2 rung]
+//       BBCollapsed c (binary_backward_defs.h); any 1-D launch.  acc_a / acc_b (A, numel of
+//       grad_a / grad_b) must be zeroed where c.direct is 0, then bb_finalize with nchunks = 1.
+//   bb_cols<T,FN,V>(p, P, Q, g, dP, dP_part, dQ)                    [@best: lanes along K, J = 1]
+//   bb_rows<T,FN,V>(p, P, Q, g, dP, dP_part, dQ)                    [@best: row sums, Y empty]
+//       V = 1 or 16 / sizeof(T) (16-byte packs); see each kernel for its fields.  The @best
+//       rung launches these, bb_fast for dense no-broadcast cases, and the opt kernels for the
+//       rest, each with a grid of at most one wave of resident blocks.
 //   bb_finalize<T>(part, nchunks, n, out):  out[i] = T(sum over c = 0..nchunks-1, in that
 //       order, of part[c * n + i]).
 //
@@ -477,29 +485,37 @@ bb_lr_stream(const __grid_constant__ BBParams p, const T* __restrict__ P, const 
     A accp = A(0);
     if (valid) {
       const A pv = kOps ? bb_load(P + zo[BB_P]) : A(0);
+      const T* __restrict__ gt = g + zo[BB_G];  // task base pointers: the loop adds only x offsets
+      const T* __restrict__ qt = Q + zo[BB_Q];
+      T* __restrict__ dqt = dQ + zo[BB_DQ];
       const long long x_lo = cx * p.chunk[0], x_hi = bb_min(X.numel, x_lo + p.chunk[0]);
-      BBCursor xs(X, x_lo + lane, xw);
-      for (long long x0 = x_lo + lane; x0 < x_hi; x0 += (long long)xw * UR, xs.advance(UR)) {
+      for (long long x0 = x_lo + (long long)lane * V; x0 < x_hi; x0 += pstep * UR) {
         bool ok[UR];
-        A qv[UR], gv[UR];
-        long long dqoff[UR];
+        Vec gv[UR], qv[UR];
+        long long dqo[UR];
 #pragma unroll
         for (int r = 0; r < UR; ++r) {
-          const long long x = x0 + (long long)r * xw;
+          const long long x = x0 + r * pstep;
           ok[r] = x < x_hi;
-          long long xo[BB_NT];
-          xs.at(X, ok[r] ? x : 0, r, xo);
-          dqoff[r] = zo[BB_DQ] + xo[BB_DQ];
-          gv[r] = ok[r] ? bb_load(g + zo[BB_G] + xo[BB_G]) : A(0);
-          qv[r] = (kOps && ok[r]) ? bb_load(Q + zo[BB_Q] + xo[BB_Q]) : A(0);
+          long long og, oq;
+          bb_offsets_gqd(X, ok[r] ? x : 0, og, oq, dqo[r]);
+          if (ok[r]) {
+            gv[r] = bb_ldv<T, V>(gt + og);
+            if (kOps) qv[r] = bb_ldv<T, V>(qt + oq);
+          }
         }
 #pragma unroll
         for (int r = 0; r < UR; ++r) {
           if (!ok[r]) continue;
-          A tp, tq;
-          bb_terms<FN, A>(pv, qv[r], gv[r], swap, tp, tq);
-          accp += tp;
-          dQ[dqoff[r]] = bb_from_acc<T>(tq);
+          Vec out;
+#pragma unroll
+          for (int e = 0; e < V; ++e) {
+            A tp, tq;
+            bb_terms<FN, A>(pv, kOps ? bb_to_acc(qv[r].v[e]) : A(0), bb_to_acc(gv[r].v[e]), swap, tp, tq);
+            accp += tp;
+            out.v[e] = bb_from_acc<T>(tq);
+          }
+          bb_stv<T, V>(dqt + dqo[r], out);
         }
       }
     }
@@ -584,6 +600,244 @@ bb_lr_batched(const __grid_constant__ BBParams p, const T* __restrict__ P, const
       for (int j = 0; j < J; ++j)
         if (xok[j]) bb_store<T>(dQ, dQ_part, p.nchunk[1], cy, p.numel_out[1], dqoff[j], red[j * BB_BLOCK + tid]);
     }
+  }
+}
+
+// ============================================================================ @opt2
+
+// The source's next rung after opt: still a thread per element of O (grid-stride) and atomics
+// for a broadcast operand's gradient, but each tensor's offset costs one divide (and one
+// remainder) per dim that is left after O's dims are collapsed for that tensor (BBCollapsed in
+// binary_backward_defs.h).  A contiguous tensor that follows O is one dim: its offset is i.
+__device__ __forceinline__ long long bb_collapsed_offset(const BBCollapsed& c, int t, long long i) {
+  long long off = 0;
+  const int nd = (int)c.ndim[t];
+  if (c.numel <= 0xffffffffLL) {  // 32-bit division where it fits: several times cheaper
+    const unsigned int u = (unsigned int)i;
+#pragma unroll
+    for (int j = 0; j < BB_MAX_DIMS; ++j) {
+      if (j < nd) {
+        unsigned int q = u / (unsigned int)c.div[t][j];
+        if (c.div[t][j] * c.size[t][j] != c.numel) q %= (unsigned int)c.size[t][j];
+        off += (long long)q * c.stride[t][j];
+      }
+    }
+  } else {
+#pragma unroll 1
+    for (int j = 0; j < nd; ++j) {
+      long long q = i / c.div[t][j];
+      if (c.div[t][j] * c.size[t][j] != c.numel) q %= c.size[t][j];
+      off += q * c.stride[t][j];
+    }
+  }
+  return off;
+}
+
+template <typename T, int FN>
+__global__ void __launch_bounds__(BB_BLOCK)
+bb_opt2(const __grid_constant__ BBCollapsed c, const T* __restrict__ a, const T* __restrict__ b,
+        const T* __restrict__ g, T* __restrict__ ga, T* __restrict__ gb, bb_acc_t<T>* acc_a, bb_acc_t<T>* acc_b) {
+  typedef bb_acc_t<T> A;
+  constexpr bool kOps = BBUsesOperands<FN>::value;
+  const long long step = (long long)gridDim.x * blockDim.x;
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < c.numel; i += step) {
+    const A va = kOps ? bb_load(a + bb_collapsed_offset(c, BB_P, i)) : A(0);
+    const A vb = kOps ? bb_load(b + bb_collapsed_offset(c, BB_Q, i)) : A(0);
+    A ta, tb;
+    bb_terms<FN, A>(va, vb, bb_load(g + bb_collapsed_offset(c, BB_G, i)), false, ta, tb);
+    const long long oa = bb_collapsed_offset(c, BB_DP, i), ob = bb_collapsed_offset(c, BB_DQ, i);
+    if (c.direct[0]) ga[oa] = bb_from_acc<T>(ta); else atomicAdd(acc_a + oa, ta);
+    if (c.direct[1]) gb[ob] = bb_from_acc<T>(tb); else atomicAdd(acc_b + ob, tb);
+  }
+}
+
+// ============================================================================ @best
+
+// V elements of T in one access: 16 bytes for V = 16 / sizeof(T) (the address must be 16-byte
+// aligned), a plain scalar for V = 1.
+template <typename T, int V> struct alignas(sizeof(T) * V) BBVec { T v[V]; };
+
+template <typename T, int V>
+__device__ __forceinline__ BBVec<T, V> bb_ldv(const T* p) { return *reinterpret_cast<const BBVec<T, V>*>(p); }
+
+template <typename T, int V>
+__device__ __forceinline__ void bb_stv(T* p, const BBVec<T, V>& x) { *reinterpret_cast<BBVec<T, V>*>(p) = x; }
+
+#define BB_BEST_UR 2         // packs (rows) in flight per thread in bb_cols / bb_rows
+#define BB_BEST_MIN_BLOCKS 3  // resident 256-thread blocks per SM the @best kernels are built for (<= 80 registers)
+
+// Offsets in slots G, Q and DQ of element idx of `gr`, the three the @best loops move along: a
+// one-dim group (the usual case) multiplies by strides read from the parameter space, so no
+// per-slot cursor state is kept in registers; more dims unravel (rolled, 64-bit).
+__device__ __forceinline__ void bb_offsets_gqd(const BBGroup& gr, long long idx, long long& og, long long& oq,
+                                               long long& od) {
+  if (gr.ndim == 1) {
+    og = idx * gr.stride[BB_G][0];
+    oq = idx * gr.stride[BB_Q][0];
+    od = idx * gr.stride[BB_DQ][0];
+    return;
+  }
+  og = oq = od = 0;
+#pragma unroll 1
+  for (int d = (int)gr.ndim - 1; d >= 0; --d) {
+    const long long q = d > 0 ? idx / gr.size[d] : 0;
+    const long long r = idx - q * gr.size[d];
+    idx = q;
+    og += r * gr.stride[BB_G][d];
+    oq += r * gr.stride[BB_Q][d];
+    od += r * gr.stride[BB_DQ][d];
+  }
+}
+
+// Lanes along K, one reduced group R looped (bias-like: P is broadcast along R, nothing sums
+// over K).  grp[0] = K, grp[1] unused (numel 1), grp[2] = R.  Each lane owns V consecutive k's
+// (one 16-byte pack for V > 1: the host guarantees K's innermost dim is dense in every tensor, a
+// multiple of V long, and every other stride a multiple of V); lanes = KW packs per tile row,
+// lanes_log2; the block's nw = BB_BLOCK / KW row slots walk a chunk of R.  dQ is written as
+// packs as it goes; dP accumulates in registers, then over the slots (fixed-order tree), and is
+// written final (nchunk[2] == 1) or as A partial row cv.  chunk[2] = rows per chunk, nchunk =
+// {k tiles, 1, R chunks}, ntiles = their product.
+template <typename T, int FN, int V>
+__global__ void __launch_bounds__(BB_BLOCK, BB_BEST_MIN_BLOCKS)
+bb_cols(const __grid_constant__ BBParams p, const T* __restrict__ P, const T* __restrict__ Q,
+        const T* __restrict__ g, T* __restrict__ dP, bb_acc_t<T>* __restrict__ dP_part, T* __restrict__ dQ) {
+  typedef bb_acc_t<T> A;
+  typedef BBVec<T, V> Vec;
+  constexpr int UR = BB_BEST_UR;
+  constexpr bool kOps = BBUsesOperands<FN>::value;
+  __shared__ A red[V * BB_BLOCK];
+  const BBGroup& K = p.grp[0];
+  const BBGroup& R = p.grp[2];
+  const int tid = threadIdx.x, kw = (int)p.lanes;
+  const int lane = tid & (kw - 1), w = tid >> (int)p.lanes_log2, nw = BB_BLOCK >> (int)p.lanes_log2;
+  const bool swap = p.swap != 0;
+
+  for (long long t = blockIdx.x; t < p.ntiles; t += gridDim.x) {
+    const long long kt = t % p.nchunk[0], cv = t / p.nchunk[0];
+    const long long k = (kt * kw + lane) * V;
+    const bool kok = k < K.numel;
+    long long ko[BB_NT];
+    bb_offsets_setup(K, kok ? k : 0, ko);
+    // P stays packed (half the registers of its converted values for 16-bit types).
+    Vec pp;
+    A accp[V];
+    if (kOps && kok) pp = bb_ldv<T, V>(P + ko[BB_P]);
+#pragma unroll
+    for (int e = 0; e < V; ++e) accp[e] = A(0);
+    if (kok) {
+      // Tile base pointers: the loop adds only the row offsets.
+      const T* __restrict__ gt = g + ko[BB_G];
+      const T* __restrict__ qt = Q + ko[BB_Q];
+      T* __restrict__ dqt = dQ + ko[BB_DQ];
+      const long long v_lo = cv * p.chunk[2], v_hi = bb_min(R.numel, v_lo + p.chunk[2]);
+      for (long long v0 = v_lo + w; v0 < v_hi; v0 += (long long)nw * UR) {
+        bool ok[UR];
+        Vec gv[UR], qv[UR];
+        long long dqo[UR];
+#pragma unroll
+        for (int r = 0; r < UR; ++r) {  // all loads first, for memory-level parallelism
+          const long long v = v0 + (long long)r * nw;
+          ok[r] = v < v_hi;
+          long long og, oq;
+          bb_offsets_gqd(R, ok[r] ? v : 0, og, oq, dqo[r]);
+          if (ok[r]) {
+            gv[r] = bb_ldv<T, V>(gt + og);
+            if (kOps) qv[r] = bb_ldv<T, V>(qt + oq);
+          }
+        }
+#pragma unroll
+        for (int r = 0; r < UR; ++r) {
+          if (!ok[r]) continue;
+          Vec out;
+#pragma unroll
+          for (int e = 0; e < V; ++e) {
+            A tp, tq;
+            bb_terms<FN, A>(kOps ? bb_to_acc(pp.v[e]) : A(0), kOps ? bb_to_acc(qv[r].v[e]) : A(0),
+                            bb_to_acc(gv[r].v[e]), swap, tp, tq);
+            accp[e] += tp;
+            out.v[e] = bb_from_acc<T>(tq);
+          }
+          bb_stv<T, V>(dqt + dqo[r], out);
+        }
+      }
+    }
+    bb_block_reduce_slots<A, V>(red, accp, tid, w, nw, kw);
+    if (w == 0 && kok) {
+#pragma unroll
+      for (int e = 0; e < V; ++e)
+        bb_store<T>(dP, dP_part, p.nchunk[2], cv, p.numel_out[0], ko[BB_DP] + e, red[e * BB_BLOCK + tid]);
+    }
+  }
+}
+
+// Lanes along the reduced group X, the other reduced group empty (row sums: P is broadcast along
+// X).  grp[0] = X, grp[1] unused, grp[2] = Z = K.  A task is one z and one chunk of X (chunk[0]
+// elements, a multiple of V), owned by a segment of XW = lanes lanes; each lane takes packs of V
+// consecutive x's (16 bytes for V > 1: X's innermost dim dense in Q, g, dQ, a multiple of V
+// long, their other strides multiples of V), UR packs in flight, and writes dQ as packs.  dP[z]
+// is the segment's fixed-order shuffle sum, final or A partial row cx (nchunk[0] > 1).
+// nchunk[0] = X chunks; ntiles = tasks = nchunk[0] * numel(Z).
+template <typename T, int FN, int V>
+__global__ void __launch_bounds__(BB_BLOCK, BB_BEST_MIN_BLOCKS)
+bb_rows(const __grid_constant__ BBParams p, const T* __restrict__ P, const T* __restrict__ Q,
+        const T* __restrict__ g, T* __restrict__ dP, bb_acc_t<T>* __restrict__ dP_part, T* __restrict__ dQ) {
+  typedef bb_acc_t<T> A;
+  typedef BBVec<T, V> Vec;
+  constexpr int UR = BB_BEST_UR;
+  constexpr bool kOps = BBUsesOperands<FN>::value;
+  const BBGroup& X = p.grp[0];
+  const BBGroup& Z = p.grp[2];
+  const int tid = threadIdx.x, xw = (int)p.lanes, lg = (int)p.lanes_log2;
+  const int lane = tid & (xw - 1), seg = tid >> lg;
+  const int nseg = BB_BLOCK >> lg;
+  const int warp_seg0 = (tid >> 5) * (32 >> lg);  // first segment of this warp
+  const bool swap = p.swap != 0;
+  const long long pstep = (long long)xw * V;      // elements between a lane's packs
+
+  // Warp-uniform loop (the shuffle needs all 32 lanes).
+  for (long long t0 = (long long)blockIdx.x * nseg + warp_seg0; t0 < p.ntiles; t0 += (long long)gridDim.x * nseg) {
+    const long long task = t0 + (seg - warp_seg0);
+    const bool valid = task < p.ntiles;
+    const long long cx = valid ? task % p.nchunk[0] : 0, z = valid ? task / p.nchunk[0] : 0;
+    long long zo[BB_NT];
+    bb_offsets_setup(Z, z, zo);
+    A accp = A(0);
+    if (valid) {
+      const A pv = kOps ? bb_load(P + zo[BB_P]) : A(0);
+      const long long x_lo = cx * p.chunk[0], x_hi = bb_min(X.numel, x_lo + p.chunk[0]);
+      for (long long x0 = x_lo + (long long)lane * V; x0 < x_hi; x0 += pstep * UR) {
+        bool ok[UR];
+        Vec gv[UR], qv[UR];
+        long long dqo[UR];
+#pragma unroll
+        for (int r = 0; r < UR; ++r) {
+          const long long x = x0 + r * pstep;
+          ok[r] = x < x_hi;
+          long long og, oq;
+          bb_offsets_gqd(X, ok[r] ? x : 0, og, oq, dqo[r]);
+          dqo[r] += zo[BB_DQ];
+          if (ok[r]) {
+            gv[r] = bb_ldv<T, V>(g + zo[BB_G] + og);
+            if (kOps) qv[r] = bb_ldv<T, V>(Q + zo[BB_Q] + oq);
+          }
+        }
+#pragma unroll
+        for (int r = 0; r < UR; ++r) {
+          if (!ok[r]) continue;
+          Vec out;
+#pragma unroll
+          for (int e = 0; e < V; ++e) {
+            A tp, tq;
+            bb_terms<FN, A>(pv, kOps ? bb_to_acc(qv[r].v[e]) : A(0), bb_to_acc(gv[r].v[e]), swap, tp, tq);
+            accp += tp;
+            out.v[e] = bb_from_acc<T>(tq);
+          }
+          bb_stv<T, V>(dQ + dqo[r], out);
+        }
+      }
+    }
+    accp = bb_segment_sum(accp, xw);
+    if (valid && lane == 0) bb_store<T>(dP, dP_part, p.nchunk[0], cx, p.numel_out[0], zo[BB_DP], accp);
   }
 }
 

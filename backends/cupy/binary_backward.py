@@ -88,20 +88,29 @@ def _function(expr: str):
     return _compiled(SOURCE, expr)
 
 
-def kernel_expr(kind: str, dt: str, fn: str | None = None) -> str:
-    """Name expression of one instantiation, e.g. ('lk8', 'f16', 'mul') -> 'bb_lk<__half, 2, 8>'."""
+def kernel_expr(kind: str, dt: str, fn: str | None = None, vectorized: bool = False) -> str:
+    """Name expression of one instantiation, e.g. ('lk8', 'f16', 'mul') -> 'bb_lk<__half, 2, 8>',
+    ('cols', 'bf16', 'mul', True) -> 'bb_cols<__nv_bfloat16, 2, 8>' (16-byte packs)."""
     t = CUDA_TYPE[dt]
     if kind == "finalize":
         return f"bb_finalize<{t}>"
     f = FNS.index(fn)
     if kind in ("lk1", "lk8"):
         return f"bb_lk<{t}, {f}, {1 if kind == 'lk1' else J_BATCH}>"
+    if kind in ("cols", "rows"):
+        return f"bb_{kind}<{t}, {f}, {16 // ITEMSIZE[dt] if vectorized else 1}>"
     return f"bb_{kind}<{t}, {f}>"
 
 
+ITEMSIZE = {"f32": 4, "f64": 8, "f16": 2, "bf16": 2}
+OPT_KINDS = ("fast", "ew", "lk1", "lk8", "lr_stream", "lr_batched", "naive")
+
+
 def all_kernel_exprs(dt: str) -> list[str]:
-    kinds = ("fast", "ew", "lk1", "lk8", "lr_stream", "lr_batched", "naive")
-    return [kernel_expr(k, dt, fn) for fn in FNS for k in kinds] + [kernel_expr("finalize", dt)]
+    """Every instantiation a variant can launch for dtype `dt`."""
+    out = [kernel_expr(k, dt, fn) for fn in FNS for k in OPT_KINDS + ("opt2",)]
+    out += [kernel_expr(k, dt, fn, vec) for fn in FNS for k in ("cols", "rows") for vec in (False, True)]
+    return out + [kernel_expr("finalize", dt)]
 
 
 PARAMS_DTYPE = np.dtype([("words", np.int64, (PARAMS_WORDS,))])
