@@ -328,6 +328,25 @@ def _dense_packs(group: Group, inner_names, other_groups, names, vec: int) -> bo
     return True
 
 
+def wave_fill(items: int, slots: int) -> float:
+    """Busy fraction of `slots` workers over ceil(items / slots) rounds of equal items."""
+    return items / (_ceil_div(items, slots) * slots)
+
+
+def _fill_waves(base: int, most: int, slots: int) -> int:
+    """The number of chunks n <= most (at most 64) for which base * n equal work items fill
+    rounds of `slots` workers best: a partial last round idles the rest of the GPU (the source's
+    tail wave).  Among counts within 2% of the best, the fewest (partial rows cost a buffer and a
+    second launch)."""
+    scores = []
+    for n in range(1, min(most, 64) + 1):
+        scores.append((wave_fill(base * n, slots), n))
+        if base * n >= 8 * slots:  # enough rounds: the tail is small whatever n is
+            break
+    top = max(f for f, _ in scores)
+    return min(n for f, n in scores if f >= top - 0.02)
+
+
 def _plan_cols(plan: Plan, k: Group, vec_ok: bool, itemsize: int, resident) -> Launch:
     swap = plan.ra.ndim == 0  # P = the operand broadcast along R: b when R = RB
     rgrp = _sorted_group(plan.rb if swap else plan.ra)
@@ -339,9 +358,8 @@ def _plan_cols(plan: Plan, k: Group, vec_ok: bool, itemsize: int, resident) -> L
     kw = min(32, next_pow2(packs))
     nw = BLOCK // kw
     n_kt = _ceil_div(packs, kw)
-    want = max(1, resident // n_kt)
-    most = max(1, rgrp.numel // (nw * MIN_ROWS_PER_SLOT))
-    n_cv = max(1, min(want, most, MAX_CHUNKS))
+    most = max(1, min(MAX_CHUNKS, rgrp.numel // (nw * MIN_ROWS_PER_SLOT)))
+    n_cv = _fill_waves(n_kt, most, resident)
     cv = _ceil_div(rgrp.numel, n_cv)
     n_cv = _ceil_div(rgrp.numel, cv)
     ntiles = n_kt * n_cv
@@ -364,16 +382,8 @@ def _plan_rows(plan: Plan, x: Group, x_is_ra: bool, vec_ok: bool, itemsize: int,
     xw = min(32, next_pow2(packs))
     segs_per_block = BLOCK // xw
     slots = resident * segs_per_block  # segments of one wave
-    # X chunks: the count that best fills whole waves of segments (fewest chunks among the best).
-    best, n_cx = -1.0, 1
     most = max(1, min(MAX_CHUNKS, packs // (xw * MIN_PACKS_PER_LANE)))
-    for n in range(1, min(most, 64) + 1):
-        tasks = n * z.numel
-        eff = tasks / (_ceil_div(tasks, slots) * slots)
-        if eff > best + 0.02:
-            best, n_cx = eff, n
-        if tasks >= 8 * slots:
-            break
+    n_cx = _fill_waves(z.numel, most, slots)
     cx = _ceil_div(packs, n_cx) * v
     n_cx = _ceil_div(x.numel, cx)
     ntasks = n_cx * z.numel

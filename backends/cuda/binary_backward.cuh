@@ -485,37 +485,29 @@ bb_lr_stream(const __grid_constant__ BBParams p, const T* __restrict__ P, const 
     A accp = A(0);
     if (valid) {
       const A pv = kOps ? bb_load(P + zo[BB_P]) : A(0);
-      const T* __restrict__ gt = g + zo[BB_G];  // task base pointers: the loop adds only x offsets
-      const T* __restrict__ qt = Q + zo[BB_Q];
-      T* __restrict__ dqt = dQ + zo[BB_DQ];
       const long long x_lo = cx * p.chunk[0], x_hi = bb_min(X.numel, x_lo + p.chunk[0]);
-      for (long long x0 = x_lo + (long long)lane * V; x0 < x_hi; x0 += pstep * UR) {
+      BBCursor xs(X, x_lo + lane, xw);
+      for (long long x0 = x_lo + lane; x0 < x_hi; x0 += (long long)xw * UR, xs.advance(UR)) {
         bool ok[UR];
-        Vec gv[UR], qv[UR];
-        long long dqo[UR];
+        A qv[UR], gv[UR];
+        long long dqoff[UR];
 #pragma unroll
         for (int r = 0; r < UR; ++r) {
-          const long long x = x0 + r * pstep;
+          const long long x = x0 + (long long)r * xw;
           ok[r] = x < x_hi;
-          long long og, oq;
-          bb_offsets_gqd(X, ok[r] ? x : 0, og, oq, dqo[r]);
-          if (ok[r]) {
-            gv[r] = bb_ldv<T, V>(gt + og);
-            if (kOps) qv[r] = bb_ldv<T, V>(qt + oq);
-          }
+          long long xo[BB_NT];
+          xs.at(X, ok[r] ? x : 0, r, xo);
+          dqoff[r] = zo[BB_DQ] + xo[BB_DQ];
+          gv[r] = ok[r] ? bb_load(g + zo[BB_G] + xo[BB_G]) : A(0);
+          qv[r] = (kOps && ok[r]) ? bb_load(Q + zo[BB_Q] + xo[BB_Q]) : A(0);
         }
 #pragma unroll
         for (int r = 0; r < UR; ++r) {
           if (!ok[r]) continue;
-          Vec out;
-#pragma unroll
-          for (int e = 0; e < V; ++e) {
-            A tp, tq;
-            bb_terms<FN, A>(pv, kOps ? bb_to_acc(qv[r].v[e]) : A(0), bb_to_acc(gv[r].v[e]), swap, tp, tq);
-            accp += tp;
-            out.v[e] = bb_from_acc<T>(tq);
-          }
-          bb_stv<T, V>(dqt + dqo[r], out);
+          A tp, tq;
+          bb_terms<FN, A>(pv, qv[r], gv[r], swap, tp, tq);
+          accp += tp;
+          dQ[dqoff[r]] = bb_from_acc<T>(tq);
         }
       }
     }
@@ -804,6 +796,9 @@ bb_rows(const __grid_constant__ BBParams p, const T* __restrict__ P, const T* __
     A accp = A(0);
     if (valid) {
       const A pv = kOps ? bb_load(P + zo[BB_P]) : A(0);
+      const T* __restrict__ gt = g + zo[BB_G];  // task base pointers: the loop adds only x offsets
+      const T* __restrict__ qt = Q + zo[BB_Q];
+      T* __restrict__ dqt = dQ + zo[BB_DQ];
       const long long x_lo = cx * p.chunk[0], x_hi = bb_min(X.numel, x_lo + p.chunk[0]);
       for (long long x0 = x_lo + (long long)lane * V; x0 < x_hi; x0 += pstep * UR) {
         bool ok[UR];
@@ -815,10 +810,9 @@ bb_rows(const __grid_constant__ BBParams p, const T* __restrict__ P, const T* __
           ok[r] = x < x_hi;
           long long og, oq;
           bb_offsets_gqd(X, ok[r] ? x : 0, og, oq, dqo[r]);
-          dqo[r] += zo[BB_DQ];
           if (ok[r]) {
-            gv[r] = bb_ldv<T, V>(g + zo[BB_G] + og);
-            if (kOps) qv[r] = bb_ldv<T, V>(Q + zo[BB_Q] + oq);
+            gv[r] = bb_ldv<T, V>(gt + og);
+            if (kOps) qv[r] = bb_ldv<T, V>(qt + oq);
           }
         }
 #pragma unroll
@@ -832,7 +826,7 @@ bb_rows(const __grid_constant__ BBParams p, const T* __restrict__ P, const T* __
             accp += tp;
             out.v[e] = bb_from_acc<T>(tq);
           }
-          bb_stv<T, V>(dQ + dqo[r], out);
+          bb_stv<T, V>(dqt + dqo[r], out);
         }
       }
     }
