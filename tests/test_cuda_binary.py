@@ -245,3 +245,29 @@ def test_host_device_runs_every_kind_it_is_asked_for():
     assert set(bb.all_kernel_exprs("f32")) <= set(lib.fns)
     assert len(bb.all_kernel_exprs("f32")) == len(FNS) * 12 + 1
     assert dtypes.numpy_dtype("f32") == np.float32
+
+
+# ----------------------------------------------------------------------------- torch_ext's records
+
+
+@pytest.mark.parametrize("a_shape, b_shape, kind", [((3, 4, 40), (40,), "cols"), ((4, 64), (4, 1), "rows"),
+                                                    ((3, 1, 64), (3, 5, 64), "cols")])
+def test_torch_ext_takes_the_best_records(a_shape, b_shape, kind):
+    """torch_ext's CUDA op launches plan_best's record; on the CPU its C++ checks pass such a
+    record through every check but the device's (the kind is checked last)."""
+    torch = pytest.importorskip("torch")
+    from backends import torch_ext
+
+    reason = torch_ext._check("cpu")
+    if reason:
+        pytest.skip(reason)
+    a, b = torch.rand(a_shape, dtype=torch.float64), torch.rand(b_shape, dtype=torch.float64)
+    g = torch.rand(torch.broadcast_shapes(a_shape, b_shape), dtype=torch.float64)
+    plan = bcast.make_plan(a_shape, b_shape, a.stride(), b.stride(), g.stride())
+    launch = cuda_plan.plan_best(plan, 132, (0,) * 5, 8)
+    assert launch.kind == kind and launch.vectorized
+    record = torch.tensor(cuda_plan.launch_record(launch, plan, 132), dtype=torch.int64)
+    assert cuda_plan.KINDS[int(record[0])] == kind and int(record[2]) == 1
+    ga, gb = torch.empty(a_shape, dtype=torch.float64), torch.empty(b_shape, dtype=torch.float64)
+    with pytest.raises(ValueError, match=rf"plan has kind {cuda_plan.KINDS.index(kind)}, which cpu does not run"):
+        torch.ops.gradoracle._binary_backward_run(a, b, g, "mul", record, grad_a=ga, grad_b=gb)

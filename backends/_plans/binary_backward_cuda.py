@@ -214,7 +214,7 @@ def naive_grid(n: int) -> int:
 
 # BB_KIND_* in binary_backward_defs.h, in order.  zero..lr_batched are the launches above; "box"
 # is the CPU kernel's: no launch, the K, RA, RB groups as they are (naive_words).
-KINDS = ("zero", "fast", "ew", "lk1", "lk8", "lr_stream", "lr_batched", "box")
+KINDS = ("zero", "fast", "ew", "lk1", "lk8", "lr_stream", "lr_batched", "box", "cols", "rows")
 LAUNCH_HEADER_WORDS = 10  # kind, grid, vectorized, numel, nchunks[2], numel_out[2], finalize_grid[2]
 LAUNCH_WORDS = LAUNCH_HEADER_WORDS + PARAMS_WORDS
 
@@ -304,10 +304,11 @@ def opt2_words(a_shape, b_shape, a_strides, b_strides, g_strides) -> tuple[list[
 # ============================================================================= @best
 
 # Resident 256-thread blocks per SM assumed when none is measured (the cupy host asks the driver
-# for each compiled kernel's figure).  bb_cols / bb_rows are built for 3 (__launch_bounds__: at
-# most 80 registers; ptxas -v on sm_90: 52-80 registers, small spills only in the 16-bit
-# vectorized cols kernels); the grid is never more than one wave of them.
-BEST_BLOCKS_PER_SM = 3
+# for each compiled kernel's figure; torch_ext plans with these).  From ptxas -v on sm_90 (NVRTC,
+# f32 / bf16): bb_cols / bb_rows are built for 3 (__launch_bounds__: at most 80 registers; 52-80
+# used, small spills only in the 16-bit vectorized cols kernels), bb_fast uses 30-44 registers,
+# bb_ew 58-60, bb_lk<J = 8> and bb_lr_batched 98-116.  The grid is never more than one wave.
+BEST_BLOCKS_PER_SM = {"fast": 5, "ew": 4, "cols": 3, "rows": 3, "lk8": 2, "lr_batched": 2}
 MIN_ROWS_PER_SLOT = 8   # bb_cols: a chunk gives each row slot at least this many rows
 MIN_PACKS_PER_LANE = 2  # bb_rows: a chunk gives each lane at least this many packs
 
@@ -399,9 +400,9 @@ def plan_best(plan: Plan, num_sms: int = DEFAULT_SMS, ptrs=(0, 0, 0, 0, 0), item
     """The @best rung's launch for `plan`: no atomics, 16-byte packs where the layout and the
     pointers allow, and a grid of at most one wave of resident blocks (grid-stride loops; the
     work is split so that the wave is as full as it can be).  blocks_per_sm(kind, vectorized) ->
-    resident blocks per SM of that kernel (default BEST_BLOCKS_PER_SM)."""
+    resident blocks per SM of that kernel (default: BEST_BLOCKS_PER_SM)."""
     def resident(kind: str, vec: bool) -> int:
-        bps = blocks_per_sm(kind, vec) if blocks_per_sm else BEST_BLOCKS_PER_SM
+        bps = blocks_per_sm(kind, vec) if blocks_per_sm else BEST_BLOCKS_PER_SM.get(kind, 2)
         return num_sms * max(1, int(bps))
 
     if plan.numel == 0:
