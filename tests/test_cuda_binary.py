@@ -115,7 +115,8 @@ def test_every_rung_on_the_smoke_set(case):
 
 # Shapes whose vectors fit 16-byte packs in every dtype (inner extents multiples of 8), with
 # enough rows for several chunks: bias-like (bb_cols), row sums (bb_rows), A broadcast, both
-# broadcast, a transposed grad_out (no packs: scalar accesses), and a dense no-broadcast case.
+# broadcast (bb_batch), a transposed grad_out (no packs: scalar accesses), and a dense
+# no-broadcast case.
 PACKED = [
     (fn, dt, a, b, lay)
     for dt in ("f32", "bf16", "f16", "f64")
@@ -126,6 +127,7 @@ PACKED = [
         ("pow", (2, 2048), (2, 1), {}),
         ("maximum", (8, 1, 40), (8, 30, 40), {}),
         ("sub", (1, 8, 32), (200, 8, 1), {}),
+        ("div", (1, 4, 256), (6, 4, 1), {}),
         ("minimum", (24, 64), (24, 64), {}),
         ("add", (24, 64), (64,), {"g_layout": "transposed"}),
         ("mul", (96, 16), (96, 1), {"a_layout": "sliced"}),
@@ -155,13 +157,13 @@ def test_packed_cases_reach_the_vectorized_kernels_and_partial_rows():
         la = cuda_plan.plan_best(_plan(a, b), 3, (0,) * 5, bb.ITEMSIZE[dt], lambda kind, vec: 1)
         seen.add((la.kind, la.vectorized, max(la.nchunks) > 1))
     assert {("cols", True, True), ("rows", True, False), ("rows", True, True), ("fast", True, False),
-            ("lr_batched", False, True)} <= seen
+            ("batch", True, True)} <= seen
 
 
 @pytest.mark.parametrize("a_shape, b_shape, kind", [
     ((8, 2048, 4096), (4096,), "cols"), ((8, 2048, 4096), (8, 1, 4096), "cols"), ((8, 1, 4096), (8, 2048, 4096), "cols"),
     ((8, 2048, 4096), (8, 2048, 1), "rows"), ((8, 2048, 4096), (8, 2048, 4096), "fast"),
-    ((1, 2048, 4096), (8, 2048, 1), "lr_batched")])
+    ((1, 2048, 4096), (8, 2048, 1), "batch")])
 @pytest.mark.parametrize("itemsize", [2, 4])
 def test_best_grids_fill_one_wave_of_the_perf_cases(a_shape, b_shape, kind, itemsize):
     """The perf cases: 16-byte packs, a grid of at most one wave of resident blocks, and work
@@ -170,12 +172,11 @@ def test_best_grids_fill_one_wave_of_the_perf_cases(a_shape, b_shape, kind, item
     la = cuda_plan.plan_best(_plan(a_shape, b_shape), sms, (0,) * 5, itemsize, lambda k, v: bps)
     assert la.kind == kind
     assert la.grid <= sms * bps
-    if kind in ("cols", "rows", "fast"):
-        assert la.vectorized
+    assert la.vectorized
     if kind == "cols":  # tiles: one block each, round after round
         ntiles = la.words[-4]
         assert cuda_plan.wave_fill(ntiles, sms * bps) >= 0.9, (ntiles, la.grid)
-    if kind == "rows":  # tasks: one lane segment (a warp here) each
+    if kind in ("rows", "batch"):  # tasks: one lane segment (a warp here) each
         ntasks, segs = la.words[-4], sms * bps * (cuda_plan.BLOCK // la.words[-12])
         assert cuda_plan.wave_fill(ntasks, segs) >= 0.9, (ntasks, segs)
     if kind in ("fast", "rows"):
@@ -243,7 +244,7 @@ def test_host_device_runs_every_kind_it_is_asked_for():
     """The stand-in library holds every instantiation the cupy backend can name."""
     lib = cuda_host.library(OP, "f32")
     assert set(bb.all_kernel_exprs("f32")) <= set(lib.fns)
-    assert len(bb.all_kernel_exprs("f32")) == len(FNS) * 12 + 1
+    assert len(bb.all_kernel_exprs("f32")) == len(FNS) * 14 + 1
     assert dtypes.numpy_dtype("f32") == np.float32
 
 

@@ -53,7 +53,7 @@ needs_nvrtc = pytest.mark.skipif(not (_nvrtc_usable() and _nvrtc.include_dirs())
 @pytest.mark.parametrize("dt", cupy_raw.DTYPES)
 def test_nvrtc_compiles_every_instantiation(dt):
     exprs = cupy_raw.all_kernel_exprs(dt)
-    assert len(exprs) == len(FNS) * 12 + 1  # 7 opt / naive kinds, opt2, cols and rows (scalar and packed)
+    assert len(exprs) == len(FNS) * 14 + 1  # 7 opt / naive kinds, opt2, cols, rows, batch (scalar and packed)
     cubin, lowered = _nvrtc.compile_cubin(SOURCE, arch="sm_90", name_expressions=exprs)
     assert len(cubin) > 0
     for expr in exprs:
@@ -112,10 +112,10 @@ def ptxas_report(exprs, arch: str = "sm_90") -> dict[str, tuple[int, int]]:
 
 @needs_nvrtc
 def test_best_kernels_fit_their_launch_bounds():
-    """bb_cols / bb_rows are built for BB_BEST_MIN_BLOCKS (3) resident 256-thread blocks per SM:
+    """bb_cols / bb_rows / bb_batch are built for BB_BEST_MIN_BLOCKS (3) resident 256-thread blocks per SM:
     at most 80 registers, and at most a few dozen bytes of spills (only the 16-bit packed cols
     kernels spill at all); the plan's default occupancy table assumes as much."""
-    exprs = [cupy_raw.kernel_expr(k, dt, fn, vec) for k in ("cols", "rows") for dt in ("bf16", "f32")
+    exprs = [cupy_raw.kernel_expr(k, dt, fn, vec) for k in ("cols", "rows", "batch") for dt in ("bf16", "f32")
              for fn in ("mul", "div", "maximum") for vec in (False, True)]
     report = ptxas_report(exprs)
     assert set(report) == set(exprs)
@@ -123,6 +123,7 @@ def test_best_kernels_fit_their_launch_bounds():
         assert regs <= 80, (expr, regs)
         assert spill <= 64, (expr, spill)
     assert cuda_plan.BEST_BLOCKS_PER_SM["cols"] == cuda_plan.BEST_BLOCKS_PER_SM["rows"] == 3
+    assert cuda_plan.BEST_BLOCKS_PER_SM["batch"] == 3
     assert "#define BB_BEST_MIN_BLOCKS 3" in SOURCE
 
 
@@ -154,7 +155,8 @@ def _nvcc_instantiations(dt: str) -> str:
         ]
         for v in (1, 16 // cupy_raw.ITEMSIZE[dt]):
             lines += [f"template __global__ void bb_cols<{t}, {f}, {v}>({pp}, {t}*, {a}*, {t}*);",
-                      f"template __global__ void bb_rows<{t}, {f}, {v}>({pp}, {t}*, {a}*, {t}*);"]
+                      f"template __global__ void bb_rows<{t}, {f}, {v}>({pp}, {t}*, {a}*, {t}*);",
+                      f"template __global__ void bb_batch<{t}, {f}, {v}>({pp}, {t}*, {a}*, {t}*, {a}*);"]
     return "\n".join(lines) + "\n"
 
 

@@ -214,7 +214,7 @@ def naive_grid(n: int) -> int:
 
 # BB_KIND_* in binary_backward_defs.h, in order.  zero..lr_batched are the launches above; "box"
 # is the CPU kernel's: no launch, the K, RA, RB groups as they are (naive_words).
-KINDS = ("zero", "fast", "ew", "lk1", "lk8", "lr_stream", "lr_batched", "box", "cols", "rows")
+KINDS = ("zero", "fast", "ew", "lk1", "lk8", "lr_stream", "lr_batched", "box", "cols", "rows", "batch")
 LAUNCH_HEADER_WORDS = 10  # kind, grid, vectorized, numel, nchunks[2], numel_out[2], finalize_grid[2]
 LAUNCH_WORDS = LAUNCH_HEADER_WORDS + PARAMS_WORDS
 
@@ -308,7 +308,7 @@ def opt2_words(a_shape, b_shape, a_strides, b_strides, g_strides) -> tuple[list[
 # f32 / bf16): bb_cols / bb_rows are built for 3 (__launch_bounds__: at most 80 registers; 52-80
 # used, small spills only in the 16-bit vectorized cols kernels), bb_fast uses 30-44 registers,
 # bb_ew 58-60, bb_lk<J = 8> and bb_lr_batched 98-116.  The grid is never more than one wave.
-BEST_BLOCKS_PER_SM = {"fast": 5, "ew": 4, "cols": 3, "rows": 3, "lk8": 2, "lr_batched": 2}
+BEST_BLOCKS_PER_SM = {"fast": 5, "ew": 4, "cols": 3, "rows": 3, "batch": 3, "lk8": 2, "lr_batched": 2}
 MIN_ROWS_PER_SLOT = 8   # bb_cols: a chunk gives each row slot at least this many rows
 MIN_PACKS_PER_LANE = 2  # bb_rows: a chunk gives each lane at least this many packs
 
@@ -395,6 +395,33 @@ def _plan_rows(plan: Plan, x: Group, x_is_ra: bool, vec_ok: bool, itemsize: int,
                   (numel_p, numel_q), vectorized=v > 1)
 
 
+def _plan_batch(plan: Plan, x: Group, x_is_ra: bool, vec_ok: bool, itemsize: int, resident) -> Launch:
+    """Lanes along X (one pack each), Y looped in-thread, a task per (z, XW * V x's, Y chunk)."""
+    y = _sorted_group(plan.rb if x_is_ra else plan.ra)
+    z = _sorted_group(plan.k)
+    swap = not x_is_ra  # P is the operand broadcast along X: b when X = RB
+    q_name, d_q = ("a", "ga") if swap else ("b", "gb")
+    names = (q_name, "g", d_q)
+    v = 16 // itemsize
+    if not (vec_ok and _dense_packs(x, names, [y, z], names, v)):
+        v = 1
+    resident = resident("batch", v > 1)
+    packs = x.numel // v
+    xw = min(32, next_pow2(packs))
+    segs_per_block = BLOCK // xw
+    n_cx = _ceil_div(packs, xw)
+    most = max(1, min(MAX_CHUNKS, y.numel // MIN_ROWS_PER_SLOT))
+    n_cy = _fill_waves(n_cx * z.numel, most, resident * segs_per_block)
+    cy = _ceil_div(y.numel, n_cy)
+    n_cy = _ceil_div(y.numel, cy)
+    ntasks = n_cx * n_cy * z.numel
+    numel_p, numel_q = z.numel * y.numel, z.numel * x.numel  # dP keeps Z, Y; dQ keeps Z, X
+    words = pack_params([x, y, z], ROLE_SLOTS[swap], lanes=xw, chunk=(xw * v, cy, 1), nchunk=(n_cx, n_cy, z.numel),
+                        ntiles=ntasks, swap=swap, numel_out=(numel_p, numel_q))
+    return Launch("batch", min(_ceil_div(ntasks, segs_per_block), resident), words, swap, (n_cx, n_cy),
+                  (numel_p, numel_q), vectorized=v > 1)
+
+
 def plan_best(plan: Plan, num_sms: int = DEFAULT_SMS, ptrs=(0, 0, 0, 0, 0), itemsize: int = 4,
               blocks_per_sm=None) -> Launch:
     """The @best rung's launch for `plan`: no atomics, 16-byte packs where the layout and the
@@ -419,6 +446,8 @@ def plan_best(plan: Plan, num_sms: int = DEFAULT_SMS, ptrs=(0, 0, 0, 0, 0), item
             return _plan_cols(plan, _sorted_group(plan.k), aligned, itemsize, resident)
         if lane != "k" and (plan.rb if lane == "ra" else plan.ra).numel == 1:
             return _plan_rows(plan, _sorted_group(groups[lane]), lane == "ra", aligned, itemsize, resident)
+        if lane != "k":
+            return _plan_batch(plan, _sorted_group(groups[lane]), lane == "ra", aligned, itemsize, resident)
     la = plan_launch(plan, num_sms, ptrs, itemsize)  # strided no-broadcast, both reduced: the opt kernels
     la.grid = min(la.grid, resident(la.kind, False))
     return la

@@ -62,9 +62,10 @@
 //       grad_a / grad_b) must be zeroed where c.direct is 0, then bb_finalize with nchunks = 1.
 //   bb_cols<T,FN,V>(p, P, Q, g, dP, dP_part, dQ)                    [@best: lanes along K, J = 1]
 //   bb_rows<T,FN,V>(p, P, Q, g, dP, dP_part, dQ)                    [@best: row sums, Y empty]
+//   bb_batch<T,FN,V>(p, P, Q, g, dP, dP_part, dQ, dQ_part)          [@best: lanes along X, Y looped]
 //       V = 1 or 16 / sizeof(T) (16-byte packs); see each kernel for its fields.  The @best
 //       rung launches these, bb_fast for dense no-broadcast cases, and the opt kernels for the
-//       rest, each with a grid of at most one wave of resident blocks.
+//       rest (bb_ew, bb_lk<J = 8>), each with a grid of at most one wave of resident blocks.
 //   bb_finalize<T>(part, nchunks, n, out):  out[i] = T(sum over c = 0..nchunks-1, in that
 //       order, of part[c * n + i]).
 //
@@ -658,26 +659,28 @@ __device__ __forceinline__ void bb_stv(T* p, const BBVec<T, V>& x) { *reinterpre
 #define BB_BEST_UR 2         // packs (rows) in flight per thread in bb_cols / bb_rows
 #define BB_BEST_MIN_BLOCKS 3  // resident 256-thread blocks per SM the @best kernels are built for (<= 80 registers)
 
-// Offsets in slots G, Q and DQ of element idx of `gr`, the three the @best loops move along: a
-// one-dim group (the usual case) multiplies by strides read from the parameter space, so no
-// per-slot cursor state is kept in registers; more dims unravel (rolled, 64-bit).
-__device__ __forceinline__ void bb_offsets_gqd(const BBGroup& gr, long long idx, long long& og, long long& oq,
-                                               long long& od) {
+// Offsets in slots S0, S1, S2 of element idx of `gr` (G, Q, DQ: the three the @best loops move
+// along in bb_cols / bb_rows; G, P, DP along bb_batch's rows): a one-dim group (the usual case)
+// multiplies by strides read from the parameter space, so no per-slot cursor state is kept in
+// registers; more dims unravel (rolled, 64-bit).
+template <int S0, int S1, int S2>
+__device__ __forceinline__ void bb_offsets3(const BBGroup& gr, long long idx, long long& o0, long long& o1,
+                                            long long& o2) {
   if (gr.ndim == 1) {
-    og = idx * gr.stride[BB_G][0];
-    oq = idx * gr.stride[BB_Q][0];
-    od = idx * gr.stride[BB_DQ][0];
+    o0 = idx * gr.stride[S0][0];
+    o1 = idx * gr.stride[S1][0];
+    o2 = idx * gr.stride[S2][0];
     return;
   }
-  og = oq = od = 0;
+  o0 = o1 = o2 = 0;
 #pragma unroll 1
   for (int d = (int)gr.ndim - 1; d >= 0; --d) {
     const long long q = d > 0 ? idx / gr.size[d] : 0;
     const long long r = idx - q * gr.size[d];
     idx = q;
-    og += r * gr.stride[BB_G][d];
-    oq += r * gr.stride[BB_Q][d];
-    od += r * gr.stride[BB_DQ][d];
+    o0 += r * gr.stride[S0][d];
+    o1 += r * gr.stride[S1][d];
+    o2 += r * gr.stride[S2][d];
   }
 }
 
@@ -731,7 +734,7 @@ bb_cols(const __grid_constant__ BBParams p, const T* __restrict__ P, const T* __
           const long long v = v0 + (long long)r * nw;
           ok[r] = v < v_hi;
           long long og, oq;
-          bb_offsets_gqd(R, ok[r] ? v : 0, og, oq, dqo[r]);
+          bb_offsets3<BB_G, BB_Q, BB_DQ>(R, ok[r] ? v : 0, og, oq, dqo[r]);
           if (ok[r]) {
             gv[r] = bb_ldv<T, V>(gt + og);
             if (kOps) qv[r] = bb_ldv<T, V>(qt + oq);
@@ -809,7 +812,7 @@ bb_rows(const __grid_constant__ BBParams p, const T* __restrict__ P, const T* __
           const long long x = x0 + r * pstep;
           ok[r] = x < x_hi;
           long long og, oq;
-          bb_offsets_gqd(X, ok[r] ? x : 0, og, oq, dqo[r]);
+          bb_offsets3<BB_G, BB_Q, BB_DQ>(X, ok[r] ? x : 0, og, oq, dqo[r]);
           if (ok[r]) {
             gv[r] = bb_ldv<T, V>(gt + og);
             if (kOps) qv[r] = bb_ldv<T, V>(qt + oq);
@@ -832,6 +835,100 @@ bb_rows(const __grid_constant__ BBParams p, const T* __restrict__ P, const T* __
     }
     accp = bb_segment_sum(accp, xw);
     if (valid && lane == 0) bb_store<T>(dP, dP_part, p.nchunk[0], cx, p.numel_out[0], zo[BB_DP], accp);
+  }
+}
+
+// Lanes along the reduced group X, the other reduced group Y looped in-thread (both operands
+// broadcast: P along X, Q along Y).  grp[0] = X, grp[1] = Y, grp[2] = Z = K.  A task is one z,
+// one chunk of XW * V x's (one pack per lane: 16 bytes for V > 1, with the same layout
+// conditions as bb_rows, and Y's g strides multiples of V too) and a chunk of chunk[1] y's,
+// owned by a segment of XW = lanes lanes.  Q's pack is loaded once; per y the lane loads g's
+// pack and P[z, y] (one address for the whole segment), dQ accumulates in registers (no block
+// reduction), and dP[z, y] is the segment's fixed-order shuffle sum, written final
+// (nchunk[0] == 1) or as A partial row cx.  After the y loop dQ is written final (nchunk[1] ==
+// 1) or as A partial row cy.  nchunk = {X chunks, Y chunks, numel(Z)}; ntiles = their product.
+template <typename T, int FN, int V>
+__global__ void __launch_bounds__(BB_BLOCK, BB_BEST_MIN_BLOCKS)
+bb_batch(const __grid_constant__ BBParams p, const T* __restrict__ P, const T* __restrict__ Q,
+         const T* __restrict__ g, T* __restrict__ dP, bb_acc_t<T>* __restrict__ dP_part, T* __restrict__ dQ,
+         bb_acc_t<T>* __restrict__ dQ_part) {
+  typedef bb_acc_t<T> A;
+  typedef BBVec<T, V> Vec;
+  constexpr int UR = BB_BEST_UR;
+  constexpr bool kOps = BBUsesOperands<FN>::value;
+  const BBGroup& X = p.grp[0];
+  const BBGroup& Y = p.grp[1];
+  const BBGroup& Z = p.grp[2];
+  const int tid = threadIdx.x, xw = (int)p.lanes, lg = (int)p.lanes_log2;
+  const int lane = tid & (xw - 1), seg = tid >> lg;
+  const int nseg = BB_BLOCK >> lg;
+  const int warp_seg0 = (tid >> 5) * (32 >> lg);  // first segment of this warp
+  const bool swap = p.swap != 0;
+
+  // Warp-uniform loop (the shuffles need all 32 lanes).
+  for (long long t0 = (long long)blockIdx.x * nseg + warp_seg0; t0 < p.ntiles; t0 += (long long)gridDim.x * nseg) {
+    const long long task = t0 + (seg - warp_seg0);
+    const bool valid = task < p.ntiles;
+    const long long cx = valid ? task % p.nchunk[0] : 0, rest = valid ? task / p.nchunk[0] : 0;
+    const long long cy = rest % p.nchunk[1], z = rest / p.nchunk[1];
+    const long long x = cx * p.chunk[0] + (long long)lane * V;
+    const bool xok = valid && x < X.numel;
+    long long zo[BB_NT], xo[BB_NT];
+    bb_offsets_setup(Z, z, zo);
+    bb_offsets_setup(X, xok ? x : 0, xo);
+    Vec qp;
+    A accq[V];
+    if (kOps && xok) qp = bb_ldv<T, V>(Q + zo[BB_Q] + xo[BB_Q]);
+#pragma unroll
+    for (int e = 0; e < V; ++e) accq[e] = A(0);
+    const T* __restrict__ gt = g + zo[BB_G] + xo[BB_G];  // the loop adds only y offsets
+    const T* __restrict__ pt = P + zo[BB_P];
+    const long long y_lo = cy * p.chunk[1], y_hi = valid ? bb_min(Y.numel, y_lo + p.chunk[1]) : y_lo;
+    // Trip count chunk[1] / UR for every segment (a warp may hold several; the shuffles need all
+    // 32 lanes), rows past y_hi masked.
+    for (long long j0 = 0; j0 < p.chunk[1]; j0 += UR) {
+      bool ok[UR];
+      Vec gv[UR];
+      A pv[UR];
+      long long dpo[UR];
+#pragma unroll
+      for (int r = 0; r < UR; ++r) {  // loads of UR rows first
+        const long long y = y_lo + j0 + r;
+        ok[r] = y < y_hi;
+        long long og, op;
+        bb_offsets3<BB_G, BB_P, BB_DP>(Y, ok[r] ? y : 0, og, op, dpo[r]);
+        dpo[r] += zo[BB_DP];
+        pv[r] = (kOps && ok[r]) ? bb_load(pt + op) : A(0);
+        if (ok[r] && xok) gv[r] = bb_ldv<T, V>(gt + og);
+      }
+#pragma unroll
+      for (int r = 0; r < UR; ++r) {
+        A sp = A(0);
+        if (ok[r] && xok) {
+#pragma unroll
+          for (int e = 0; e < V; ++e) {
+            A tp, tq;
+            bb_terms<FN, A>(pv[r], kOps ? bb_to_acc(qp.v[e]) : A(0), bb_to_acc(gv[r].v[e]), swap, tp, tq);
+            sp += tp;
+            accq[e] += tq;
+          }
+        }
+        sp = bb_segment_sum(sp, xw);
+        if (ok[r] && lane == 0) bb_store<T>(dP, dP_part, p.nchunk[0], cx, p.numel_out[0], dpo[r], sp);
+      }
+    }
+    if (xok) {
+      const long long dqo = zo[BB_DQ] + xo[BB_DQ];
+      if (p.nchunk[1] == 1) {
+        Vec out;
+#pragma unroll
+        for (int e = 0; e < V; ++e) out.v[e] = bb_from_acc<T>(accq[e]);
+        bb_stv<T, V>(dQ + dqo, out);
+      } else {
+#pragma unroll
+        for (int e = 0; e < V; ++e) dQ_part[cy * p.numel_out[1] + dqo + e] = accq[e];
+      }
+    }
   }
 }
 

@@ -135,6 +135,7 @@ enum : int {
   BB_KIND_BOX,
   BB_KIND_COLS,       // @best: bb_cols (vectorized = 1: 16-byte packs)
   BB_KIND_ROWS,       // @best: bb_rows (vectorized = 1: 16-byte packs)
+  BB_KIND_BATCH,      // @best: bb_batch (vectorized = 1: 16-byte packs)
   BB_NUM_KINDS
 };
 
@@ -143,7 +144,7 @@ enum : int {
 struct BBLaunch {
   long long kind;          // BB_KIND_*
   long long grid;          // blocks (CUDA kinds)
-  long long vectorized;    // FAST, COLS, ROWS: 16-byte packs (a host still checks the pointers)
+  long long vectorized;    // FAST, COLS, ROWS, BATCH: 16-byte packs (a host still checks the pointers)
   long long numel;         // numel(grad_out)
   long long nchunks[2];    // partial rows of dP, dQ (1: written final by stage 1)
   long long numel_out[2];  // numel of dP, dQ

@@ -13,9 +13,9 @@ against the first), then the best kernel:
   @best   no atomics, deterministic: 16-byte packs of a / b / grad_out / the elementwise
           gradient where layout and alignment allow (scalar accesses otherwise), grids of one
           wave of resident blocks over grid-stride loops, float (double) sums in per-block
-          partial rows and a fixed-order finish.  Bias-like and row-sum broadcasts get their
-          own kernels (bb_cols, bb_rows), dense no-broadcast cases bb_fast, the rest the opt
-          kernels.  The kernel torch_ext launches.
+          partial rows and a fixed-order finish.  Bias-like, row-sum and both-operand broadcasts get
+          their own kernels (bb_cols, bb_rows, bb_batch), dense no-broadcast cases bb_fast, the
+          rest (strided no-broadcast, lanes along K with both reduced) the opt kernels.  The kernel torch_ext launches.
 
 Per call the Python is a dict lookup: the checks and the plan (kernel names, BBParams bytes,
 grids) are made once per layout (`_ENTRIES`: shapes, strides, dtype, fn, 16-byte alignment,
@@ -112,7 +112,7 @@ def kernel_expr(kind: str, dt: str, fn: str | None = None, vectorized: bool = Fa
     f = FNS.index(fn)
     if kind in ("lk1", "lk8"):
         return f"bb_lk<{t}, {f}, {1 if kind == 'lk1' else J_BATCH}>"
-    if kind in ("cols", "rows"):
+    if kind in ("cols", "rows", "batch"):
         return f"bb_{kind}<{t}, {f}, {16 // ITEMSIZE[dt] if vectorized else 1}>"
     return f"bb_{kind}<{t}, {f}>"
 
@@ -124,7 +124,7 @@ OPT_KINDS = ("fast", "ew", "lk1", "lk8", "lr_stream", "lr_batched", "naive")
 def all_kernel_exprs(dt: str) -> list[str]:
     """Every instantiation a variant can launch for dtype `dt`."""
     out = [kernel_expr(k, dt, fn) for fn in FNS for k in OPT_KINDS + ("opt2",)]
-    out += [kernel_expr(k, dt, fn, vec) for fn in FNS for k in ("cols", "rows") for vec in (False, True)]
+    out += [kernel_expr(k, dt, fn, vec) for fn in FNS for k in ("cols", "rows", "batch") for vec in (False, True)]
     return out + [kernel_expr("finalize", dt)]
 
 
