@@ -108,7 +108,7 @@ extern "C" int launch_{i}(unsigned gx, unsigned gy, unsigned block, unsigned sme
 class Library:
     """The compiled kernels of one (op, dtype)."""
 
-    def __init__(self, op: str, dt: str, extra=()):
+    def __init__(self, op: str, dt: str, extra=(), defines=()):
         if op == BB:
             from backends.cupy import binary_backward as bb
 
@@ -119,7 +119,8 @@ class Library:
         source = f'#include "cuda_host_runtime.h"\n#include "{_nvrtc.CUDA_DIR / src}"\n' + \
             _wrappers(self.exprs)
         deps = [HERE / n for n in sorted(os.listdir(HERE))] + sorted(_nvrtc.CUDA_DIR.glob("*.cuh"))
-        key = hashlib.sha256((source + " ".join(FLAGS)).encode() + b"".join(p.read_bytes() for p in deps))
+        flags = FLAGS + list(defines)  # -D overrides of the source's tuning macros
+        key = hashlib.sha256((source + " ".join(flags)).encode() + b"".join(p.read_bytes() for p in deps))
         folder = Path(tempfile.gettempdir()) / "gradoracle-cuda-host"
         folder.mkdir(exist_ok=True)
         lib = folder / f"{op}-{dt}-{key.hexdigest()[:16]}.so"
@@ -127,7 +128,7 @@ class Library:
             src = lib.with_suffix(".cpp")
             src.write_text(source)
             tmp = lib.with_suffix(f".{os.getpid()}.tmp")
-            proc = subprocess.run([CXX, *FLAGS, f"-I{HERE}", str(src), "-o", str(tmp)], capture_output=True, text=True)
+            proc = subprocess.run([CXX, *flags, f"-I{HERE}", str(src), "-o", str(tmp)], capture_output=True, text=True)
             if proc.returncode:
                 raise RuntimeError(f"g++ failed for {op} {dt}:\n{proc.stderr[-6000:]}")
             tmp.replace(lib)
@@ -146,10 +147,11 @@ _LIBS: dict = {}
 EXTRA_EXPRS: dict = {}  # (op, dtype) -> name expressions beyond the defaults', added before the library is built
 
 
-def library(op: str, dt: str) -> Library:
-    if (op, dt) not in _LIBS:
-        _LIBS[(op, dt)] = Library(op, dt, EXTRA_EXPRS.get((op, dt), ()))
-    return _LIBS[(op, dt)]
+def library(op: str, dt: str, defines=()) -> Library:
+    key = (op, dt, tuple(defines))
+    if key not in _LIBS:
+        _LIBS[key] = Library(op, dt, EXTRA_EXPRS.get((op, dt), ()), defines)
+    return _LIBS[key]
 
 
 def address(a: np.ndarray) -> int:
@@ -228,8 +230,8 @@ class HostBinaryDevice:
     kernels from `library`.  Partial-row buffers start as NaN, so a row read before it is written
     shows; launches take the stand-in's thread schedules in turn."""
 
-    def __init__(self, num_sms: int = 3, blocks_per_sm: int | None = None):
-        self.sms, self.bps = num_sms, blocks_per_sm
+    def __init__(self, num_sms: int = 3, blocks_per_sm: int | None = None, defines=()):
+        self.sms, self.bps, self.defines = num_sms, blocks_per_sm, tuple(defines)
         self.launches: list[tuple[str, int]] = []
 
     def num_sms(self) -> int:
@@ -255,7 +257,7 @@ class HostBinaryDevice:
         from backends.cupy.common import CUDA_TYPE
 
         dt = next(k for k, v in CUDA_TYPE.items() if v == t)
-        lib = library(BB, dt)
+        lib = library(BB, dt, self.defines)
         fn = lib.fns[expr]
         keep, argv = [], (ctypes.c_void_p * len(args))()
         for k, a in enumerate(args):

@@ -43,6 +43,9 @@ RUNGS = ("naive", "opt", "opt2", "best")
 # (variant, SMs, resident blocks per SM): @best on one small GPU, and on a larger one.
 CONFIGS = {"naive": ("naive", 3, None), "opt": ("opt", 3, None), "opt2": ("opt2", 3, None),
            "best": ("best", 3, 1), "best_big": ("best", 40, 3)}
+# @best built with GRADORACLE_CUPY_BB's other unrolls (the rows of a loop step masked differently).
+DEFINES = {"best_ur1": bb.best_options("ur=1"), "best_ur4": bb.best_options("ur=4,minblocks=2")}
+CONFIGS.update({name: ("best", 3, 1) for name in DEFINES})
 _ENTRIES: dict = {}
 
 bbhost = Backend("bbhost", framework="numpy", devices=("cpu",), register=False,
@@ -69,7 +72,7 @@ def _check_args(inputs, outs, params):
 
 def _impl(name: str):
     variant, sms, bps = CONFIGS[name]
-    dev = cuda_host.HostBinaryDevice(sms, bps)
+    dev = cuda_host.HostBinaryDevice(sms, bps, DEFINES.get(name, ()))
 
     def fn(inputs, outs, params):
         a, b, g = inputs["a"], inputs["b"], inputs["grad_out"]
@@ -141,6 +144,9 @@ PACKED_CASES = [_case(fn, a, b, dt, **lay) for fn, dt, a, b, lay in PACKED]
 def test_best_on_packs_chunks_and_partial_rows(case):
     _check("best", case)
     _check("best_big", case)
+    if case.dtype in ("f32", "bf16"):
+        for name in DEFINES:
+            _check(name, case)
 
 
 def _plan(a_shape, b_shape, layouts=None):

@@ -3,7 +3,10 @@ plan both of its hosts use, the cupy backend (NVRTC) and torch_ext's CUDA op (nv
 
 From the broadcast plan (binary_backward.py: the K x RA x RB box) `plan_launch` picks the
 kernel of the opt ladder rung, assigns the groups and operands to the kernel's roles, sizes the
-tiles and chunks, and packs BBParams; `naive_words` packs the @naive kernel's.  The contract
+tiles and chunks, and packs BBParams; `plan_best` does the same for the @best rung (16-byte
+packs where the layout allows, grids of one wave of resident blocks, chunk counts that fill the
+wave: `_fill_waves`); `naive_words` packs the @naive kernel's, `opt2_words` the @opt2 kernel's
+BBCollapsed (O's dims collapsed per tensor).  The contract
 (roles, slots, what each field means) is documented at the top of the .cuh; the structs are in
 backends/cuda/binary_backward_defs.h.  cupy passes the words as the kernel's by-value argument;
 torch_ext passes a whole launch record (`KINDS`, `LAUNCH_WORDS`: the BBLaunch struct) to its C++

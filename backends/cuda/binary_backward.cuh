@@ -656,8 +656,14 @@ __device__ __forceinline__ BBVec<T, V> bb_ldv(const T* p) { return *reinterpret_
 template <typename T, int V>
 __device__ __forceinline__ void bb_stv(T* p, const BBVec<T, V>& x) { *reinterpret_cast<BBVec<T, V>*>(p) = x; }
 
-#define BB_BEST_UR 2         // packs (rows) in flight per thread in bb_cols / bb_rows
-#define BB_BEST_MIN_BLOCKS 3  // resident 256-thread blocks per SM the @best kernels are built for (<= 80 registers)
+// Tuning of the @best kernels (a host may override them with -D: the cupy backend's
+// GRADORACLE_CUPY_BB setting; torch_ext and the plan's defaults assume these values).
+#ifndef BB_BEST_UR
+#define BB_BEST_UR 2          // packs (rows) in flight per thread in bb_cols / bb_rows / bb_batch
+#endif
+#ifndef BB_BEST_MIN_BLOCKS
+#define BB_BEST_MIN_BLOCKS 3  // resident 256-thread blocks per SM they are built for (<= 80 registers)
+#endif
 
 // Offsets in slots S0, S1, S2 of element idx of `gr` (G, Q, DQ: the three the @best loops move
 // along in bb_cols / bb_rows; G, P, DP along bb_batch's rows): a one-dim group (the usual case)

@@ -30,6 +30,7 @@ Importing this module never imports cupy.
 """
 from __future__ import annotations
 
+import os
 from math import prod
 
 import numpy as np
@@ -98,9 +99,34 @@ def check_args(inputs, outs, params) -> tuple[str, str]:
 
 # ============================================================================= device side
 
+ENV = "GRADORACLE_CUPY_BB"
+SETTINGS = {"ur": (1, 2, 4, 8), "minblocks": (1, 2, 3, 4, 6, 8)}  # -> BB_BEST_UR, BB_BEST_MIN_BLOCKS
+_BEST_KERNELS = ("bb_cols<", "bb_rows<", "bb_batch<")
+
+
+def best_options(text: str | None = None) -> tuple[str, ...]:
+    """NVRTC -D options for the @best kernels from `text` (default: $GRADORACLE_CUPY_BB), e.g.
+    "ur=4,minblocks=2": packs in flight per thread and the resident blocks per SM they are built
+    for (tuning only; unset, the .cuh's defaults, which torch_ext uses too).  A bad setting is a
+    ValueError naming the variable."""
+    text = os.environ.get(ENV, "") if text is None else text
+    out = []
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        name, _, value = item.partition("=")
+        name, value = name.strip(), value.strip()
+        if name not in SETTINGS or not value.isdigit() or int(value) not in SETTINGS[name]:
+            raise ValueError(f"{ENV}: {item!r} in {text!r}, expected " +
+                             "; ".join(f"{k}=one of {', '.join(map(str, v))}" for k, v in SETTINGS.items()))
+        out.append(f"-DBB_BEST_{'UR' if name == 'ur' else 'MIN_BLOCKS'}={value}")
+    return tuple(out)
+
+
+_OPTIONS = best_options()  # read once per process
+
+
 def _function(expr: str):
     """The kernel for name expression `expr` of this op's source, compiled once per process."""
-    return _compiled(SOURCE, expr)
+    return _compiled(SOURCE, expr, _OPTIONS if expr.startswith(_BEST_KERNELS) else ())
 
 
 def kernel_expr(kind: str, dt: str, fn: str | None = None, vectorized: bool = False) -> str:

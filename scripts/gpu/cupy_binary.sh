@@ -18,6 +18,10 @@
 #            mul) through every rung and torch_ext, hot L2 (they are 480 bytes) -> seed/
 #   profile  python -m harness profile, cupy@best, two perf cases (bias-like and row sums, bf16)
 #            -> profile/*.txt, profile/*.json
+#   tune     (phase C: OUT=... STEPS="prep tune", about 6 minutes) cupy@best on the mul perf cases
+#            (bf16, f16, f32) under GRADORACLE_CUPY_BB = default, ur=1, ur=4, minblocks=2,
+#            "ur=4,minblocks=2" (packs in flight per thread, blocks per SM the kernels are built for)
+#            -> tune/<setting>/, tune.txt (% of copy per case and setting)
 # Everything lands under $OUT; it is tarred into $OUT/cupy_binary.tgz at the end (the loose files
 # stay).  Knobs: PY=python3 BUDGET=0.25 TIME_LIMIT=200 (bench) FULL_LIMIT=420 (s, full).
 set -uo pipefail
@@ -161,6 +165,38 @@ if has profile; then
       --json "$OUT/profile/$i-cupy-best.json" > "$OUT/profile/$i-cupy-best.txt" 2>&1
     echo "profile $i exit $?"; tail -30 "$OUT/profile/$i-cupy-best.txt"
   done
+fi
+
+if has tune; then
+  stamp "== tune: cupy@best under GRADORACLE_CUPY_BB settings"
+  MULS=$($PY -c "
+import json
+from cases import select
+print(json.dumps([c.to_json() for c in select('perf', op='binary_backward') if c.params['fn'] == 'mul']))")
+  mkdir -p "$OUT/tune"
+  for setting in default ur=1 ur=4 minblocks=2 ur=4,minblocks=2; do
+    name=${setting//,/_}; name=${name//=/}
+    env_setting=$setting; [ "$setting" = default ] && env_setting=
+    GRADORACLE_CUPY_BB=$env_setting timeout 150 $PY -m harness bench --op binary_backward --backend cupy@best \
+      --cases "$MULS" --budget 0.2 --report "$OUT/tune/$name" -q > "$OUT/tune/$name.log" 2>&1
+    echo "$setting exit $?"
+  done
+  $PY - "$OUT/tune" > "$OUT/tune.txt" 2>&1 <<'PYEOF'
+import json, sys
+from pathlib import Path
+root = Path(sys.argv[1])
+table = {}
+names = []
+for d in sorted(p for p in root.iterdir() if (p / "results.json").exists()):
+    names.append(d.name)
+    for r in json.load(open(d / "results.json"))["rows"]:
+        pct = (r.get("figures") or {}).get("pct_copy")
+        table.setdefault(r["case"], {})[d.name] = "-" if pct is None else f"{pct:.1f}"
+print(f"{'case (% of copy)':55s} " + " ".join(f"{n:>14s}" for n in names))
+for case, row in table.items():
+    print(f"{case:55s} " + " ".join(f"{row.get(n, '-'):>14s}" for n in names))
+PYEOF
+  cat "$OUT/tune.txt"
 fi
 
 stamp "== done"
