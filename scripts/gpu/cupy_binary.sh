@@ -126,16 +126,21 @@ if has bench; then
   $PY - "$OUT/bench/results.json" > "$OUT/targets.txt" 2>&1 <<'PYEOF'
 import json, sys
 rows = json.load(open(sys.argv[1]))["rows"]
-print(f"{'case':55s} {'impl':12s} {'ms':>8s} {'% copy':>7s} {'x torch':>8s}  (bar: >= 88% of copy)")
+print(f"{'case':55s} {'impl':12s} {'ms':>8s} {'host ms':>8s} {'% copy':>7s} {'x torch':>8s}  (bar: >= 88% of copy, "
+      "host < device)")
 for r in rows:
     if r["impl"] not in ("cupy@best", "torch_ext", "triton", "cupy@opt"):
         continue
     f = r.get("figures") or {}
-    med = (r.get("timing") or {}).get("median")
+    t = r.get("timing") or {}
+    med, host = t.get("median"), t.get("host_ms")
     pct = f.get("pct_copy")
+    miss = r["impl"] in ("cupy@best", "torch_ext") and pct is not None and pct < 88
+    slow_host = med is not None and host is not None and host >= med
     print(f"{r['case']:55s} {r['impl']:12s} {med if med is None else round(med, 4)!s:>8s} "
+          f"{host if host is None else round(host, 4)!s:>8s} "
           f"{'-' if pct is None else round(pct, 1)!s:>7s} {f.get('speedup_vs_baseline') or '-'!s:>8.6s}"
-          f"{'  MISS' if r['impl'] in ('cupy@best', 'torch_ext') and pct is not None and pct < 88 else ''}")
+          f"{'  MISS' if miss else ''}{'  HOST' if slow_host else ''}")
 PYEOF
   cat "$OUT/targets.txt" | grep -E "cupy@best|torch_ext" | head -80
   [ -f "$OUT/bench/report.md" ] && grep -A12 "(ref) vs" "$OUT/bench/report.md" | head -40
@@ -190,6 +195,8 @@ names = []
 for d in sorted(p for p in root.iterdir() if (p / "results.json").exists()):
     names.append(d.name)
     for r in json.load(open(d / "results.json"))["rows"]:
+        if r["impl"] != "cupy@best":
+            continue
         pct = (r.get("figures") or {}).get("pct_copy")
         table.setdefault(r["case"], {})[d.name] = "-" if pct is None else f"{pct:.1f}"
 print(f"{'case (% of copy)':55s} " + " ".join(f"{n:>14s}" for n in names))
