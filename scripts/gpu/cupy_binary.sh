@@ -3,19 +3,20 @@
 # plan): the GPU batch.  Run from the repo root on a CUDA machine with $OUT a folder for the results:
 #   OUT=/some/dir bash scripts/gpu/cupy_binary.sh                      (phase A, about 7-8 minutes)
 #   OUT=/some/dir STEPS="prep full" bash scripts/gpu/cupy_binary.sh    (phase B, about 5-7 minutes)
-# Steps (STEPS, any subset, in this order; default "prep smoke bench seed profile"):
+# Steps (STEPS, any subset; default "prep smoke bench seed profile"; the run order is below):
 #   prep     pip install -e (no deps), the torch_ext build started in the background, every cupy
 #            instantiation compiled in parallel (NVRTC, into cupy's disk cache), then plans.txt:
 #            registers / local bytes / blocks per SM of the kernels @best launches, and @best's plan
 #            (kernel, 16-byte packs, grid, chunks, wave fill) for every perf case.
-#   smoke    harness run: every rung and torch_ext on the smoke set -> smoke.json / smoke.log
+#   smoke    harness run: every cupy rung on the smoke set -> smoke.json / smoke.log; then (once
+#            torch_ext is built) torch_ext -> smoke-torch_ext.json / .log
 #   full     harness run: cupy@best and torch_ext on the full set -> full.json / full.log
 #   bench    harness bench: torch, triton, cupy@opt, @opt2, @best, torch_ext on the perf cases
 #            (BUDGET s per pair, no new pairs after TIME_LIMIT s) -> bench/{results.json,report.md}
 #            (the ladder table and the time_ref / time_opt / speedup lines), bench.log, targets.txt
 #            (@best and torch_ext: % of copy per perf case against the 88% bar)
-#   seed     the seed compare program's six cases (A=2x3x4x5 against B broadcast five ways, f32
-#            mul) through every rung and torch_ext, hot L2 (they are 480 bytes) -> seed/
+#   seed     the seed compare program's cases (A=2x3x4x5 against B broadcast five ways, and A
+#            broadcast once, f32 mul) through every cupy rung and torch, hot L2 -> seed/
 #   profile  python -m harness profile, cupy@best, two perf cases (bias-like and row sums, bf16)
 #            -> profile/*.txt, profile/*.json
 #   tune     (phase C: OUT=... STEPS="prep tune", about 6 minutes) cupy@best on the mul perf cases
@@ -23,12 +24,14 @@
 #            "ur=4,minblocks=2" (packs in flight per thread, blocks per SM the kernels are built for)
 #            -> tune/<setting>/, tune.txt (% of copy per case and setting)
 # Everything lands under $OUT; it is tarred into $OUT/cupy_binary.tgz at the end (the loose files
-# stay).  Knobs: PY=python3 BUDGET=0.25 TIME_LIMIT=200 (bench) FULL_LIMIT=420 (s, full).
+# stay).  Knobs: PY=python3 BUDGET=0.25 TIME_LIMIT=170 (bench) FULL_LIMIT=420 (s, full).
+# Run order: prep, cupy smoke and the seed table while torch_ext builds, torch_ext smoke, full,
+# bench, profile, tune.  Phase A budget: prep ~1.5 min, smoke+seed ~1.5, bench <= ~3.5, profile <= 3.3.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 : "${OUT:?set OUT to a folder for the results}"
 PY=${PY:-python3} STEPS=${STEPS:-prep smoke bench seed profile}
-BUDGET=${BUDGET:-0.25} TIME_LIMIT=${TIME_LIMIT:-200} FULL_LIMIT=${FULL_LIMIT:-420}
+BUDGET=${BUDGET:-0.25} TIME_LIMIT=${TIME_LIMIT:-170} FULL_LIMIT=${FULL_LIMIT:-420}
 mkdir -p "$OUT"
 t0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
@@ -44,9 +47,11 @@ stamp "== device"
 if has prep; then
   stamp "== prep: install, torch_ext build (background), NVRTC compiles"
   pip install -q -e . --no-deps --no-build-isolation > "$OUT/pip.log" 2>&1; echo "pip exit $?"
-  $PY -c "from backends import torch_ext; print('torch_ext:', torch_ext._check('cuda') or 'built')" \
-    > "$OUT/torch_ext_build.log" 2>&1 &
-  build_pid=$!
+  if has smoke || has full || has bench; then  # the steps that run torch_ext
+    $PY -c "from backends import torch_ext; print('torch_ext:', torch_ext._check('cuda') or 'built')" \
+      > "$OUT/torch_ext_build.log" 2>&1 &
+    build_pid=$!
+  fi
   $PY - > "$OUT/plans.txt" 2>&1 <<'PYEOF'
 import multiprocessing as mp
 import time
@@ -99,17 +104,43 @@ if __name__ == "__main__":
               f"chunks={la.nchunks}")
 PYEOF
   echo "exit $?"; cat "$OUT/plans.txt" | head -80
-  wait $build_pid; echo "torch_ext build exit $?"; tail -3 "$OUT/torch_ext_build.log"
 fi
+wait_build() {  # the torch_ext build started by prep (nvcc), before the first step that runs torch_ext
+  if [ -n "${build_pid:-}" ]; then
+    wait "$build_pid"; echo "torch_ext build exit $?"; tail -3 "$OUT/torch_ext_build.log"; build_pid=
+  fi
+}
 
 if has smoke; then
-  stamp "== smoke: every rung and torch_ext"
-  timeout 300 $PY -m harness run --op binary_backward "${RUNGS[@]}" --cases smoke --json "$OUT/smoke.json" \
+  stamp "== smoke: every cupy rung (torch_ext builds meanwhile)"
+  timeout 300 $PY -m harness run --op binary_backward "${RUNGS[@]:0:8}" --cases smoke --json "$OUT/smoke.json" \
     > "$OUT/smoke.log" 2>&1
   echo "exit $?"; grep -E "^(FAIL|ERROR|CRASH)" -A3 "$OUT/smoke.log" | head -40; tail -3 "$OUT/smoke.log"
 fi
 
+if has seed; then
+  stamp "== seed: the compare program's shapes, every cupy rung and torch"
+  SEED='['
+  for b in '[2,3,4,5]' '[1,1,4,5]' '[2,3,4,1]' '[1,1,1]' '[1,3,1,5]'; do
+    SEED+="{\"op\":\"binary_backward\",\"dtype\":\"f32\",\"params\":{\"fn\":\"mul\",\"a\":[2,3,4,5],\"b\":$b}},"
+  done
+  SEED+='{"op":"binary_backward","dtype":"f32","params":{"fn":"mul","a":[1,3,1,5],"b":[2,3,4,5]}}]'
+  $PY -m harness bench --op binary_backward "${RUNGS[@]:0:8}" --backend torch --cases "$SEED" --mode hot \
+    --budget 0.3 --report "$OUT/seed" -q > "$OUT/seed.log" 2>&1
+  echo "exit $?"; tail -3 "$OUT/seed.log"
+  [ -f "$OUT/seed/report.md" ] && grep -B2 -A60 "Variant ladder" "$OUT/seed/report.md" | head -90
+fi
+
+if has smoke; then
+  wait_build
+  stamp "== smoke: torch_ext"
+  timeout 200 $PY -m harness run --op binary_backward --backend torch_ext --cases smoke \
+    --json "$OUT/smoke-torch_ext.json" > "$OUT/smoke-torch_ext.log" 2>&1
+  echo "exit $?"; grep -E "^(FAIL|ERROR|CRASH)" -A3 "$OUT/smoke-torch_ext.log" | head -20; tail -3 "$OUT/smoke-torch_ext.log"
+fi
+
 if has full; then
+  wait_build
   stamp "== full: cupy@best and torch_ext"
   timeout "$FULL_LIMIT" $PY -m harness run --op binary_backward --backend cupy@best --backend torch_ext --cases full \
     --json "$OUT/full.json" > "$OUT/full.log" 2>&1
@@ -118,6 +149,7 @@ if has full; then
 fi
 
 if has bench; then
+  wait_build
   stamp "== bench: perf cases"
   $PY -m harness bench --op binary_backward --backend torch --backend triton --backend cupy@opt --backend cupy@opt2 \
     --backend cupy@best --backend torch_ext --cases perf --budget "$BUDGET" --time-limit "$TIME_LIMIT" \
@@ -146,19 +178,6 @@ PYEOF
   [ -f "$OUT/bench/report.md" ] && grep -A12 "(ref) vs" "$OUT/bench/report.md" | head -40
 fi
 
-if has seed; then
-  stamp "== seed: the compare program's shapes, every rung"
-  SEED='['
-  for b in '[2,3,4,5]' '[1,1,4,5]' '[2,3,4,1]' '[1,1,1]' '[1,3,1,5]'; do
-    SEED+="{\"op\":\"binary_backward\",\"dtype\":\"f32\",\"params\":{\"fn\":\"mul\",\"a\":[2,3,4,5],\"b\":$b}},"
-  done
-  SEED+='{"op":"binary_backward","dtype":"f32","params":{"fn":"mul","a":[1,3,1,5],"b":[2,3,4,5]}}]'
-  $PY -m harness bench --op binary_backward "${RUNGS[@]}" --backend torch --cases "$SEED" --mode hot --budget 0.3 \
-    --report "$OUT/seed" -q > "$OUT/seed.log" 2>&1
-  echo "exit $?"; tail -3 "$OUT/seed.log"
-  [ -f "$OUT/seed/report.md" ] && grep -B2 -A60 "Variant ladder" "$OUT/seed/report.md" | head -90
-fi
-
 if has profile; then
   stamp "== profile: cupy@best on two perf cases"
   mkdir -p "$OUT/profile"
@@ -166,7 +185,7 @@ if has profile; then
   for b in '[4096]' '[8,2048,1]'; do
     i=$((i + 1))
     case="{\"op\":\"binary_backward\",\"dtype\":\"bf16\",\"params\":{\"fn\":\"mul\",\"a\":[8,2048,4096],\"b\":$b}}"
-    timeout 150 $PY -m harness profile --op binary_backward --backend cupy@best --case "$case" \
+    timeout 100 $PY -m harness profile --op binary_backward --backend cupy@best --case "$case" \
       --json "$OUT/profile/$i-cupy-best.json" > "$OUT/profile/$i-cupy-best.txt" 2>&1
     echo "profile $i exit $?"; tail -30 "$OUT/profile/$i-cupy-best.txt"
   done
@@ -206,5 +225,6 @@ PYEOF
   cat "$OUT/tune.txt"
 fi
 
+wait_build
 stamp "== done"
 (cd "$OUT" && tar czf cupy_binary.tgz --exclude cupy_binary.tgz . 2>/dev/null); ls -la "$OUT" | head -30
