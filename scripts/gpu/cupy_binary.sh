@@ -24,14 +24,14 @@
 #            "ur=4,minblocks=2" (packs in flight per thread, blocks per SM the kernels are built for)
 #            -> tune/<setting>/, tune.txt (% of copy per case and setting)
 # Everything lands under $OUT; it is tarred into $OUT/cupy_binary.tgz at the end (the loose files
-# stay).  Knobs: PY=python3 BUDGET=0.25 TIME_LIMIT=170 (bench) FULL_LIMIT=420 (s, full).
+# stay).  Knobs: PY=python3 BUDGET=0.25 TIME_LIMIT=150 (bench) FULL_LIMIT=420 (s, full).
 # Run order: prep, cupy smoke and the seed table while torch_ext builds, torch_ext smoke, full,
-# bench, profile, tune.  Phase A budget: prep ~1.5 min, smoke+seed ~1.5, bench <= ~3.5, profile <= 3.3.
+# bench, profile, tune.  Phase A budget: prep ~1.5 min, smoke+seed ~1.5, bench <= ~3, profile <= 2.5.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 : "${OUT:?set OUT to a folder for the results}"
 PY=${PY:-python3} STEPS=${STEPS:-prep smoke bench seed profile}
-BUDGET=${BUDGET:-0.25} TIME_LIMIT=${TIME_LIMIT:-170} FULL_LIMIT=${FULL_LIMIT:-420}
+BUDGET=${BUDGET:-0.25} TIME_LIMIT=${TIME_LIMIT:-150} FULL_LIMIT=${FULL_LIMIT:-420}
 mkdir -p "$OUT"
 t0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
@@ -185,7 +185,7 @@ if has profile; then
   for b in '[4096]' '[8,2048,1]'; do
     i=$((i + 1))
     case="{\"op\":\"binary_backward\",\"dtype\":\"bf16\",\"params\":{\"fn\":\"mul\",\"a\":[8,2048,4096],\"b\":$b}}"
-    timeout 100 $PY -m harness profile --op binary_backward --backend cupy@best --case "$case" \
+    timeout 75 $PY -m harness profile --op binary_backward --backend cupy@best --case "$case" \
       --json "$OUT/profile/$i-cupy-best.json" > "$OUT/profile/$i-cupy-best.txt" 2>&1
     echo "profile $i exit $?"; tail -30 "$OUT/profile/$i-cupy-best.txt"
   done
