@@ -1,4 +1,4 @@
-"""Run the cupy backend's norm kernels on the CPU: the .cuh sources compiled by g++ against the CUDA
+"""Run the cupy backend's CUDA kernels (the norms' and binary_backward's) on the CPU: the .cuh sources compiled by g++ against the CUDA
 stand-in in tests/cuda_host/ (fibers for threads, real barriers and warp shuffles), loaded with
 ctypes, launched through `_norm_plan.run` by `HostCudaDevice`.
 
@@ -26,6 +26,7 @@ from backends.cupy import nvrtc as _nvrtc
 from backends.cupy import _norm_plan as plan
 
 HERE = Path(__file__).resolve().parent / "cuda_host"
+BB = "binary_backward"
 CXX = shutil.which("g++")
 FLAGS = ["-std=c++20", "-O1", "-shared", "-fPIC", "-Wno-unknown-pragmas", "-Wno-attributes"]
 
@@ -49,12 +50,32 @@ def _types(expr: str) -> tuple[str, str]:
     name, targs = expr.split("<", 1)
     args = [a.strip() for a in targs.rstrip(">").split(",")]
     t = args[1] if name in ("nb_rows", "nb_chunked", "nb_stage") else args[0]
-    return t, f"nb_acc_t<{t}>"
+    return t, f"{'bb' if name.startswith('bb_') else 'nb'}_acc_t<{t}>"
+
+
+def _bb_signature(name: str, t: str, a: str) -> list[str]:
+    """Parameter types of a binary_backward kernel (backends/cuda/binary_backward.cuh)."""
+    ops = [f"const {t}*"] * 3
+    if name == "bb_fast":
+        return ops + [f"{t}*", f"{t}*", "long long", "int"]
+    if name == "bb_finalize":
+        return [f"const {a}*", "long long", "long long", f"{t}*"]
+    if name == "bb_opt2":
+        return ["BBCollapsed", *ops, f"{t}*", f"{t}*", f"{a}*", f"{a}*"]
+    if name == "bb_ew":
+        return ["BBParams", *ops, f"{t}*", f"{t}*"]
+    if name == "bb_naive":
+        return ["BBParams", *ops, f"{a}*", f"{a}*"]
+    if name in ("bb_lr_stream", "bb_cols", "bb_rows"):
+        return ["BBParams", *ops, f"{t}*", f"{a}*", f"{t}*"]
+    return ["BBParams", *ops, f"{t}*", f"{a}*", f"{t}*", f"{a}*"]  # bb_lk, bb_lr_batched
 
 
 def _signature(expr: str) -> list[str]:
     t, a = _types(expr)
     name = expr.split("<")[0]
+    if name.startswith("bb_"):
+        return _bb_signature(name, t, a)
     main = ["NBParams", f"const {t}*", f"const {t}*", f"const {t}*", f"const {a}*", f"const {a}*", f"{t}*", f"{a}*"]
     if name == "nb_rows":
         return main + [f"{t}*", f"{t}*"]
@@ -87,12 +108,19 @@ extern "C" int launch_{i}(unsigned gx, unsigned gy, unsigned block, unsigned sme
 class Library:
     """The compiled kernels of one (op, dtype)."""
 
-    def __init__(self, op: str, dt: str, extra=()):
-        self.exprs = sorted(set(plan.all_kernel_exprs(op, dt)) | set(extra))
-        source = f'#include "cuda_host_runtime.h"\n#include "{_nvrtc.CUDA_DIR / plan.SOURCES[op]}"\n' + \
+    def __init__(self, op: str, dt: str, extra=(), defines=()):
+        if op == BB:
+            from backends.cupy import binary_backward as bb
+
+            exprs, src = bb.all_kernel_exprs(dt), bb.SOURCE
+        else:
+            exprs, src = plan.all_kernel_exprs(op, dt), plan.SOURCES[op]
+        self.exprs = sorted(set(exprs) | set(extra))
+        source = f'#include "cuda_host_runtime.h"\n#include "{_nvrtc.CUDA_DIR / src}"\n' + \
             _wrappers(self.exprs)
         deps = [HERE / n for n in sorted(os.listdir(HERE))] + sorted(_nvrtc.CUDA_DIR.glob("*.cuh"))
-        key = hashlib.sha256((source + " ".join(FLAGS)).encode() + b"".join(p.read_bytes() for p in deps))
+        flags = FLAGS + list(defines)  # -D overrides of the source's tuning macros
+        key = hashlib.sha256((source + " ".join(flags)).encode() + b"".join(p.read_bytes() for p in deps))
         folder = Path(tempfile.gettempdir()) / "gradoracle-cuda-host"
         folder.mkdir(exist_ok=True)
         lib = folder / f"{op}-{dt}-{key.hexdigest()[:16]}.so"
@@ -100,7 +128,7 @@ class Library:
             src = lib.with_suffix(".cpp")
             src.write_text(source)
             tmp = lib.with_suffix(f".{os.getpid()}.tmp")
-            proc = subprocess.run([CXX, *FLAGS, f"-I{HERE}", str(src), "-o", str(tmp)], capture_output=True, text=True)
+            proc = subprocess.run([CXX, *flags, f"-I{HERE}", str(src), "-o", str(tmp)], capture_output=True, text=True)
             if proc.returncode:
                 raise RuntimeError(f"g++ failed for {op} {dt}:\n{proc.stderr[-6000:]}")
             tmp.replace(lib)
@@ -119,14 +147,20 @@ _LIBS: dict = {}
 EXTRA_EXPRS: dict = {}  # (op, dtype) -> name expressions beyond the defaults', added before the library is built
 
 
-def library(op: str, dt: str) -> Library:
-    if (op, dt) not in _LIBS:
-        _LIBS[(op, dt)] = Library(op, dt, EXTRA_EXPRS.get((op, dt), ()))
-    return _LIBS[(op, dt)]
+def library(op: str, dt: str, defines=()) -> Library:
+    key = (op, dt, tuple(defines))
+    if key not in _LIBS:
+        _LIBS[key] = Library(op, dt, EXTRA_EXPRS.get((op, dt), ()), defines)
+    return _LIBS[key]
 
 
 def address(a: np.ndarray) -> int:
     return a.__array_interface__["data"][0]
+
+
+def data_address(a: np.ndarray) -> int:
+    """The address of a's first element, for any dtype (bfloat16 arrays have no array interface)."""
+    return a.ctypes.data
 
 
 class HostCudaDevice:
@@ -188,3 +222,62 @@ class HostCudaDevice:
 
     def fill_zero(self, x) -> None:
         x[...] = 0
+
+
+class HostBinaryDevice:
+    """The cupy binary_backward host code's device (`run_opt`, `run_opt2`, `run_naive`,
+    `run_entry` in backends/cupy/binary_backward.py), on the CPU: numpy buffers, the .cuh's
+    kernels from `library`.  Partial-row buffers start as NaN, so a row read before it is written
+    shows; launches take the stand-in's thread schedules in turn."""
+
+    def __init__(self, num_sms: int = 3, blocks_per_sm: int | None = None, defines=()):
+        self.sms, self.bps, self.defines = num_sms, blocks_per_sm, tuple(defines)
+        self.launches: list[tuple[str, int]] = []
+
+    def num_sms(self) -> int:
+        return self.sms
+
+    def blocks_per_sm(self, expr: str) -> int | None:
+        return self.bps
+
+    def ptr(self, x) -> int:
+        return data_address(x)
+
+    def empty(self, n: int, dtype):
+        return np.full(n, np.nan, dtype=dtype)
+
+    def zeros(self, n: int, dtype):
+        return np.zeros(n, dtype=dtype)
+
+    def fill_zero(self, x) -> None:
+        x[...] = 0
+
+    def launch(self, expr: str, grid: int, args) -> None:
+        t = _types(expr)[0]
+        from backends.cupy.common import CUDA_TYPE
+
+        dt = next(k for k, v in CUDA_TYPE.items() if v == t)
+        lib = library(BB, dt, self.defines)
+        fn = lib.fns[expr]
+        keep, argv = [], (ctypes.c_void_p * len(args))()
+        for k, a in enumerate(args):
+            if isinstance(a, np.ndarray) and a.dtype.names == ("words",):
+                argv[k] = data_address(a)  # a by-value struct's bytes
+                continue
+            if isinstance(a, np.uint64):
+                box = ctypes.c_void_p(int(a))  # a null pointer
+            elif isinstance(a, np.int64):
+                box = ctypes.c_int64(int(a))
+            elif isinstance(a, np.int32):
+                box = ctypes.c_int32(int(a))
+            elif isinstance(a, np.ndarray):
+                box = ctypes.c_void_p(data_address(a))
+            else:
+                raise TypeError(f"argument {k} of {expr}: {type(a).__name__}")
+            keep.append(box)
+            argv[k] = ctypes.addressof(box)
+        err = ctypes.create_string_buffer(4096)
+        lib.lib.set_schedule(len(self.launches) % SCHEDULES)
+        self.launches.append((expr, int(grid)))
+        if fn(int(grid), 1, 256, 0, argv, err, len(err)):
+            raise AssertionError(f"{expr} grid {grid}: {err.value.decode()}")

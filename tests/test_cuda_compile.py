@@ -53,7 +53,7 @@ needs_nvrtc = pytest.mark.skipif(not (_nvrtc_usable() and _nvrtc.include_dirs())
 @pytest.mark.parametrize("dt", cupy_raw.DTYPES)
 def test_nvrtc_compiles_every_instantiation(dt):
     exprs = cupy_raw.all_kernel_exprs(dt)
-    assert len(exprs) == len(FNS) * 7 + 1
+    assert len(exprs) == len(FNS) * 14 + 1  # 7 opt / naive kinds, opt2, cols, rows, batch (scalar and packed)
     cubin, lowered = _nvrtc.compile_cubin(SOURCE, arch="sm_90", name_expressions=exprs)
     assert len(cubin) > 0
     for expr in exprs:
@@ -72,12 +72,59 @@ static_assert(sizeof(BBParams) == {cuda_plan.PARAMS_WORDS} * 8, "BBParams size")
 static_assert(sizeof(BBGroup::size) == {cuda_plan.MAX_DIMS} * 8, "BBGroup sizes");
 static_assert(sizeof(BBGroup::stride) == {5 * cuda_plan.MAX_DIMS} * 8, "BBGroup strides");
 static_assert(sizeof(BBParams::grp) == {3 * cuda_plan.GROUP_WORDS} * 8, "BBParams groups");
+static_assert(sizeof(BBCollapsed) == {cuda_plan.COLLAPSED_WORDS} * 8, "BBCollapsed size");
+static_assert(BB_COLLAPSED_WORDS == {cuda_plan.COLLAPSED_WORDS}, "BB_COLLAPSED_WORDS");
 static_assert(sizeof(BBParams::chunk) == 24 && sizeof(BBParams::nchunk) == 24 && sizeof(BBParams::numel_out) == 16,
               "BBParams arrays");
 """
     cubin, _ = _nvrtc.compile_cubin(probe, name_expressions=["bb_finalize<float>"])
     assert cubin
     assert cupy_raw.PARAMS_DTYPE.itemsize == cuda_plan.PARAMS_WORDS * 8
+    assert cupy_raw.COLLAPSED_DTYPE.itemsize == cuda_plan.COLLAPSED_WORDS * 8
+
+
+def ptxas_report(exprs, arch: str = "sm_90") -> dict[str, tuple[int, int]]:
+    """{name expression: (registers, spill store bytes)} from NVRTC's ptxas -v log."""
+    from cupy.cuda import nvrtc
+
+    prog = nvrtc.createProgram(SOURCE, "bb.cu", [], [])
+    try:
+        for expr in exprs:
+            nvrtc.addNameExpression(prog, expr)
+        nvrtc.compileProgram(prog, list(_nvrtc.compile_options(("-Xptxas=-v", f"-arch={arch}"))))
+        log = nvrtc.getProgramLog(prog)
+        names = {nvrtc.getLoweredName(prog, e): e for e in exprs}
+    finally:
+        nvrtc.destroyProgram(prog)
+    out, cur, spill = {}, None, 0
+    for line in log.splitlines():
+        m = re.search(r"Compiling entry function '(\w+)'", line)
+        if m:
+            cur = names.get(m[1])
+        m = re.search(r"(\d+) bytes spill stores", line)
+        if m:
+            spill = int(m[1])
+        m = re.search(r"Used (\d+) registers", line)
+        if m and cur:
+            out[cur] = (int(m[1]), spill)
+    return out
+
+
+@needs_nvrtc
+def test_best_kernels_fit_their_launch_bounds():
+    """bb_cols / bb_rows / bb_batch are built for BB_BEST_MIN_BLOCKS (3) resident 256-thread blocks per SM:
+    at most 80 registers, and at most a few dozen bytes of spills (only the 16-bit packed cols
+    kernels spill at all); the plan's default occupancy table assumes as much."""
+    exprs = [cupy_raw.kernel_expr(k, dt, fn, vec) for k in ("cols", "rows", "batch") for dt in ("bf16", "f32")
+             for fn in ("mul", "div", "maximum") for vec in (False, True)]
+    report = ptxas_report(exprs)
+    assert set(report) == set(exprs)
+    for expr, (regs, spill) in report.items():
+        assert regs <= 80, (expr, regs)
+        assert spill <= 64, (expr, spill)
+    assert cuda_plan.BEST_BLOCKS_PER_SM["cols"] == cuda_plan.BEST_BLOCKS_PER_SM["rows"] == 3
+    assert cuda_plan.BEST_BLOCKS_PER_SM["batch"] == 3
+    assert "#define BB_BEST_MIN_BLOCKS 3" in SOURCE
 
 
 @needs_nvrtc
@@ -103,7 +150,13 @@ def _nvcc_instantiations(dt: str) -> str:
             f"template __global__ void bb_lr_stream<{t}, {f}>({pp}, {t}*, {a}*, {t}*);",
             f"template __global__ void bb_lr_batched<{t}, {f}>({pp}, {t}*, {a}*, {t}*, {a}*);",
             f"template __global__ void bb_naive<{t}, {f}>({pp}, {a}*, {a}*);",
+            f"template __global__ void bb_opt2<{t}, {f}>(const __grid_constant__ BBCollapsed, const {t}*, "
+            f"const {t}*, const {t}*, {t}*, {t}*, {a}*, {a}*);",
         ]
+        for v in (1, 16 // cupy_raw.ITEMSIZE[dt]):
+            lines += [f"template __global__ void bb_cols<{t}, {f}, {v}>({pp}, {t}*, {a}*, {t}*);",
+                      f"template __global__ void bb_rows<{t}, {f}, {v}>({pp}, {t}*, {a}*, {t}*);",
+                      f"template __global__ void bb_batch<{t}, {f}, {v}>({pp}, {t}*, {a}*, {t}*, {a}*);"]
     return "\n".join(lines) + "\n"
 
 
@@ -798,10 +851,13 @@ def test_cupy_backend_reports_no_device():
     assert cupy_raw.cupy_backend.unavailable_reason("cpu").startswith("cupy: runs on cuda")
 
 
-def test_cupy_backend_registers_both_variants():
+def test_cupy_backend_registers_the_ladder():
     impls = cupy_raw.cupy_backend.impls
     assert impls[("binary_backward", "opt")].deterministic and not impls[("binary_backward", "naive")].deterministic
     assert set(impls[("binary_backward", "opt")].dtypes) == {"f32", "f16", "bf16", "f64"}
+    ladder = [v for (op, v) in impls if op == "binary_backward"]
+    assert ladder == ["naive", "opt", "opt2", "best"]  # registration order: speedups are against naive
+    assert impls[("binary_backward", "best")].deterministic and not impls[("binary_backward", "opt2")].deterministic
 
 
 def test_importing_the_backend_does_not_import_cupy():

@@ -3,7 +3,10 @@ plan both of its hosts use, the cupy backend (NVRTC) and torch_ext's CUDA op (nv
 
 From the broadcast plan (binary_backward.py: the K x RA x RB box) `plan_launch` picks the
 kernel of the opt ladder rung, assigns the groups and operands to the kernel's roles, sizes the
-tiles and chunks, and packs BBParams; `naive_words` packs the @naive kernel's.  The contract
+tiles and chunks, and packs BBParams; `plan_best` does the same for the @best rung (16-byte
+packs where the layout allows, grids of one wave of resident blocks, chunk counts that fill the
+wave: `_fill_waves`); `naive_words` packs the @naive kernel's, `opt2_words` the @opt2 kernel's
+BBCollapsed (O's dims collapsed per tensor).  The contract
 (roles, slots, what each field means) is documented at the top of the .cuh; the structs are in
 backends/cuda/binary_backward_defs.h.  cupy passes the words as the kernel's by-value argument;
 torch_ext passes a whole launch record (`KINDS`, `LAUNCH_WORDS`: the BBLaunch struct) to its C++
@@ -214,7 +217,7 @@ def naive_grid(n: int) -> int:
 
 # BB_KIND_* in binary_backward_defs.h, in order.  zero..lr_batched are the launches above; "box"
 # is the CPU kernel's: no launch, the K, RA, RB groups as they are (naive_words).
-KINDS = ("zero", "fast", "ew", "lk1", "lk8", "lr_stream", "lr_batched", "box")
+KINDS = ("zero", "fast", "ew", "lk1", "lk8", "lr_stream", "lr_batched", "box", "cols", "rows", "batch")
 LAUNCH_HEADER_WORDS = 10  # kind, grid, vectorized, numel, nchunks[2], numel_out[2], finalize_grid[2]
 LAUNCH_WORDS = LAUNCH_HEADER_WORDS + PARAMS_WORDS
 
@@ -235,3 +238,219 @@ def box_record(plan: Plan) -> list[int]:
     kind = ("zero" if plan.numel == 0 else "fast" if plan.contiguous_fast_path()
             else "ew" if plan.no_broadcast else "box")
     return [KINDS.index(kind), 0, 0, plan.numel, 1, 1, 0, 0, 0, 0, *naive_words(plan)]
+
+
+# ============================================================================= @opt2 (BBCollapsed)
+
+COLLAPSED_WORDS = 3 + 5 + 3 * 5 * MAX_DIMS  # BB_COLLAPSED_WORDS
+
+
+def _out_dims(a_shape, b_shape, a_strides, b_strides, g_strides):
+    """O's size > 1 dims, outer -> inner: (size, O's row-major stride, {tensor: stride})."""
+    out_shape = bcast.broadcast_shape(a_shape, b_shape)
+    rank = len(out_shape)
+
+    def pad(shape, strides):
+        lead = rank - len(shape)
+        return (1,) * lead + tuple(shape), (0,) * lead + tuple(strides)
+
+    a_p, a_s = pad(a_shape, a_strides)
+    b_p, b_s = pad(b_shape, b_strides)
+    ga_s = pad(a_shape, bcast.contiguous_strides(a_shape))[1]
+    gb_s = pad(b_shape, bcast.contiguous_strides(b_shape))[1]
+    div = bcast.contiguous_strides(out_shape)
+    dims = []
+    for d, n in enumerate(out_shape):
+        if n == 1:
+            continue
+        dims.append((n, div[d], {"a": 0 if a_p[d] == 1 else a_s[d], "b": 0 if b_p[d] == 1 else b_s[d],
+                                 "g": g_strides[d], "ga": 0 if a_p[d] == 1 else ga_s[d],
+                                 "gb": 0 if b_p[d] == 1 else gb_s[d]}))
+    return out_shape, dims
+
+
+def collapse(dims, tensor: str) -> list[tuple[int, int, int]]:
+    """(div, size, stride) of O's dims collapsed for `tensor`: dims it does not move along dropped,
+    an outer dim merged into the inner one where both the tensor's strides and O's chain."""
+    out: list[list[int]] = []
+    for n, div, s in reversed(dims):  # inner -> outer
+        st = s[tensor]
+        if st == 0:
+            continue
+        if out and out[-1][2] * out[-1][1] == st and out[-1][0] * out[-1][1] == div:
+            out[-1][1] *= n
+        else:
+            out.append([div, n, st])
+    return [tuple(x) for x in reversed(out)]
+
+
+def opt2_words(a_shape, b_shape, a_strides, b_strides, g_strides) -> tuple[list[int], tuple[bool, bool], int]:
+    """(BBCollapsed words, (grad_a direct, grad_b direct), numel(O)) for the @opt2 rung."""
+    out_shape, dims = _out_dims(a_shape, b_shape, a_strides, b_strides, g_strides)
+    numel = 1
+    for n in out_shape:
+        numel *= n
+    direct = tuple(all(s[t] != 0 for _, _, s in dims) for t in ("a", "b"))
+    per = {t: collapse(dims, t) for t in bcast.TENSORS}
+    for t, c in per.items():
+        if len(c) > MAX_DIMS:
+            raise ValueError(f"binary_backward: {t} has {len(c)} dims after collapsing, expected at most {MAX_DIMS}")
+    words = [numel, int(direct[0]), int(direct[1])] + [len(per[t]) for t in bcast.TENSORS]
+    for field_ in range(3):  # div, size, stride
+        for t in bcast.TENSORS:
+            col = [c[field_] for c in per[t]]
+            words += col + [1 if field_ < 2 else 0] * (MAX_DIMS - len(col))
+    assert len(words) == COLLAPSED_WORDS
+    return words, direct, numel
+
+
+# ============================================================================= @best
+
+# Resident 256-thread blocks per SM assumed when none is measured (the cupy host asks the driver
+# for each compiled kernel's figure; torch_ext plans with these).  From ptxas -v on sm_90 (NVRTC,
+# f32 / bf16): bb_cols / bb_rows are built for 3 (__launch_bounds__: at most 80 registers; 52-80
+# used, small spills only in the 16-bit vectorized cols kernels), bb_fast uses 30-44 registers,
+# bb_ew 58-60, bb_lk<J = 8> and bb_lr_batched 98-116.  The grid is never more than one wave.
+BEST_BLOCKS_PER_SM = {"fast": 5, "ew": 4, "cols": 3, "rows": 3, "batch": 3, "lk8": 2, "lr_batched": 2}
+MIN_ROWS_PER_SLOT = 8   # bb_cols: a chunk gives each row slot at least this many rows
+MIN_PACKS_PER_LANE = 2  # bb_rows: a chunk gives each lane at least this many packs
+
+
+def _dense_packs(group: Group, inner_names, other_groups, names, vec: int) -> bool:
+    """True when `group`'s innermost dim is dense (stride 1) in every tensor of `inner_names`,
+    its size is a multiple of vec, and every other stride of `names` in `group` and
+    `other_groups` is a multiple of vec: then packs of vec elements along it never straddle."""
+    if group.ndim == 0 or group.sizes[-1] % vec:
+        return False
+    if any(group.strides[t][-1] != 1 for t in inner_names):
+        return False
+    for grp in (group, *other_groups):
+        for t in names:
+            strides = grp.strides[t][:-1] if grp is group else grp.strides[t]
+            if any(s % vec for s in strides):
+                return False
+    return True
+
+
+def wave_fill(items: int, slots: int) -> float:
+    """Busy fraction of `slots` workers over ceil(items / slots) rounds of equal items."""
+    return items / (_ceil_div(items, slots) * slots)
+
+
+def _fill_waves(base: int, most: int, slots: int) -> int:
+    """The number of chunks n <= most (at most 64) for which base * n equal work items fill
+    rounds of `slots` workers best: a partial last round idles the rest of the GPU (the source's
+    tail wave).  Among counts within 2% of the best, the fewest (partial rows cost a buffer and a
+    second launch)."""
+    scores = []
+    for n in range(1, min(most, 64) + 1):
+        scores.append((wave_fill(base * n, slots), n))
+        if base * n >= 8 * slots:  # enough rounds: the tail is small whatever n is
+            break
+    top = max(f for f, _ in scores)
+    return min(n for f, n in scores if f >= top - 0.02)
+
+
+def _plan_cols(plan: Plan, k: Group, vec_ok: bool, itemsize: int, resident) -> Launch:
+    swap = plan.ra.ndim == 0  # P = the operand broadcast along R: b when R = RB
+    rgrp = _sorted_group(plan.rb if swap else plan.ra)
+    v = 16 // itemsize
+    if not (vec_ok and _dense_packs(k, bcast.TENSORS, [rgrp], bcast.TENSORS, v)):
+        v = 1
+    resident = resident("cols", v > 1)
+    packs = k.numel // v
+    kw = min(32, next_pow2(packs))
+    nw = BLOCK // kw
+    n_kt = _ceil_div(packs, kw)
+    most = max(1, min(MAX_CHUNKS, rgrp.numel // (nw * MIN_ROWS_PER_SLOT)))
+    n_cv = _fill_waves(n_kt, most, resident)
+    cv = _ceil_div(rgrp.numel, n_cv)
+    n_cv = _ceil_div(rgrp.numel, cv)
+    ntiles = n_kt * n_cv
+    numel_p, numel_q = k.numel, k.numel * rgrp.numel
+    words = pack_params([k, None, rgrp], ROLE_SLOTS[swap], lanes=kw, chunk=(kw * v, 1, cv), nchunk=(n_kt, 1, n_cv),
+                        ntiles=ntiles, swap=swap, numel_out=(numel_p, numel_q))
+    return Launch("cols", min(ntiles, resident), words, swap, (n_cv, 1), (numel_p, numel_q), vectorized=v > 1)
+
+
+def _plan_rows(plan: Plan, x: Group, x_is_ra: bool, vec_ok: bool, itemsize: int, resident) -> Launch:
+    z = _sorted_group(plan.k)
+    swap = not x_is_ra  # P is the operand broadcast along X: b when X = RB
+    q_name, d_q = ("a", "ga") if swap else ("b", "gb")
+    names = (q_name, "g", d_q)
+    v = 16 // itemsize
+    if not (vec_ok and _dense_packs(x, names, [z], names, v)):
+        v = 1
+    resident = resident("rows", v > 1)
+    packs = x.numel // v
+    xw = min(32, next_pow2(packs))
+    segs_per_block = BLOCK // xw
+    slots = resident * segs_per_block  # segments of one wave
+    most = max(1, min(MAX_CHUNKS, packs // (xw * MIN_PACKS_PER_LANE)))
+    n_cx = _fill_waves(z.numel, most, slots)
+    cx = _ceil_div(packs, n_cx) * v
+    n_cx = _ceil_div(x.numel, cx)
+    ntasks = n_cx * z.numel
+    numel_p, numel_q = z.numel, z.numel * x.numel
+    words = pack_params([x, None, z], ROLE_SLOTS[swap], lanes=xw, chunk=(cx, 1, 1), nchunk=(n_cx, 1, z.numel),
+                        ntiles=ntasks, swap=swap, numel_out=(numel_p, numel_q))
+    return Launch("rows", min(_ceil_div(ntasks, segs_per_block), resident), words, swap, (n_cx, 1),
+                  (numel_p, numel_q), vectorized=v > 1)
+
+
+def _plan_batch(plan: Plan, x: Group, x_is_ra: bool, vec_ok: bool, itemsize: int, resident) -> Launch:
+    """Lanes along X (one pack each), Y looped in-thread, a task per (z, XW * V x's, Y chunk)."""
+    y = _sorted_group(plan.rb if x_is_ra else plan.ra)
+    z = _sorted_group(plan.k)
+    swap = not x_is_ra  # P is the operand broadcast along X: b when X = RB
+    q_name, d_q = ("a", "ga") if swap else ("b", "gb")
+    names = (q_name, "g", d_q)
+    v = 16 // itemsize
+    if not (vec_ok and _dense_packs(x, names, [y, z], names, v)):
+        v = 1
+    resident = resident("batch", v > 1)
+    packs = x.numel // v
+    xw = min(32, next_pow2(packs))
+    segs_per_block = BLOCK // xw
+    n_cx = _ceil_div(packs, xw)
+    most = max(1, min(MAX_CHUNKS, y.numel // MIN_ROWS_PER_SLOT))
+    n_cy = _fill_waves(n_cx * z.numel, most, resident * segs_per_block)
+    cy = _ceil_div(y.numel, n_cy)
+    n_cy = _ceil_div(y.numel, cy)
+    ntasks = n_cx * n_cy * z.numel
+    numel_p, numel_q = z.numel * y.numel, z.numel * x.numel  # dP keeps Z, Y; dQ keeps Z, X
+    words = pack_params([x, y, z], ROLE_SLOTS[swap], lanes=xw, chunk=(xw * v, cy, 1), nchunk=(n_cx, n_cy, z.numel),
+                        ntiles=ntasks, swap=swap, numel_out=(numel_p, numel_q))
+    return Launch("batch", min(_ceil_div(ntasks, segs_per_block), resident), words, swap, (n_cx, n_cy),
+                  (numel_p, numel_q), vectorized=v > 1)
+
+
+def plan_best(plan: Plan, num_sms: int = DEFAULT_SMS, ptrs=(0, 0, 0, 0, 0), itemsize: int = 4,
+              blocks_per_sm=None) -> Launch:
+    """The @best rung's launch for `plan`: no atomics, 16-byte packs where the layout and the
+    pointers allow, and a grid of at most one wave of resident blocks (grid-stride loops; the
+    work is split so that the wave is as full as it can be).  blocks_per_sm(kind, vectorized) ->
+    resident blocks per SM of that kernel (default: BEST_BLOCKS_PER_SM)."""
+    def resident(kind: str, vec: bool) -> int:
+        bps = blocks_per_sm(kind, vec) if blocks_per_sm else BEST_BLOCKS_PER_SM.get(kind, 2)
+        return num_sms * max(1, int(bps))
+
+    if plan.numel == 0:
+        return Launch("zero")
+    aligned = all(p % 16 == 0 for p in ptrs)
+    if plan.contiguous_fast_path():
+        items = plan.numel // (16 // itemsize) if aligned else plan.numel
+        return Launch("fast", max(1, min(_ceil_div(max(items, 1), BLOCK), resident("fast", aligned))),
+                      vectorized=aligned)
+    groups = {"k": plan.k, "ra": plan.ra, "rb": plan.rb}
+    if not plan.no_broadcast:
+        lane = min((name for name, g in groups.items() if g.ndim), key=lambda name: _min_g_stride(groups[name]))
+        if lane == "k" and min(plan.ra.numel, plan.rb.numel) == 1:
+            return _plan_cols(plan, _sorted_group(plan.k), aligned, itemsize, resident)
+        if lane != "k" and (plan.rb if lane == "ra" else plan.ra).numel == 1:
+            return _plan_rows(plan, _sorted_group(groups[lane]), lane == "ra", aligned, itemsize, resident)
+        if lane != "k":
+            return _plan_batch(plan, _sorted_group(groups[lane]), lane == "ra", aligned, itemsize, resident)
+    la = plan_launch(plan, num_sms, ptrs, itemsize)  # strided no-broadcast, both reduced: the opt kernels
+    la.grid = min(la.grid, resident(la.kind, False))
+    return la

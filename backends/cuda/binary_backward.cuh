@@ -57,6 +57,15 @@
 //   bb_naive<T,FN>(p, a, b, g, acc_a, acc_b)                        [the @naive reference]
 //       grp = {K, RA, RB} exactly as the broadcast plan makes them, swap = 0.  acc_a / acc_b (A,
 //       numel of grad_a / grad_b) must be zeroed; then bb_finalize with nchunks = 1.
+//   bb_opt2<T,FN>(c, a, b, g, ga, gb, acc_a, acc_b)                [the @opt2 rung]
+//       BBCollapsed c (binary_backward_defs.h); any 1-D launch.  acc_a / acc_b (A, numel of
+//       grad_a / grad_b) must be zeroed where c.direct is 0, then bb_finalize with nchunks = 1.
+//   bb_cols<T,FN,V>(p, P, Q, g, dP, dP_part, dQ)                    [@best: lanes along K, J = 1]
+//   bb_rows<T,FN,V>(p, P, Q, g, dP, dP_part, dQ)                    [@best: row sums, Y empty]
+//   bb_batch<T,FN,V>(p, P, Q, g, dP, dP_part, dQ, dQ_part)          [@best: lanes along X, Y looped]
+//       V = 1 or 16 / sizeof(T) (16-byte packs); see each kernel for its fields.  The @best
+//       rung launches these, bb_fast for dense no-broadcast cases, and the opt kernels for the
+//       rest (bb_ew, bb_lk<J = 8>), each with a grid of at most one wave of resident blocks.
 //   bb_finalize<T>(part, nchunks, n, out):  out[i] = T(sum over c = 0..nchunks-1, in that
 //       order, of part[c * n + i]).
 //
@@ -583,6 +592,348 @@ bb_lr_batched(const __grid_constant__ BBParams p, const T* __restrict__ P, const
 #pragma unroll
       for (int j = 0; j < J; ++j)
         if (xok[j]) bb_store<T>(dQ, dQ_part, p.nchunk[1], cy, p.numel_out[1], dqoff[j], red[j * BB_BLOCK + tid]);
+    }
+  }
+}
+
+// ============================================================================ @opt2
+
+// The source's next rung after opt: still a thread per element of O (grid-stride) and atomics
+// for a broadcast operand's gradient, but each tensor's offset costs one divide (and one
+// remainder) per dim that is left after O's dims are collapsed for that tensor (BBCollapsed in
+// binary_backward_defs.h).  A contiguous tensor that follows O is one dim: its offset is i.
+__device__ __forceinline__ long long bb_collapsed_offset(const BBCollapsed& c, int t, long long i) {
+  long long off = 0;
+  const int nd = (int)c.ndim[t];
+  if (c.numel <= 0xffffffffLL) {  // 32-bit division where it fits: several times cheaper
+    const unsigned int u = (unsigned int)i;
+#pragma unroll
+    for (int j = 0; j < BB_MAX_DIMS; ++j) {
+      if (j < nd) {
+        unsigned int q = u / (unsigned int)c.div[t][j];
+        if (c.div[t][j] * c.size[t][j] != c.numel) q %= (unsigned int)c.size[t][j];
+        off += (long long)q * c.stride[t][j];
+      }
+    }
+  } else {
+#pragma unroll 1
+    for (int j = 0; j < nd; ++j) {
+      long long q = i / c.div[t][j];
+      if (c.div[t][j] * c.size[t][j] != c.numel) q %= c.size[t][j];
+      off += q * c.stride[t][j];
+    }
+  }
+  return off;
+}
+
+template <typename T, int FN>
+__global__ void __launch_bounds__(BB_BLOCK)
+bb_opt2(const __grid_constant__ BBCollapsed c, const T* __restrict__ a, const T* __restrict__ b,
+        const T* __restrict__ g, T* __restrict__ ga, T* __restrict__ gb, bb_acc_t<T>* acc_a, bb_acc_t<T>* acc_b) {
+  typedef bb_acc_t<T> A;
+  constexpr bool kOps = BBUsesOperands<FN>::value;
+  const long long step = (long long)gridDim.x * blockDim.x;
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < c.numel; i += step) {
+    const A va = kOps ? bb_load(a + bb_collapsed_offset(c, BB_P, i)) : A(0);
+    const A vb = kOps ? bb_load(b + bb_collapsed_offset(c, BB_Q, i)) : A(0);
+    A ta, tb;
+    bb_terms<FN, A>(va, vb, bb_load(g + bb_collapsed_offset(c, BB_G, i)), false, ta, tb);
+    const long long oa = bb_collapsed_offset(c, BB_DP, i), ob = bb_collapsed_offset(c, BB_DQ, i);
+    if (c.direct[0]) ga[oa] = bb_from_acc<T>(ta); else atomicAdd(acc_a + oa, ta);
+    if (c.direct[1]) gb[ob] = bb_from_acc<T>(tb); else atomicAdd(acc_b + ob, tb);
+  }
+}
+
+// ============================================================================ @best
+
+// V elements of T in one access: 16 bytes for V = 16 / sizeof(T) (the address must be 16-byte
+// aligned), a plain scalar for V = 1.
+template <typename T, int V> struct alignas(sizeof(T) * V) BBVec { T v[V]; };
+
+template <typename T, int V>
+__device__ __forceinline__ BBVec<T, V> bb_ldv(const T* p) { return *reinterpret_cast<const BBVec<T, V>*>(p); }
+
+template <typename T, int V>
+__device__ __forceinline__ void bb_stv(T* p, const BBVec<T, V>& x) { *reinterpret_cast<BBVec<T, V>*>(p) = x; }
+
+// Tuning of the @best kernels (a host may override them with -D: the cupy backend's
+// GRADORACLE_CUPY_BB setting; torch_ext and the plan's defaults assume these values).
+#ifndef BB_BEST_UR
+#define BB_BEST_UR 2          // packs (rows) in flight per thread in bb_cols / bb_rows / bb_batch
+#endif
+#ifndef BB_BEST_MIN_BLOCKS
+#define BB_BEST_MIN_BLOCKS 3  // resident 256-thread blocks per SM they are built for (<= 80 registers)
+#endif
+
+// Offsets in slots S0, S1, S2 of element idx of `gr` (G, Q, DQ: the three the @best loops move
+// along in bb_cols / bb_rows; G, P, DP along bb_batch's rows): a one-dim group (the usual case)
+// multiplies by strides read from the parameter space, so no per-slot cursor state is kept in
+// registers; more dims unravel (rolled, 64-bit).
+template <int S0, int S1, int S2>
+__device__ __forceinline__ void bb_offsets3(const BBGroup& gr, long long idx, long long& o0, long long& o1,
+                                            long long& o2) {
+  if (gr.ndim == 1) {
+    o0 = idx * gr.stride[S0][0];
+    o1 = idx * gr.stride[S1][0];
+    o2 = idx * gr.stride[S2][0];
+    return;
+  }
+  o0 = o1 = o2 = 0;
+#pragma unroll 1
+  for (int d = (int)gr.ndim - 1; d >= 0; --d) {
+    const long long q = d > 0 ? idx / gr.size[d] : 0;
+    const long long r = idx - q * gr.size[d];
+    idx = q;
+    o0 += r * gr.stride[S0][d];
+    o1 += r * gr.stride[S1][d];
+    o2 += r * gr.stride[S2][d];
+  }
+}
+
+// Lanes along K, one reduced group R looped (bias-like: P is broadcast along R, nothing sums
+// over K).  grp[0] = K, grp[1] unused (numel 1), grp[2] = R.  Each lane owns V consecutive k's
+// (one 16-byte pack for V > 1: the host guarantees K's innermost dim is dense in every tensor, a
+// multiple of V long, and every other stride a multiple of V); lanes = KW packs per tile row,
+// lanes_log2; the block's nw = BB_BLOCK / KW row slots walk a chunk of R.  dQ is written as
+// packs as it goes; dP accumulates in registers, then over the slots (fixed-order tree), and is
+// written final (nchunk[2] == 1) or as A partial row cv.  chunk[2] = rows per chunk, nchunk =
+// {k tiles, 1, R chunks}, ntiles = their product.
+template <typename T, int FN, int V>
+__global__ void __launch_bounds__(BB_BLOCK, BB_BEST_MIN_BLOCKS)
+bb_cols(const __grid_constant__ BBParams p, const T* __restrict__ P, const T* __restrict__ Q,
+        const T* __restrict__ g, T* __restrict__ dP, bb_acc_t<T>* __restrict__ dP_part, T* __restrict__ dQ) {
+  typedef bb_acc_t<T> A;
+  typedef BBVec<T, V> Vec;
+  constexpr int UR = BB_BEST_UR;
+  constexpr bool kOps = BBUsesOperands<FN>::value;
+  __shared__ A red[V * BB_BLOCK];
+  const BBGroup& K = p.grp[0];
+  const BBGroup& R = p.grp[2];
+  const int tid = threadIdx.x, kw = (int)p.lanes;
+  const int lane = tid & (kw - 1), w = tid >> (int)p.lanes_log2, nw = BB_BLOCK >> (int)p.lanes_log2;
+  const bool swap = p.swap != 0;
+
+  for (long long t = blockIdx.x; t < p.ntiles; t += gridDim.x) {
+    const long long kt = t % p.nchunk[0], cv = t / p.nchunk[0];
+    const long long k = (kt * kw + lane) * V;
+    const bool kok = k < K.numel;
+    long long ko[BB_NT];
+    bb_offsets_setup(K, kok ? k : 0, ko);
+    // P stays packed (half the registers of its converted values for 16-bit types).
+    Vec pp;
+    A accp[V];
+    if (kOps && kok) pp = bb_ldv<T, V>(P + ko[BB_P]);
+#pragma unroll
+    for (int e = 0; e < V; ++e) accp[e] = A(0);
+    if (kok) {
+      // Tile base pointers: the loop adds only the row offsets.
+      const T* __restrict__ gt = g + ko[BB_G];
+      const T* __restrict__ qt = Q + ko[BB_Q];
+      T* __restrict__ dqt = dQ + ko[BB_DQ];
+      const long long v_lo = cv * p.chunk[2], v_hi = bb_min(R.numel, v_lo + p.chunk[2]);
+      for (long long v0 = v_lo + w; v0 < v_hi; v0 += (long long)nw * UR) {
+        bool ok[UR];
+        Vec gv[UR], qv[UR];
+        long long dqo[UR];
+#pragma unroll
+        for (int r = 0; r < UR; ++r) {  // all loads first, for memory-level parallelism
+          const long long v = v0 + (long long)r * nw;
+          ok[r] = v < v_hi;
+          long long og, oq;
+          bb_offsets3<BB_G, BB_Q, BB_DQ>(R, ok[r] ? v : 0, og, oq, dqo[r]);
+          if (ok[r]) {
+            gv[r] = bb_ldv<T, V>(gt + og);
+            if (kOps) qv[r] = bb_ldv<T, V>(qt + oq);
+          }
+        }
+#pragma unroll
+        for (int r = 0; r < UR; ++r) {
+          if (!ok[r]) continue;
+          Vec out;
+#pragma unroll
+          for (int e = 0; e < V; ++e) {
+            A tp, tq;
+            bb_terms<FN, A>(kOps ? bb_to_acc(pp.v[e]) : A(0), kOps ? bb_to_acc(qv[r].v[e]) : A(0),
+                            bb_to_acc(gv[r].v[e]), swap, tp, tq);
+            accp[e] += tp;
+            out.v[e] = bb_from_acc<T>(tq);
+          }
+          bb_stv<T, V>(dqt + dqo[r], out);
+        }
+      }
+    }
+    bb_block_reduce_slots<A, V>(red, accp, tid, w, nw, kw);
+    if (w == 0 && kok) {
+#pragma unroll
+      for (int e = 0; e < V; ++e)
+        bb_store<T>(dP, dP_part, p.nchunk[2], cv, p.numel_out[0], ko[BB_DP] + e, red[e * BB_BLOCK + tid]);
+    }
+  }
+}
+
+// Lanes along the reduced group X, the other reduced group empty (row sums: P is broadcast along
+// X).  grp[0] = X, grp[1] unused, grp[2] = Z = K.  A task is one z and one chunk of X (chunk[0]
+// elements, a multiple of V), owned by a segment of XW = lanes lanes; each lane takes packs of V
+// consecutive x's (16 bytes for V > 1: X's innermost dim dense in Q, g, dQ, a multiple of V
+// long, their other strides multiples of V), UR packs in flight, and writes dQ as packs.  dP[z]
+// is the segment's fixed-order shuffle sum, final or A partial row cx (nchunk[0] > 1).
+// nchunk[0] = X chunks; ntiles = tasks = nchunk[0] * numel(Z).
+template <typename T, int FN, int V>
+__global__ void __launch_bounds__(BB_BLOCK, BB_BEST_MIN_BLOCKS)
+bb_rows(const __grid_constant__ BBParams p, const T* __restrict__ P, const T* __restrict__ Q,
+        const T* __restrict__ g, T* __restrict__ dP, bb_acc_t<T>* __restrict__ dP_part, T* __restrict__ dQ) {
+  typedef bb_acc_t<T> A;
+  typedef BBVec<T, V> Vec;
+  constexpr int UR = BB_BEST_UR;
+  constexpr bool kOps = BBUsesOperands<FN>::value;
+  const BBGroup& X = p.grp[0];
+  const BBGroup& Z = p.grp[2];
+  const int tid = threadIdx.x, xw = (int)p.lanes, lg = (int)p.lanes_log2;
+  const int lane = tid & (xw - 1), seg = tid >> lg;
+  const int nseg = BB_BLOCK >> lg;
+  const int warp_seg0 = (tid >> 5) * (32 >> lg);  // first segment of this warp
+  const bool swap = p.swap != 0;
+  const long long pstep = (long long)xw * V;      // elements between a lane's packs
+
+  // Warp-uniform loop (the shuffle needs all 32 lanes).
+  for (long long t0 = (long long)blockIdx.x * nseg + warp_seg0; t0 < p.ntiles; t0 += (long long)gridDim.x * nseg) {
+    const long long task = t0 + (seg - warp_seg0);
+    const bool valid = task < p.ntiles;
+    const long long cx = valid ? task % p.nchunk[0] : 0, z = valid ? task / p.nchunk[0] : 0;
+    long long zo[BB_NT];
+    bb_offsets_setup(Z, z, zo);
+    A accp = A(0);
+    if (valid) {
+      const A pv = kOps ? bb_load(P + zo[BB_P]) : A(0);
+      const T* __restrict__ gt = g + zo[BB_G];  // task base pointers: the loop adds only x offsets
+      const T* __restrict__ qt = Q + zo[BB_Q];
+      T* __restrict__ dqt = dQ + zo[BB_DQ];
+      const long long x_lo = cx * p.chunk[0], x_hi = bb_min(X.numel, x_lo + p.chunk[0]);
+      for (long long x0 = x_lo + (long long)lane * V; x0 < x_hi; x0 += pstep * UR) {
+        bool ok[UR];
+        Vec gv[UR], qv[UR];
+        long long dqo[UR];
+#pragma unroll
+        for (int r = 0; r < UR; ++r) {
+          const long long x = x0 + r * pstep;
+          ok[r] = x < x_hi;
+          long long og, oq;
+          bb_offsets3<BB_G, BB_Q, BB_DQ>(X, ok[r] ? x : 0, og, oq, dqo[r]);
+          if (ok[r]) {
+            gv[r] = bb_ldv<T, V>(gt + og);
+            if (kOps) qv[r] = bb_ldv<T, V>(qt + oq);
+          }
+        }
+#pragma unroll
+        for (int r = 0; r < UR; ++r) {
+          if (!ok[r]) continue;
+          Vec out;
+#pragma unroll
+          for (int e = 0; e < V; ++e) {
+            A tp, tq;
+            bb_terms<FN, A>(pv, kOps ? bb_to_acc(qv[r].v[e]) : A(0), bb_to_acc(gv[r].v[e]), swap, tp, tq);
+            accp += tp;
+            out.v[e] = bb_from_acc<T>(tq);
+          }
+          bb_stv<T, V>(dqt + dqo[r], out);
+        }
+      }
+    }
+    accp = bb_segment_sum(accp, xw);
+    if (valid && lane == 0) bb_store<T>(dP, dP_part, p.nchunk[0], cx, p.numel_out[0], zo[BB_DP], accp);
+  }
+}
+
+// Lanes along the reduced group X, the other reduced group Y looped in-thread (both operands
+// broadcast: P along X, Q along Y).  grp[0] = X, grp[1] = Y, grp[2] = Z = K.  A task is one z,
+// one chunk of XW * V x's (one pack per lane: 16 bytes for V > 1, with the same layout
+// conditions as bb_rows, and Y's g strides multiples of V too) and a chunk of chunk[1] y's,
+// owned by a segment of XW = lanes lanes.  Q's pack is loaded once; per y the lane loads g's
+// pack and P[z, y] (one address for the whole segment), dQ accumulates in registers (no block
+// reduction), and dP[z, y] is the segment's fixed-order shuffle sum, written final
+// (nchunk[0] == 1) or as A partial row cx.  After the y loop dQ is written final (nchunk[1] ==
+// 1) or as A partial row cy.  nchunk = {X chunks, Y chunks, numel(Z)}; ntiles = their product.
+template <typename T, int FN, int V>
+__global__ void __launch_bounds__(BB_BLOCK, BB_BEST_MIN_BLOCKS)
+bb_batch(const __grid_constant__ BBParams p, const T* __restrict__ P, const T* __restrict__ Q,
+         const T* __restrict__ g, T* __restrict__ dP, bb_acc_t<T>* __restrict__ dP_part, T* __restrict__ dQ,
+         bb_acc_t<T>* __restrict__ dQ_part) {
+  typedef bb_acc_t<T> A;
+  typedef BBVec<T, V> Vec;
+  constexpr int UR = BB_BEST_UR;
+  constexpr bool kOps = BBUsesOperands<FN>::value;
+  const BBGroup& X = p.grp[0];
+  const BBGroup& Y = p.grp[1];
+  const BBGroup& Z = p.grp[2];
+  const int tid = threadIdx.x, xw = (int)p.lanes, lg = (int)p.lanes_log2;
+  const int lane = tid & (xw - 1), seg = tid >> lg;
+  const int nseg = BB_BLOCK >> lg;
+  const int warp_seg0 = (tid >> 5) * (32 >> lg);  // first segment of this warp
+  const bool swap = p.swap != 0;
+
+  // Warp-uniform loop (the shuffles need all 32 lanes).
+  for (long long t0 = (long long)blockIdx.x * nseg + warp_seg0; t0 < p.ntiles; t0 += (long long)gridDim.x * nseg) {
+    const long long task = t0 + (seg - warp_seg0);
+    const bool valid = task < p.ntiles;
+    const long long cx = valid ? task % p.nchunk[0] : 0, rest = valid ? task / p.nchunk[0] : 0;
+    const long long cy = rest % p.nchunk[1], z = rest / p.nchunk[1];
+    const long long x = cx * p.chunk[0] + (long long)lane * V;
+    const bool xok = valid && x < X.numel;
+    long long zo[BB_NT], xo[BB_NT];
+    bb_offsets_setup(Z, z, zo);
+    bb_offsets_setup(X, xok ? x : 0, xo);
+    Vec qp;
+    A accq[V];
+    if (kOps && xok) qp = bb_ldv<T, V>(Q + zo[BB_Q] + xo[BB_Q]);
+#pragma unroll
+    for (int e = 0; e < V; ++e) accq[e] = A(0);
+    const T* __restrict__ gt = g + zo[BB_G] + xo[BB_G];  // the loop adds only y offsets
+    const T* __restrict__ pt = P + zo[BB_P];
+    const long long y_lo = cy * p.chunk[1], y_hi = valid ? bb_min(Y.numel, y_lo + p.chunk[1]) : y_lo;
+    // Trip count chunk[1] / UR for every segment (a warp may hold several; the shuffles need all
+    // 32 lanes), rows past y_hi masked.
+    for (long long j0 = 0; j0 < p.chunk[1]; j0 += UR) {
+      bool ok[UR];
+      Vec gv[UR];
+      A pv[UR];
+      long long dpo[UR];
+#pragma unroll
+      for (int r = 0; r < UR; ++r) {  // loads of UR rows first
+        const long long y = y_lo + j0 + r;
+        ok[r] = y < y_hi;
+        long long og, op;
+        bb_offsets3<BB_G, BB_P, BB_DP>(Y, ok[r] ? y : 0, og, op, dpo[r]);
+        dpo[r] += zo[BB_DP];
+        pv[r] = (kOps && ok[r]) ? bb_load(pt + op) : A(0);
+        if (ok[r] && xok) gv[r] = bb_ldv<T, V>(gt + og);
+      }
+#pragma unroll
+      for (int r = 0; r < UR; ++r) {
+        A sp = A(0);
+        if (ok[r] && xok) {
+#pragma unroll
+          for (int e = 0; e < V; ++e) {
+            A tp, tq;
+            bb_terms<FN, A>(pv[r], kOps ? bb_to_acc(qp.v[e]) : A(0), bb_to_acc(gv[r].v[e]), swap, tp, tq);
+            sp += tp;
+            accq[e] += tq;
+          }
+        }
+        sp = bb_segment_sum(sp, xw);
+        if (ok[r] && lane == 0) bb_store<T>(dP, dP_part, p.nchunk[0], cx, p.numel_out[0], dpo[r], sp);
+      }
+    }
+    if (xok) {
+      const long long dqo = zo[BB_DQ] + xo[BB_DQ];
+      if (p.nchunk[1] == 1) {
+        Vec out;
+#pragma unroll
+        for (int e = 0; e < V; ++e) out.v[e] = bb_from_acc<T>(accq[e]);
+        bb_stv<T, V>(dQ + dqo, out);
+      } else {
+#pragma unroll
+        for (int e = 0; e < V; ++e) dQ_part[cy * p.numel_out[1] + dqo + e] = accq[e];
+      }
     }
   }
 }

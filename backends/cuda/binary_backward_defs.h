@@ -102,6 +102,25 @@ struct BBParams {
 static_assert(sizeof(BBGroup) == BB_GROUP_WORDS * 8, "BBGroup must be packed long longs");
 static_assert(sizeof(BBParams) == BB_PARAMS_WORDS * 8, "BBParams must be packed long longs");
 
+// The @opt2 rung's by-value argument: a thread per element i of O (row-major over O's size > 1
+// dims), and for each tensor slot (a, b, grad_out, grad_a, grad_b) O's dims collapsed for that
+// tensor: dims along which it does not move dropped, neighbours whose strides chain (in the tensor
+// and in O) merged.  Its offset is the sum over its collapsed dims j of
+//     ((i / div[j]) % size[j]) * stride[j]    (the % skipped where div[j] * size[j] == numel),
+// one divide per remaining dim.  direct[0] (direct[1]): grad_a (grad_b) is not reduced, so its
+// element is written once, in T; otherwise its terms are atomically added to an A accumulator.
+struct BBCollapsed {
+  long long numel;
+  long long direct[2];
+  long long ndim[BB_NT];
+  long long div[BB_NT][BB_MAX_DIMS];
+  long long size[BB_NT][BB_MAX_DIMS];
+  long long stride[BB_NT][BB_MAX_DIMS];
+};
+
+#define BB_COLLAPSED_WORDS (3 + BB_NT + 3 * BB_NT * BB_MAX_DIMS)
+static_assert(sizeof(BBCollapsed) == BB_COLLAPSED_WORDS * 8, "BBCollapsed must be packed long longs");
+
 // What a launch is (the kernel, for the CUDA kinds; see the .cuh's contract).  BB_KIND_BOX is
 // the CPU kernel's: the plan's K, RA, RB groups as they are (grp[0..2], swap = 0), to be walked
 // on the host; ZERO, FAST and EW mean the same on the CPU as on the GPU.
@@ -114,6 +133,9 @@ enum : int {
   BB_KIND_LR_STREAM,
   BB_KIND_LR_BATCHED,
   BB_KIND_BOX,
+  BB_KIND_COLS,       // @best: bb_cols (vectorized = 1: 16-byte packs)
+  BB_KIND_ROWS,       // @best: bb_rows (vectorized = 1: 16-byte packs)
+  BB_KIND_BATCH,      // @best: bb_batch (vectorized = 1: 16-byte packs)
   BB_NUM_KINDS
 };
 
@@ -122,7 +144,7 @@ enum : int {
 struct BBLaunch {
   long long kind;          // BB_KIND_*
   long long grid;          // blocks (CUDA kinds)
-  long long vectorized;    // BB_KIND_FAST: 16-byte packs (a host still checks the pointers)
+  long long vectorized;    // FAST, COLS, ROWS, BATCH: 16-byte packs (a host still checks the pointers)
   long long numel;         // numel(grad_out)
   long long nchunks[2];    // partial rows of dP, dQ (1: written final by stage 1)
   long long numel_out[2];  // numel of dP, dQ

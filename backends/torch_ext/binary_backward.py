@@ -8,8 +8,8 @@ Ops (namespace gradoracle; schemas in binary_backward.cpp):
 The public ops' CPU and CUDA kernels are the Python functions here: they take the plan for the
 tensors' layout and call `_binary_backward_run`, whose C++ checks every argument (the same
 ValueError / TypeError on both devices) and runs the plan.  The plan is made once, here, from
-backends/_plans/: on the CPU the broadcast box (binary_backward.py), on CUDA the launch of
-binary_backward_cuda.py for the device's SM count, the very plan the cupy backend launches.  It
+backends/_plans/: on the CPU the broadcast box (binary_backward.py), on CUDA the @best launch of
+binary_backward_cuda.py (`plan_best`) for the device's SM count, the plan cupy@best launches.  It
 depends on shapes, strides, the element size and (on CUDA) 16-byte alignment only, so it is
 cached per layout: a call with a layout seen before costs a dict lookup.
 
@@ -58,7 +58,7 @@ def _make_record(a, b, g, aligned: bool):
     plan = bcast.make_plan(tuple(a.shape), tuple(b.shape), a.stride(), b.stride(), g.stride())
     if a.device.type == "cuda":
         sms = _num_sms(a.device.index)
-        launch = cuda_plan.plan_launch(plan, sms, (0,) * 5 if aligned else (1,) * 5, a.element_size())
+        launch = cuda_plan.plan_best(plan, sms, (0,) * 5 if aligned else (1,) * 5, a.element_size())
         words = cuda_plan.launch_record(launch, plan, sms)
     else:
         words = cuda_plan.box_record(plan)

@@ -1,6 +1,6 @@
 // binary_backward on CUDA for the torch extension: launches of the kernels in
 // backends/cuda/binary_backward.cuh (the same device code the cupy backend compiles with NVRTC)
-// as a BBLaunch says.  The launch is planned in Python, once for both hosts of that code
+// as a BBLaunch says: the @best rung's launch (plan_best), the cupy backend's default kernel.  The launch is planned in Python, once for both hosts of that code
 // (backends/_plans/binary_backward_cuda.py, packed by backends/torch_ext/binary_backward.py);
 // this file checks the arguments (binary_backward.cpp's checks) and launches, nothing else.
 //
@@ -78,6 +78,40 @@ void run(const BBLaunch& l, const T* a, const T* b, const T* g, T* ga, T* gb, co
     case BB_KIND_LR_STREAM:
       bb_lr_stream<T, FN><<<l.grid, BB_BLOCK, 0, stream>>>(l.params, p_op, q_op, g, d_p, part_ptr[0], d_q);
       break;
+    case BB_KIND_COLS:
+    case BB_KIND_ROWS: {
+      // The @best kernels: 16-byte packs when the plan says so (it assumed aligned pointers; the
+      // plan cache keys on alignment, so a view that is not gets a scalar plan of its own).
+      constexpr int V = 16 / sizeof(T);
+      const bool vec = l.vectorized != 0;
+      TORCH_CHECK(!vec || (aligned16(a) && aligned16(b) && aligned16(g) && aligned16(ga) && aligned16(gb)),
+                  "binary_backward: a 16-byte plan for pointers that are not 16-byte aligned");
+      if (l.kind == BB_KIND_COLS) {
+        if (vec)
+          bb_cols<T, FN, V><<<l.grid, BB_BLOCK, 0, stream>>>(l.params, p_op, q_op, g, d_p, part_ptr[0], d_q);
+        else
+          bb_cols<T, FN, 1><<<l.grid, BB_BLOCK, 0, stream>>>(l.params, p_op, q_op, g, d_p, part_ptr[0], d_q);
+      } else {
+        if (vec)
+          bb_rows<T, FN, V><<<l.grid, BB_BLOCK, 0, stream>>>(l.params, p_op, q_op, g, d_p, part_ptr[0], d_q);
+        else
+          bb_rows<T, FN, 1><<<l.grid, BB_BLOCK, 0, stream>>>(l.params, p_op, q_op, g, d_p, part_ptr[0], d_q);
+      }
+      break;
+    }
+    case BB_KIND_BATCH: {
+      constexpr int V = 16 / sizeof(T);
+      const bool vec = l.vectorized != 0;
+      TORCH_CHECK(!vec || (aligned16(a) && aligned16(b) && aligned16(g) && aligned16(ga) && aligned16(gb)),
+                  "binary_backward: a 16-byte plan for pointers that are not 16-byte aligned");
+      if (vec)
+        bb_batch<T, FN, V><<<l.grid, BB_BLOCK, 0, stream>>>(l.params, p_op, q_op, g, d_p, part_ptr[0], d_q,
+                                                             part_ptr[1]);
+      else
+        bb_batch<T, FN, 1><<<l.grid, BB_BLOCK, 0, stream>>>(l.params, p_op, q_op, g, d_p, part_ptr[0], d_q,
+                                                             part_ptr[1]);
+      break;
+    }
     case BB_KIND_LR_BATCHED:
       bb_lr_batched<T, FN><<<l.grid, BB_BLOCK, 0, stream>>>(l.params, p_op, q_op, g, d_p, part_ptr[0], d_q,
                                                             part_ptr[1]);

@@ -138,7 +138,7 @@ def ladder_section(rows: list, ladder: dict, op: str) -> list:
             continue
         lines += ["", f"### Variant ladder: {backend} ({' → '.join(order)})", "",
                   "| case | version | time (ms) | GB/s | % of peak | speedup |", "|---|---|---:|---:|---:|---:|"]
-        pairs = []
+        pairs: dict = {k: [] for k in range(1, len(order))}  # rung k against the first (the seed's compare lines)
         for case, crow in by_case(rows).items():
             members = {r["impl"]: r for r in crow if r["impl"] in order}
             if not members:
@@ -152,13 +152,15 @@ def ladder_section(rows: list, ladder: dict, op: str) -> list:
                 lines.append(f"| {esc(case) if k == 0 else ''} | {impl} | {ms(timed_ms(r)) if timed_ms(r) else r['status']} | "
                              f"{rate(f.get('gbs'))} | {rate(f.get('pct_roofline'))} | "
                              f"{num(sp, '.2f') + 'x' if sp else '–'} |")
-            if len(order) == 2 and all(i in members and timed_ms(members[i]) for i in order):
-                ref, opt = (members[i] for i in order)
-                pairs.append(f"- {esc(case)}: time_ref = {ms(timed_ms(ref))} ms  time_opt = {ms(timed_ms(opt))} ms  "
-                             f"speedup = {timed_ms(ref) / timed_ms(opt):.2f}x")
+            for k in range(1, len(order)):
+                if all(i in members and timed_ms(members[i]) for i in (order[0], order[k])):
+                    ref, opt = members[order[0]], members[order[k]]
+                    pairs[k].append(f"- {esc(case)}: time_ref = {ms(timed_ms(ref))} ms  time_opt = {ms(timed_ms(opt))} "
+                                    f"ms  speedup = {timed_ms(ref) / timed_ms(opt):.2f}x")
         lines.append("")
         lines.append("% of peak: the roofline's lower bound on the time, max(bytes / copy, flops / matmul), "
                      "over the measured time (for a memory-bound op, the % of the copy ceiling).")
-        if pairs:
-            lines += ["", f"{order[0]} (ref) vs {order[1]} (opt):", ""] + pairs
+        for k, found in pairs.items():
+            if found:
+                lines += ["", f"{order[0]} (ref) vs {order[k]} (opt):", ""] + found
     return lines

@@ -1,0 +1,280 @@
+"""The cupy binary_backward kernels' CUDA source, executed on the CPU, judged by the harness.
+
+tests/cuda_host.py compiles backends/cuda/binary_backward.cuh with g++ against the CUDA stand-in
+(a fiber per thread, real barriers and warp shuffles, bit-exact bfloat16 / float16 conversions).
+`bbhost` below is the cupy backend's own host code (build_entry / run_entry in
+backends/cupy/binary_backward.py: the plans, the BBParams / BBCollapsed bytes, the launch
+sequence, stage 2) over that device, registered as a numpy backend for the CPU, so the harness's
+`run_case` checks every rung: NaN-poisoned outputs inside canary bands, inputs unchanged, repeated
+calls bitwise equal for the deterministic rungs, the stale-input recheck, the float64 oracle and
+its tolerance model.
+
+The planner sees 3 SMs (and, for @best, 1 resident block per SM unless a variant says more), so
+small cases already take several tiles, partial rows and stage 2; `best_v` runs @best on 16-byte
+packs of cases sized so that they apply.
+
+What this cannot check: timing, the memory model across blocks, and the GPU's own rounding (no
+FMA contraction on the host): scripts/gpu/cupy_binary.sh runs the same cases on the device.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+import cuda_host
+from backends._plans import binary_backward as bcast
+from backends._plans import binary_backward_cuda as cuda_plan
+from backends.cupy import binary_backward as bb
+from backends.cupy.common import element_strides
+from cases import select
+from cases.registry import Case
+from harness import dtypes
+from harness.registry import Backend, get_op
+from harness.runner import run_case
+from oracle.binary_backward import FNS
+
+OP = bb.OP
+WHY = cuda_host.available()
+pytestmark = pytest.mark.skipif(WHY is not None, reason=f"CUDA-on-CPU stand-in unavailable: {WHY}")
+
+RUNGS = ("naive", "opt", "opt2", "best")
+# (variant, SMs, resident blocks per SM): @best on one small GPU, and on a larger one.
+CONFIGS = {"naive": ("naive", 3, None), "opt": ("opt", 3, None), "opt2": ("opt2", 3, None),
+           "best": ("best", 3, 1), "best_big": ("best", 40, 3)}
+# @best built with GRADORACLE_CUPY_BB's other unrolls (the rows of a loop step masked differently).
+DEFINES = {"best_ur1": bb.best_options("ur=1"), "best_ur4": bb.best_options("ur=4,minblocks=2")}
+CONFIGS.update({name: ("best", 3, 1) for name in DEFINES})
+_ENTRIES: dict = {}
+
+bbhost = Backend("bbhost", framework="numpy", devices=("cpu",), register=False,
+                 description="the cupy binary_backward kernels' CUDA source run on the CPU (tests/cuda_host)")
+
+
+def _host_span(x) -> tuple[int, int]:
+    """backends._buffers.byte_span for numpy arrays of any dtype (it reads numpy addresses through
+    the buffer protocol, which bfloat16 arrays lack)."""
+    start, item = cuda_host.data_address(x), x.itemsize
+    low = sum((n - 1) * st for n, st in zip(x.shape, x.strides) if st < 0)
+    high = sum((n - 1) * st for n, st in zip(x.shape, x.strides) if st > 0)
+    return start + low, start + high + item
+
+
+def _check_args(inputs, outs, params):
+    """The cupy backend's check_args on numpy arrays."""
+    saved, bb.byte_span = bb.byte_span, _host_span
+    try:
+        return bb.check_args(inputs, outs, params)
+    finally:
+        bb.byte_span = saved
+
+
+def _impl(name: str):
+    variant, sms, bps = CONFIGS[name]
+    dev = cuda_host.HostBinaryDevice(sms, bps, DEFINES.get(name, ()))
+
+    def fn(inputs, outs, params):
+        a, b, g = inputs["a"], inputs["b"], inputs["grad_out"]
+        ga, gb = outs["grad_a"], outs["grad_b"]
+        ptrs = tuple(cuda_host.data_address(x) for x in (a, b, g, ga, gb))
+        aligned = not (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4]) & 15
+        key = (name, params["fn"], a.dtype, a.shape, a.strides, b.shape, b.strides, g.strides, aligned)
+        entry = _ENTRIES.get(key)
+        if entry is None:  # as the cupy backend does: checks and plan once per layout
+            dt, fn_ = _check_args(inputs, outs, params)
+            layout = tuple((x.shape, element_strides(x, n)) for x, n in ((a, "a"), (b, "b"), (g, "grad_out")))
+            entry = _ENTRIES[key] = bb.build_entry(variant, dt, fn_, layout, (0,) * 5 if aligned else (1,) * 5,
+                                                   sms, dev.blocks_per_sm if bps else None)
+        bb.run_entry(dev, entry, a, b, g, ga, gb)
+    return fn
+
+
+for _name, (_variant, _, _) in CONFIGS.items():
+    bbhost.impl(OP, variant=_name, dtypes=bb.DTYPES, deterministic=_variant in ("opt", "best"))(_impl(_name))
+
+
+def _check(name: str, case) -> None:
+    impl = bbhost.impls[(OP, name)]
+    result = run_case(impl, case, "cpu", run_seed=0)
+    assert result.status == "PASS", f"{impl.id} {case.id}: {result.status} {result.reason}\n" + \
+        "\n".join(r.line() for r in result.outputs)
+
+
+def _case(fn, a, b, dtype="f32", **layouts):
+    c = Case(OP, dtype, {"fn": fn, "a": list(a), "b": list(b), **layouts}, frozenset({"full"}), "test")
+    get_op(OP).validate(c)
+    return c
+
+
+SMOKE = select("smoke", op=OP)
+
+
+@pytest.mark.parametrize("case", SMOKE, ids=[c.id for c in SMOKE])
+def test_every_rung_on_the_smoke_set(case):
+    for name in RUNGS:
+        _check(name, case)
+
+
+# Shapes whose vectors fit 16-byte packs in every dtype (inner extents multiples of 8), with
+# enough rows for several chunks: bias-like (bb_cols), row sums (bb_rows), A broadcast, both
+# broadcast (bb_batch), a transposed grad_out (no packs: scalar accesses), and a dense
+# no-broadcast case.
+PACKED = [
+    (fn, dt, a, b, lay)
+    for dt in ("f32", "bf16", "f16", "f64")
+    for fn, a, b, lay in [
+        ("mul", (600, 64), (64,), {}),
+        ("div", (4, 37, 32), (4, 1, 32), {}),
+        ("pow", (40, 48), (40, 1), {}),
+        ("pow", (2, 2048), (2, 1), {}),
+        ("maximum", (8, 1, 40), (8, 30, 40), {}),
+        ("sub", (1, 8, 32), (200, 8, 1), {}),
+        ("div", (1, 4, 256), (6, 4, 1), {}),
+        ("minimum", (24, 64), (24, 64), {}),
+        ("add", (24, 64), (64,), {"g_layout": "transposed"}),
+        ("mul", (96, 16), (96, 1), {"a_layout": "sliced"}),
+        ("mul", (), (5, 16), {}),
+    ]
+]
+PACKED_CASES = [_case(fn, a, b, dt, **lay) for fn, dt, a, b, lay in PACKED]
+
+
+@pytest.mark.parametrize("case", PACKED_CASES, ids=[c.id for c in PACKED_CASES])
+def test_best_on_packs_chunks_and_partial_rows(case):
+    _check("best", case)
+    _check("best_big", case)
+    if case.dtype in ("f32", "bf16"):
+        for name in DEFINES:
+            _check(name, case)
+
+
+def _plan(a_shape, b_shape, layouts=None):
+    g_shape = bcast.broadcast_shape(a_shape, b_shape)
+    return bcast.make_plan(a_shape, b_shape, bcast.contiguous_strides(a_shape), bcast.contiguous_strides(b_shape),
+                           bcast.contiguous_strides(g_shape))
+
+
+def test_packed_cases_reach_the_vectorized_kernels_and_partial_rows():
+    seen = set()
+    for fn, dt, a, b, lay in PACKED:
+        if lay:
+            continue
+        la = cuda_plan.plan_best(_plan(a, b), 3, (0,) * 5, bb.ITEMSIZE[dt], lambda kind, vec: 1)
+        seen.add((la.kind, la.vectorized, max(la.nchunks) > 1))
+    assert {("cols", True, True), ("rows", True, False), ("rows", True, True), ("fast", True, False),
+            ("batch", True, True)} <= seen
+
+
+@pytest.mark.parametrize("a_shape, b_shape, kind", [
+    ((8, 2048, 4096), (4096,), "cols"), ((8, 2048, 4096), (8, 1, 4096), "cols"), ((8, 1, 4096), (8, 2048, 4096), "cols"),
+    ((8, 2048, 4096), (8, 2048, 1), "rows"), ((8, 2048, 4096), (8, 2048, 4096), "fast"),
+    ((1, 2048, 4096), (8, 2048, 1), "batch")])
+@pytest.mark.parametrize("itemsize", [2, 4])
+def test_best_grids_fill_one_wave_of_the_perf_cases(a_shape, b_shape, kind, itemsize):
+    """The perf cases: 16-byte packs, a grid of at most one wave of resident blocks, and work
+    split so that the wave is at least 90% full (no partial last wave)."""
+    sms, bps = 132, 3
+    la = cuda_plan.plan_best(_plan(a_shape, b_shape), sms, (0,) * 5, itemsize, lambda k, v: bps)
+    assert la.kind == kind
+    assert la.grid <= sms * bps
+    assert la.vectorized
+    if kind == "cols":  # tiles: one block each, round after round
+        ntiles = la.words[-4]
+        assert cuda_plan.wave_fill(ntiles, sms * bps) >= 0.9, (ntiles, la.grid)
+    if kind in ("rows", "batch"):  # tasks: one lane segment (a warp here) each
+        ntasks, segs = la.words[-4], sms * bps * (cuda_plan.BLOCK // la.words[-12])
+        assert cuda_plan.wave_fill(ntasks, segs) >= 0.9, (ntasks, segs)
+    if kind in ("fast", "rows"):
+        assert la.grid == sms * bps
+
+
+def test_opt2_collapses_dims_per_tensor():
+    # A = (2, 3, 4, 5) against B = (1, 3, 1, 5): a, g, ga collapse to one dim; b and gb keep two
+    # (3 and 5, with the broadcast dims between them dropped).
+    words, direct, numel = cuda_plan.opt2_words((2, 3, 4, 5), (1, 3, 1, 5), (60, 20, 5, 1), (15, 5, 5, 1),
+                                                (60, 20, 5, 1))
+    assert numel == 120 and direct == (True, False)
+    assert words[3:8] == [1, 2, 1, 1, 2]
+    dims = cuda_plan.collapse(cuda_plan._out_dims((2, 3, 4, 5), (1, 3, 1, 5), (60, 20, 5, 1), (15, 5, 5, 1),
+                                                  (60, 20, 5, 1))[1], "b")
+    assert dims == [(20, 3, 5), (1, 5, 1)]  # (O elements per step, size, stride)
+    # A transposed a: no chain in a, so its dims stay apart.
+    dims = cuda_plan.collapse(cuda_plan._out_dims((4, 5), (4, 5), (1, 4), (5, 1), (5, 1))[1], "a")
+    assert dims == [(5, 4, 1), (1, 5, 4)]
+
+
+def test_host_time_per_call_is_a_dict_lookup(monkeypatch):
+    """After the first call of a layout, a call makes no plan and no check: the per-call Python of
+    the cupy backend's `call` (with the launches stubbed out) stays in the tens of microseconds,
+    far below the device time of any case worth timing."""
+    made = []
+    real_build = bb.build_entry
+    monkeypatch.setattr(bb, "build_entry", lambda *a, **k: made.append(1) or real_build(*a, **k))
+
+    class Arr:  # what `call` reads of a cupy array
+        def __init__(self, x: np.ndarray):
+            self.x, self.shape, self.strides, self.dtype, self.flags = x, x.shape, x.strides, x.dtype, x.flags
+            self.data = type("P", (), {"ptr": cuda_host.data_address(x)})()
+            self.device = type("D", (), {"id": 0})()
+            self.size, self.itemsize = x.size, x.itemsize
+
+    class Dev:
+        def num_sms(self):
+            return 132
+
+        def blocks_per_sm(self, expr):
+            return 3
+
+    runs = []
+    monkeypatch.setattr(bb, "_device", lambda: Dev())
+    monkeypatch.setattr(bb, "run_entry", lambda dev, entry, *arrays: runs.append(entry.launch))
+    shape = (8, 64, 128)
+    x = {n: Arr(np.zeros(s, np.float32)) for n, s in (("a", shape), ("b", (128,)), ("grad_out", shape),
+                                                     ("grad_a", shape), ("grad_b", (128,)))}
+    inputs = {n: x[n] for n in ("a", "b", "grad_out")}
+    outs = {n: x[n] for n in ("grad_a", "grad_b")}
+    bb._ENTRIES.clear()
+    bb.call("best", inputs, outs, {"fn": "mul"})
+    assert made == [1] and runs[-1].kind == "cols"
+    n = 2000
+    t0 = time.perf_counter()
+    for _ in range(n):
+        bb.call("best", inputs, outs, {"fn": "mul"})
+    per_call = (time.perf_counter() - t0) / n
+    assert made == [1], "a repeated layout must not be planned again"
+    assert per_call < 50e-6, f"{per_call * 1e6:.1f} us of Python per call before the launches"
+
+
+def test_host_device_runs_every_kind_it_is_asked_for():
+    """The stand-in library holds every instantiation the cupy backend can name."""
+    lib = cuda_host.library(OP, "f32")
+    assert set(bb.all_kernel_exprs("f32")) <= set(lib.fns)
+    assert len(bb.all_kernel_exprs("f32")) == len(FNS) * 14 + 1
+    assert dtypes.numpy_dtype("f32") == np.float32
+
+
+# ----------------------------------------------------------------------------- torch_ext's records
+
+
+@pytest.mark.parametrize("a_shape, b_shape, kind", [((3, 4, 40), (40,), "cols"), ((4, 64), (4, 1), "rows"),
+                                                    ((3, 1, 64), (3, 5, 64), "cols")])
+def test_torch_ext_takes_the_best_records(a_shape, b_shape, kind):
+    """torch_ext's CUDA op launches plan_best's record; on the CPU its C++ checks pass such a
+    record through every check but the device's (the kind is checked last)."""
+    torch = pytest.importorskip("torch")
+    from backends import torch_ext
+
+    reason = torch_ext._check("cpu")
+    if reason:
+        pytest.skip(reason)
+    a, b = torch.rand(a_shape, dtype=torch.float64), torch.rand(b_shape, dtype=torch.float64)
+    g = torch.rand(torch.broadcast_shapes(a_shape, b_shape), dtype=torch.float64)
+    plan = bcast.make_plan(a_shape, b_shape, a.stride(), b.stride(), g.stride())
+    launch = cuda_plan.plan_best(plan, 132, (0,) * 5, 8)
+    assert launch.kind == kind and launch.vectorized
+    record = torch.tensor(cuda_plan.launch_record(launch, plan, 132), dtype=torch.int64)
+    assert cuda_plan.KINDS[int(record[0])] == kind and int(record[2]) == 1
+    ga, gb = torch.empty(a_shape, dtype=torch.float64), torch.empty(b_shape, dtype=torch.float64)
+    with pytest.raises(ValueError, match=rf"plan has kind {cuda_plan.KINDS.index(kind)}, which cpu does not run"):
+        torch.ops.gradoracle._binary_backward_run(a, b, g, "mul", record, grad_a=ga, grad_b=gb)
