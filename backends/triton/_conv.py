@@ -111,10 +111,13 @@ class Tuner:
         self.chosen: dict = {}
         self.log: dict = {}
 
-    def pick(self, key, candidates: list, build, device, flops: float, tune: bool):
+    def pick(self, key, candidates: list, build, device, flops: float, tune: bool, force: int | None = None):
         """The plan for the class `key`: build(tile) -> a plan (callable with no arguments runs
         it).  Times the candidates when `tune` and the class has no choice yet; else the cached
-        choice or the default (candidates[0])."""
+        choice or the default (candidates[0]).  force: candidates[force], untimed (tests; the
+        sm_90 compile test plans on meta tensors, which get the CUDA candidates)."""
+        if force is not None:
+            return build(candidates[force])
         if device.type != "cuda" or interpreted():
             return build(candidates[0])
         ckey = (device.index, key)

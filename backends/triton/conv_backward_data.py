@@ -144,7 +144,7 @@ def _ew(g: _conv.Geo3) -> bool:
 
 def candidates(g: _conv.Geo3, itemsize: int, device_type: str) -> list:
     """Tiles (BM positions, BN channels, BK output channels) tried for this geometry, default first."""
-    if device_type != "cuda":
+    if device_type == "cpu":  # the interpreter
         return [_conv.Tile(128, 16, 16, 1, 1)] if not _ew(g) else [_conv.Tile(512, 16, 1, 1, 1)]
     if _ew(g):
         return [_conv.Tile(64, 64, 1, 4, 1), _conv.Tile(128, 32, 1, 4, 1), _conv.Tile(32, 128, 1, 4, 1),
@@ -163,7 +163,7 @@ def _fit(tile: _conv.Tile, g: _conv.Geo3) -> _conv.Tile:
     return _conv.Tile(tile.bm, bn, bk, warps, tile.stages)
 
 
-def _plan(dy, w, dx, params, channels_last: bool, tune: bool):
+def _plan(dy, w, dx, params, channels_last: bool, tune: bool, force: int | None = None):
     import torch  # noqa: F401 - the launch's tensors are torch's
 
     g = _conv.geometry3(dx.shape, dy.shape, w.shape, params, channels_last)
@@ -196,7 +196,7 @@ def _plan(dy, w, dx, params, channels_last: bool, tune: bool):
     cls = (str(dy.dtype), _ew(g), g.k, g.s, g.d, _conv.bucket(g.cig), _conv.bucket(g.cog), _conv.bucket(rows),
            channels_last)
     return TUNER.pick(cls, candidates(g, item, dy.device.type), build, dy.device, 2.0 * g.n * prod(g.out)
-                      * g.cout * g.cig * prod(g.k), tune).launch
+                      * g.cout * g.cig * prod(g.k), tune, force).launch
 
 
 _PLANS: dict = {}

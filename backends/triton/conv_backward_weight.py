@@ -148,7 +148,7 @@ def _ew(g: _conv.Geo3) -> bool:
 
 def candidates(g: _conv.Geo3, itemsize: int, device_type: str) -> list:
     """Tiles (BM output channels, BN input channels, BK positions) tried, the default first."""
-    if device_type != "cuda":
+    if device_type == "cpu":  # the interpreter
         return [_conv.Tile(16, 64, 64, 1, 1)] if _ew(g) else [_conv.Tile(16, 16, 32, 1, 1)]
     if _ew(g):
         return [_conv.Tile(1, 64, 64, 4, 1), _conv.Tile(1, 128, 32, 4, 1), _conv.Tile(1, 32, 128, 4, 1)]
@@ -167,7 +167,7 @@ def _fit(tile: _conv.Tile, g: _conv.Geo3) -> _conv.Tile:
 def splits_for(programs: int, npos: int, bk: int, device_type: str, sms: int = 132) -> int:
     """Chunks of the position reduction: enough programs for ~2 waves, each chunk >= 8 steps of BK
     (the interpreter: >= 2 steps and at most 3 chunks, so the split path runs on small cases)."""
-    if device_type != "cuda":
+    if device_type == "cpu":  # the interpreter
         return max(1, min(3, npos // (2 * bk)))
     want = cdiv(2 * sms * 2, max(programs, 1))
     return max(1, min(want, npos // (8 * bk)))
@@ -190,7 +190,7 @@ class _Plan:
         self.finish(ws, dw)
 
 
-def _plan(dy, x, dw, params, channels_last: bool, tune: bool):
+def _plan(dy, x, dw, params, channels_last: bool, tune: bool, force: int | None = None):
     import torch
 
     g = _conv.geometry3(x.shape, dy.shape, dw.shape, params, channels_last)
@@ -201,7 +201,7 @@ def _plan(dy, x, dw, params, channels_last: bool, tune: bool):
     npos = g.n * prod(g.out)
     item = dy.element_size()
     dev = dy.device
-    sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 1
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 132
     E = taps * g.cout * g.cig
     ws_dtype = torch.float64 if item == 8 else torch.float32
 
@@ -241,7 +241,7 @@ def _plan(dy, x, dw, params, channels_last: bool, tune: bool):
 
     cls = (str(dy.dtype), _ew(g), taps, _conv.bucket(g.cig), _conv.bucket(g.cog), _conv.bucket(npos), g.groups > 1,
            channels_last)
-    return TUNER.pick(cls, candidates(g, item, dev.type), build, dev, 2.0 * npos * g.cout * g.cig * taps, tune).plan
+    return TUNER.pick(cls, candidates(g, item, dev.type), build, dev, 2.0 * npos * g.cout * g.cig * taps, tune, force).plan
 
 
 _PLANS: dict = {}

@@ -131,7 +131,7 @@ class _Product:
         self.launch(t[self.xi], t[self.yi], t[self.ci], self.xoff, self.yoff)
 
 
-def _product(which, a, b, dy, out, tune):
+def _product(which, a, b, dy, out, tune, force=None):
     """The plan of da (which="da") or db: a _Product, or None when the output is empty."""
     import torch
 
@@ -169,8 +169,8 @@ def _product(which, a, b, dy, out, tune):
 
     cls = (which, str(dy.dtype), _conv.bucket(p), _conv.bucket(q), _conv.bucket(ln), r > 1,
            sxp == 1, syq == 1)
-    cands = [_conv.INTERPRETER_TILE] if dev.type != "cuda" else _conv.gemm_candidates(item)
-    return TUNER.pick(cls, cands, build, dev, 2.0 * p * q * ln * z * r, tune).product
+    cands = [_conv.INTERPRETER_TILE] if dev.type == "cpu" else _conv.gemm_candidates(item)
+    return TUNER.pick(cls, cands, build, dev, 2.0 * p * q * ln * z * r, tune, force).product
 
 
 class _Plan:
