@@ -46,13 +46,16 @@ EW_MAX = 64   # Cin/g * Cout/g below this: the multiply-add path (a tl.dot tile 
 
 
 @jit
-def _dgrad_kernel(dy_ptr, w_ptr, dx_ptr,
-                  N, ID, IH, IW, OD, OH, OW, KD, KH, KW, SD, SH, SW, PD, PH, PW, DLD, DLH, DLW,
+def _dgrad_kernel(dy_ptr, w_ptr, dx_ptr, tap_ptr,
+                  N, ID, IH, IW, OD, OH, OW, SD, SH, SW, PD, PH, PW,
                   TD, TH, TW, nrb, ncb, cin, cig, cog,
-                  syn, syc, syd, syh, syw, swo, swi, swd, swh, sww, sxn, sxc, sxd, sxh, sxw,
-                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EW: tl.constexpr,
+                  syn, syc, syd, syh, syw, swo, swi, sxn, sxc, sxd, sxh, sxw,
+                  MAXT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EW: tl.constexpr,
                   IS_F64: tl.constexpr):
-    """One phase's BM input positions x BN input channels of dx (see the module docstring)."""
+    """One phase's BM input positions x BN input channels of dx (see the module docstring).
+
+    tap_ptr: int32 [phases, 1 + 4 * MAXT]: per phase the count of its taps, then per tap the
+    dy window shift (cd, ch, cw) in output positions and the tap's weight offset."""
     pid = tl.program_id(0)
     ph = pid // nrb
     rb = pid - ph * nrb
@@ -77,62 +80,88 @@ def _dgrad_kernel(dy_ptr, w_ptr, dx_ptr,
     n64 = n.to(tl.int64)
     ybase = n64 * syn + td.to(tl.int64) * syd + th.to(tl.int64) * syh + tw.to(tl.int64) * syw
     cb = tl.program_id(1)
+    tab = tap_ptr + ph * (1 + 4 * MAXT)
+    ntaps = tl.load(tab)
     ACC: tl.constexpr = tl.float64 if IS_F64 else tl.float32
+    acc = tl.zeros([BM, BN], ACC)
     if EW:
         # Columns: input channels of every group; co = group * cog + j for j < cog.
         cols = cb * BN + tl.arange(0, BN)
         cmask = cols < cin
         grp = cols // cig
-        wcol = (cols - grp * cig).to(tl.int64) * swi + (grp * cog).to(tl.int64) * swo
+        wcol = (cols - grp * cig) * swi + grp * cog * swo   # a weight is small: int32 offsets
         ycol = (grp * cog).to(tl.int64) * syc
-        acc = tl.zeros([BM, BN], ACC)
+        for ti in range(ntaps):
+            cd = tl.load(tab + 1 + 4 * ti)
+            chh = tl.load(tab + 2 + 4 * ti)
+            cw = tl.load(tab + 3 + 4 * ti)
+            wtap = tl.load(tab + 4 + 4 * ti)
+            od = td + cd
+            oh = th + chh
+            ow = tw + cw
+            v = valid & (od >= 0) & (od < OD) & (oh >= 0) & (oh < OH) & (ow >= 0) & (ow < OW)
+            yrow = ybase + (cd.to(tl.int64) * syd + chh.to(tl.int64) * syh + cw.to(tl.int64) * syw)
+            m = v[:, None] & cmask[None, :]
+            for j in range(cog):
+                a = tl.load(dy_ptr + yrow[:, None] + (ycol + j * syc)[None, :], mask=m, other=0.0)
+                b = tl.load(w_ptr + wtap + wcol + j * swo, mask=cmask, other=0.0)
+                acc += a.to(ACC) * b.to(ACC)[None, :]
+        chan = cols
     else:
+        # One flat loop over (tap, Cout/g block): the software pipeline spans the taps.
         g = cb // ncb
         cols = (cb - g * ncb) * BN + tl.arange(0, BN)
         cmask = cols < cig
-        ci = g * cig + cols
         kk = tl.arange(0, BK)
-        acc = tl.zeros([BM, BN], ACC)
-    for kd in range(KD):
-        if (kd * DLD - rd) % SD == 0:
-            cd = (i0d + PD - kd * DLD) // SD
+        nco = tl.cdiv(cog, BK)
+        wcol = cols[None, :] * swi
+        for it in range(ntaps * nco):
+            ti = it // nco
+            c0 = (it - ti * nco) * BK
+            cd = tl.load(tab + 1 + 4 * ti)
+            chh = tl.load(tab + 2 + 4 * ti)
+            cw = tl.load(tab + 3 + 4 * ti)
+            wtap = tl.load(tab + 4 + 4 * ti)
             od = td + cd
-            vd = valid & (od >= 0) & (od < OD)
-            for kh in range(KH):
-                if (kh * DLH - rh) % SH == 0:
-                    chh = (i0h + PH - kh * DLH) // SH
-                    oh = th + chh
-                    vh = vd & (oh >= 0) & (oh < OH)
-                    for kw in range(KW):
-                        if (kw * DLW - rw) % SW == 0:
-                            cw = (i0w + PW - kw * DLW) // SW
-                            ow = tw + cw
-                            v = vh & (ow >= 0) & (ow < OW)
-                            yrow = ybase + (cd.to(tl.int64) * syd + chh.to(tl.int64) * syh + cw.to(tl.int64) * syw)
-                            wtap = kd * swd + kh * swh + kw * sww  # a weight is small: int32 offsets
-                            if EW:
-                                m = v[:, None] & cmask[None, :]
-                                for j in range(cog):
-                                    a = tl.load(dy_ptr + yrow[:, None] + (ycol + j * syc)[None, :], mask=m, other=0.0)
-                                    b = tl.load(w_ptr + wtap + wcol + j * swo, mask=cmask, other=0.0)
-                                    acc += a.to(ACC) * b.to(ACC)[None, :]
-                            else:
-                                for c0 in range(0, cog, BK):
-                                    co = g * cog + c0 + kk
-                                    km = (c0 + kk) < cog
-                                    a = tl.load(dy_ptr + yrow[:, None] + co[None, :].to(tl.int64) * syc,
-                                                mask=v[:, None] & km[None, :], other=0.0)
-                                    b = tl.load(w_ptr + wtap + co[:, None].to(tl.int64) * swo
-                                                + cols[None, :].to(tl.int64) * swi,
-                                                mask=km[:, None] & cmask[None, :], other=0.0)
-                                    acc = _conv.mma(a, b, acc)
-    if EW:
-        chan = cols
-    else:
-        chan = ci
+            oh = th + chh
+            ow = tw + cw
+            v = valid & (od >= 0) & (od < OD) & (oh >= 0) & (oh < OH) & (ow >= 0) & (ow < OW)
+            yrow = ybase + (cd.to(tl.int64) * syd + chh.to(tl.int64) * syh + cw.to(tl.int64) * syw)
+            co = g * cog + c0 + kk
+            km = (c0 + kk) < cog
+            a = tl.load(dy_ptr + yrow[:, None] + co[None, :].to(tl.int64) * syc,
+                        mask=v[:, None] & km[None, :], other=0.0)
+            b = tl.load(w_ptr + wtap + co[:, None] * swo + wcol, mask=km[:, None] & cmask[None, :], other=0.0)
+            acc = _conv.mma(a, b, acc)
+        chan = g * cig + cols
     xoff = (n64 * sxn + xd.to(tl.int64) * sxd + xh.to(tl.int64) * sxh + xw.to(tl.int64) * sxw)[:, None] \
         + chan[None, :].to(tl.int64) * sxc
     tl.store(dx_ptr + xoff, _to_out(acc, dx_ptr), mask=valid[:, None] & cmask[None, :])
+
+
+def tap_table(g: _conv.Geo3, sw: tuple):
+    """int32 [phases, 1 + 4 * maxt] (see _dgrad_kernel) and maxt: the taps that reach each phase's
+    input positions, with the shift of their dy window and their weight offset (sw: weight strides)."""
+    import numpy as np
+    from itertools import product as cartesian
+
+    phases = list(cartesian(*(range(s) for s in g.s)))
+    per = []
+    for r in phases:
+        taps = []
+        for k in cartesian(*(range(k) for k in g.k)):
+            if all((kj * dj - rj) % sj == 0 for kj, dj, rj, sj in zip(k, g.d, r, g.s)):
+                i0 = [(rj - pj) % sj for rj, pj, sj in zip(r, g.p, g.s)]
+                shift = [(i0j + pj - kj * dj) // sj for i0j, pj, kj, dj, sj in zip(i0, g.p, k, g.d, g.s)]
+                taps.append((*shift, k[0] * sw[2] + k[1] * sw[3] + k[2] * sw[4]))
+        per.append(taps)
+    maxt = max(1, max(len(t) for t in per))
+    tab = np.zeros((len(phases), 1 + 4 * maxt), dtype=np.int32)
+    for i, taps in enumerate(per):
+        tab[i, 0] = len(taps)
+        for j, t in enumerate(taps):
+            tab[i, 1 + 4 * j: 5 + 4 * j] = t
+    return tab.reshape(-1), maxt
 
 
 # ============================================================================= planning
@@ -145,26 +174,38 @@ def _ew(g: _conv.Geo3) -> bool:
 def candidates(g: _conv.Geo3, itemsize: int, device_type: str) -> list:
     """Tiles (BM positions, BN channels, BK output channels) tried for this geometry, default first."""
     if device_type == "cpu":  # the interpreter
-        return [_conv.Tile(128, 16, 16, 1, 1)] if not _ew(g) else [_conv.Tile(512, 16, 1, 1, 1)]
-    if _ew(g):
-        return [_conv.Tile(64, 64, 1, 4, 1), _conv.Tile(128, 32, 1, 4, 1), _conv.Tile(32, 128, 1, 4, 1),
-                _conv.Tile(128, 64, 1, 8, 1)]
+        return [_conv.Tile(128, 16, 16, 1, 1)] if not _ew(g) else [_conv.Tile(2048, 16, 1, 1, 1)]
+    if _ew(g):  # bm: elements of the tile (rows = bm / channels), bn: channels at most
+        return [_conv.Tile(2048, 64, 1, 4, 1), _conv.Tile(4096, 64, 1, 8, 1), _conv.Tile(1024, 32, 1, 4, 1),
+                _conv.Tile(2048, 128, 1, 8, 1)]
     return _conv.gemm_candidates(itemsize)
 
 
 def _fit(tile: _conv.Tile, g: _conv.Geo3) -> _conv.Tile:
     """Shrink the channel blocks to the group's channels (tl.dot needs 16 at least)."""
-    if _ew(g):
-        bn = min(tile.bn, max(16, 1 << (g.cin - 1).bit_length()))
-        return _conv.Tile(tile.bm, bn, 1, tile.warps, tile.stages)
+    if _ew(g):  # no tl.dot: any power of two; the tile keeps its element count
+        bn = min(tile.bn, 1 << (g.cin - 1).bit_length())
+        return _conv.Tile(max(16, tile.bm // bn), bn, 1, tile.warps, tile.stages)
     bn = min(tile.bn, max(16, 1 << (g.cig - 1).bit_length()))
     bk = min(tile.bk, max(16, 1 << (g.cog - 1).bit_length()))
     warps = tile.warps if tile.bm * bn >= 128 * 64 else min(tile.warps, 4)
     return _conv.Tile(tile.bm, bn, bk, warps, tile.stages)
 
 
+class _Launch:
+    """The kernel's launch with its tap table (a tensor the plan owns) appended."""
+
+    __slots__ = ("launch", "taps")
+
+    def __init__(self, launch, taps):
+        self.launch, self.taps = launch, taps
+
+    def __call__(self, dy, w, dx):
+        self.launch(dy, w, dx, self.taps)
+
+
 def _plan(dy, w, dx, params, channels_last: bool, tune: bool, force: int | None = None):
-    import torch  # noqa: F401 - the launch's tensors are torch's
+    import torch
 
     g = _conv.geometry3(dx.shape, dy.shape, w.shape, params, channels_last)
     if dx.numel() == 0:
@@ -175,20 +216,21 @@ def _plan(dy, w, dx, params, channels_last: bool, tune: bool, force: int | None 
     rows = g.n * prod(t)
     item = dy.element_size()
 
+    tab, maxt = tap_table(g, sw)
+    taps = torch.from_numpy(tab).to(dy.device)
+
     def build(tile):
         tile = _fit(tile, g)
         nrb = cdiv(rows, tile.bm)
         ncb = cdiv(g.cin if _ew(g) else g.cig, tile.bn)
         values = dict(N=g.n, ID=g.inp[0], IH=g.inp[1], IW=g.inp[2], OD=g.out[0], OH=g.out[1], OW=g.out[2],
-                      KD=g.k[0], KH=g.k[1], KW=g.k[2], SD=g.s[0], SH=g.s[1], SW=g.s[2],
-                      PD=g.p[0], PH=g.p[1], PW=g.p[2], DLD=g.d[0], DLH=g.d[1], DLW=g.d[2],
+                      SD=g.s[0], SH=g.s[1], SW=g.s[2], PD=g.p[0], PH=g.p[1], PW=g.p[2],
                       TD=t[0], TH=t[1], TW=t[2], nrb=nrb, ncb=ncb, cin=g.cin, cig=g.cig, cog=g.cog,
-                      syn=sy[0], syc=sy[1], syd=sy[2], syh=sy[3], syw=sy[4],
-                      swo=sw[0], swi=sw[1], swd=sw[2], swh=sw[3], sww=sw[4],
+                      syn=sy[0], syc=sy[1], syd=sy[2], syh=sy[3], syw=sy[4], swo=sw[0], swi=sw[1],
                       sxn=sx[0], sxc=sx[1], sxd=sx[2], sxh=sx[3], sxw=sx[4],
-                      BM=tile.bm, BN=tile.bn, BK=tile.bk, EW=_ew(g), IS_F64=item == 8)
+                      MAXT=maxt, BM=tile.bm, BN=tile.bn, BK=tile.bk, EW=_ew(g), IS_F64=item == 8)
         grid = (phases * nrb, ncb if _ew(g) else g.groups * ncb)
-        launch = _launch.Launch(_dgrad_kernel, grid, 3, values, tile.warps, num_stages=tile.stages)
+        launch = _Launch(_launch.Launch(_dgrad_kernel, grid, 4, values, tile.warps, num_stages=tile.stages), taps)
         runner = lambda: launch(dy, w, dx)  # noqa: E731 - the tuner times the plan on this call's tensors
         runner.launch = launch
         return runner

@@ -149,15 +149,16 @@ def _ew(g: _conv.Geo3) -> bool:
 def candidates(g: _conv.Geo3, itemsize: int, device_type: str) -> list:
     """Tiles (BM output channels, BN input channels, BK positions) tried, the default first."""
     if device_type == "cpu":  # the interpreter
-        return [_conv.Tile(16, 64, 64, 1, 1)] if _ew(g) else [_conv.Tile(16, 16, 32, 1, 1)]
-    if _ew(g):
-        return [_conv.Tile(1, 64, 64, 4, 1), _conv.Tile(1, 128, 32, 4, 1), _conv.Tile(1, 32, 128, 4, 1)]
+        return [_conv.Tile(1, 64, 2048, 1, 1)] if _ew(g) else [_conv.Tile(16, 16, 32, 1, 1)]
+    if _ew(g):  # bk: elements of the tile (positions = bk / columns), bn: (co, c) columns at most
+        return [_conv.Tile(1, 64, 4096, 4, 1), _conv.Tile(1, 128, 4096, 8, 1), _conv.Tile(1, 32, 2048, 4, 1)]
     return _conv.gemm_candidates(itemsize)
 
 
 def _fit(tile: _conv.Tile, g: _conv.Geo3) -> _conv.Tile:
-    if _ew(g):
-        return tile
+    if _ew(g):  # no tl.dot: any power of two; the tile keeps its element count
+        bn = min(tile.bn, 1 << (g.cout * g.cig - 1).bit_length())
+        return _conv.Tile(1, bn, max(16, tile.bk // bn), tile.warps, tile.stages)
     bm = min(tile.bm, max(16, 1 << (g.cog - 1).bit_length()))
     bn = min(tile.bn, max(16, 1 << (g.cig - 1).bit_length()))
     warps = tile.warps if bm * bn >= 128 * 64 else min(tile.warps, 4)
