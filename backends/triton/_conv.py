@@ -75,6 +75,21 @@ def small_tile(tile: Tile, m: int, n: int) -> Tile:
     return Tile(bm, bn, tile.bk, tile.warps if bm * bn >= 64 * 64 else min(tile.warps, 4), tile.stages, tile.group)
 
 
+_current_device = None
+
+
+def other_device(t) -> bool:
+    """Whether t is on a CUDA device that is not the current one (a launch must switch to it)."""
+    global _current_device
+    if not t.is_cuda:
+        return False
+    if _current_device is None:
+        import torch
+
+        _current_device = torch.cuda.current_device
+    return t.device.index != _current_device()
+
+
 def tuning_on() -> bool:
     return os.environ.get(TUNE_ENV, "1") != "0"
 

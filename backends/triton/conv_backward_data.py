@@ -45,16 +45,19 @@ EW_MAX = 64   # Cin/g * Cout/g below this: the multiply-add path (a tl.dot tile 
 # ============================================================================= kernel
 
 
-@jit
+# Geometry sizes are not specialised (one compiled kernel serves many layers; the full case set
+# would otherwise compile one per case); tensor strides are, so unit channel strides vectorise.
+@jit(do_not_specialize=["N", "ID", "IH", "IW", "OD", "OH", "OW", "SD", "SH", "SW", "PD", "PH", "PW", "TD", "TH",
+                        "TW", "nrb", "ncb", "cin", "cig", "cog", "trow"])
 def _dgrad_kernel(dy_ptr, w_ptr, dx_ptr, tap_ptr,
                   N, ID, IH, IW, OD, OH, OW, SD, SH, SW, PD, PH, PW,
-                  TD, TH, TW, nrb, ncb, cin, cig, cog,
+                  TD, TH, TW, nrb, ncb, cin, cig, cog, trow,
                   syn, syc, syd, syh, syw, swo, swi, sxn, sxc, sxd, sxh, sxw,
-                  MAXT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EW: tl.constexpr,
+                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EW: tl.constexpr,
                   IS_F64: tl.constexpr):
     """One phase's BM input positions x BN input channels of dx (see the module docstring).
 
-    tap_ptr: int32 [phases, 1 + 4 * MAXT]: per phase the count of its taps, then per tap the
+    tap_ptr: int32 [phases, trow = 1 + 4 * max taps]: per phase the count of its taps, then per tap the
     dy window shift (cd, ch, cw) in output positions and the tap's weight offset."""
     pid = tl.program_id(0)
     ph = pid // nrb
@@ -80,7 +83,7 @@ def _dgrad_kernel(dy_ptr, w_ptr, dx_ptr, tap_ptr,
     n64 = n.to(tl.int64)
     ybase = n64 * syn + td.to(tl.int64) * syd + th.to(tl.int64) * syh + tw.to(tl.int64) * syw
     cb = tl.program_id(1)
-    tab = tap_ptr + ph * (1 + 4 * MAXT)
+    tab = tap_ptr + ph * trow
     ntaps = tl.load(tab)
     ACC: tl.constexpr = tl.float64 if IS_F64 else tl.float32
     acc = tl.zeros([BM, BN], ACC)
@@ -225,10 +228,10 @@ def _plan(dy, w, dx, params, channels_last: bool, tune: bool, force: int | None 
         ncb = cdiv(g.cin if _ew(g) else g.cig, tile.bn)
         values = dict(N=g.n, ID=g.inp[0], IH=g.inp[1], IW=g.inp[2], OD=g.out[0], OH=g.out[1], OW=g.out[2],
                       SD=g.s[0], SH=g.s[1], SW=g.s[2], PD=g.p[0], PH=g.p[1], PW=g.p[2],
-                      TD=t[0], TH=t[1], TW=t[2], nrb=nrb, ncb=ncb, cin=g.cin, cig=g.cig, cog=g.cog,
+                      TD=t[0], TH=t[1], TW=t[2], nrb=nrb, ncb=ncb, cin=g.cin, cig=g.cig, cog=g.cog, trow=1 + 4 * maxt,
                       syn=sy[0], syc=sy[1], syd=sy[2], syh=sy[3], syw=sy[4], swo=sw[0], swi=sw[1],
                       sxn=sx[0], sxc=sx[1], sxd=sx[2], sxh=sx[3], sxw=sx[4],
-                      MAXT=maxt, BM=tile.bm, BN=tile.bn, BK=tile.bk, EW=_ew(g), IS_F64=item == 8)
+                      BM=tile.bm, BN=tile.bn, BK=tile.bk, EW=_ew(g), IS_F64=item == 8)
         grid = (phases * nrb, ncb if _ew(g) else g.groups * ncb)
         launch = _Launch(_launch.Launch(_dgrad_kernel, grid, 4, values, tile.warps, num_stages=tile.stages), taps)
         runner = lambda: launch(dy, w, dx)  # noqa: E731 - the tuner times the plan on this call's tensors
@@ -263,7 +266,7 @@ def _call(dy, w, dx, params, tune: bool) -> None:
         _PLANS[key] = plan
     if plan is None:
         return
-    if dy.device.type == "cuda":
+    if _conv.other_device(dy):
         with on_device(dy):
             plan(dy, w, dx)
     else:

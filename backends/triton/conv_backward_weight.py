@@ -44,7 +44,9 @@ FINISH_BLOCK = 1024
 # ============================================================================= kernels
 
 
-@jit
+# Geometry sizes are not specialised (one compiled kernel serves many layers); tensor strides are.
+@jit(do_not_specialize=["N", "ID", "IH", "IW", "OD", "OH", "OW", "KH", "KW", "SD", "SH", "SW", "PD", "PH", "PW",
+                        "DLD", "DLH", "DLW", "npos", "chunk", "tiles", "nmb", "nnb", "cout", "cig", "cog"])
 def _wgrad_kernel(dy_ptr, x_ptr, out_ptr,
                   N, ID, IH, IW, OD, OH, OW, KH, KW, SD, SH, SW, PD, PH, PW, DLD, DLH, DLW,
                   npos, chunk, tiles, nmb, nnb, cout, cig, cog,
@@ -120,7 +122,7 @@ def _wgrad_kernel(dy_ptr, x_ptr, out_ptr,
         tl.store(out_ptr + off, _to_out(acc, out_ptr), mask=cm[:, None] & qm[None, :])
 
 
-@jit
+@jit(do_not_specialize=["E", "S", "cout", "cig", "KH", "KW"])
 def _finish_kernel(ws_ptr, dw_ptr, E, S, cout, cig, KH, KW, so_co, so_ci, so_kd, so_kh, so_kw,
                    BLOCK: tl.constexpr, IS_F64: tl.constexpr):
     """dw = the sum of the S partial rows of the workspace [S, taps, Cout, Cin/g], in order."""
@@ -262,7 +264,7 @@ def _call(dy, x, dw, params, tune: bool) -> None:
         _PLANS[key] = plan
     if plan is None:
         return
-    if dy.device.type == "cuda":
+    if _conv.other_device(dy):
         with on_device(dy):
             plan(dy, x, dw)
     else:

@@ -41,7 +41,8 @@ TUNER = _conv.Tuner(OP)
 # ============================================================================= kernel
 
 
-@jit
+# Sizes are not specialised (fewer compiles across shapes; EVEN_L covers the one that matters).
+@jit(do_not_specialize=["P", "Q", "L", "R"])
 def _gemm_kernel(x_ptr, y_ptr, c_ptr, xoff_ptr, yoff_ptr,
                  P, Q, L, R, sxp, sxl, syl, syq,
                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr,
@@ -200,7 +201,7 @@ def _call(a, b, dy, da, db, tune: bool) -> None:
         if len(_PLANS) >= _PLANS_MAX:
             _PLANS.clear()
         _PLANS[key] = plan
-    if a.device.type == "cuda":
+    if _conv.other_device(a):
         with on_device(a):
             plan((a, b, dy, da, db))
     else:
