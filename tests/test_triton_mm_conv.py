@@ -85,7 +85,10 @@ def run_case(case_id: str) -> None:
     cbd.clear_plans()
     cbw.clear_plans()
     try:
-        r = runner.run_case(find_impl(op, "triton"), case, "cpu", run_seed=0, oracle="numpy")
+        # The stale-output recheck and the exact-input check cost two more interpreted calls a case:
+        # matmul keeps them (cheap); the conv ops' own are left to the GPU runs.
+        r = runner.run_case(find_impl(op, "triton"), case, "cpu", run_seed=0, oracle="numpy",
+                            recheck=op == "matmul_backward")
     finally:
         cbd.EW_MAX, cbw.EW_MAX = saved
         cbd.clear_plans()

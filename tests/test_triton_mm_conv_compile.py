@@ -45,7 +45,9 @@ def _candidate_count(op: str, case) -> int:
     shapes = get_op(op).shapes(case)
     x, w = ("dx", "w") if op == "conv_backward_data" else ("x", "dw")
     geo = _conv.geometry3(shapes[x], shapes["dy"], shapes[w], case.params, case.params.get("layout") == "channels_last")
-    return len((cbd if op == "conv_backward_data" else cbw).candidates(geo, item, "cuda"))
+    unit = case.params.get("layout") == "channels_last" and all(
+        case.params.get(k, "contig") == "contig" for k in ("dy_layout", "w_layout", "x_layout"))
+    return len((cbd if op == "conv_backward_data" else cbw).candidates(geo, item, "cuda", unit))
 
 
 def _jobs() -> list[str]:

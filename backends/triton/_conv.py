@@ -65,6 +65,15 @@ def gemm_candidates(itemsize: int) -> list[Tile]:
     return [Tile(64, 64, 16, 4, 2), Tile(32, 64, 16, 4, 2), Tile(64, 32, 16, 4, 2)]
 
 
+def gather_candidates(itemsize: int) -> list[Tile]:
+    """Tiles for an implicit GEMM whose operand rows are gathered (no unit stride along the tile's
+    contiguous dim, e.g. a channels-first convolution): every element has its own 64-bit pointer,
+    so tiles stay small enough not to spill."""
+    if itemsize == 2:
+        return [Tile(64, 64, 32, 4, 3), Tile(128, 64, 32, 8, 3), Tile(64, 128, 32, 8, 3), Tile(64, 64, 64, 4, 3)]
+    return gemm_candidates(itemsize)
+
+
 def small_tile(tile: Tile, m: int, n: int) -> Tile:
     """`tile` shrunk (by halves, not below 16) where the problem is narrower than it."""
     bm, bn = tile.bm, tile.bn

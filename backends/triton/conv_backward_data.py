@@ -174,14 +174,15 @@ def _ew(g: _conv.Geo3) -> bool:
     return g.cig * g.cog < EW_MAX
 
 
-def candidates(g: _conv.Geo3, itemsize: int, device_type: str) -> list:
+def candidates(g: _conv.Geo3, itemsize: int, device_type: str, unit_channels: bool = True) -> list:
     """Tiles (BM positions, BN channels, BK output channels) tried for this geometry, default first."""
     if device_type == "cpu":  # the interpreter
         return [_conv.Tile(128, 16, 16, 1, 1)] if not _ew(g) else [_conv.Tile(2048, 16, 1, 1, 1)]
     if _ew(g):  # bm: elements of the tile (rows = bm / channels), bn: channels at most
-        return [_conv.Tile(2048, 64, 1, 4, 1), _conv.Tile(4096, 64, 1, 8, 1), _conv.Tile(1024, 32, 1, 4, 1),
+        return [_conv.Tile(2048, 64, 1, 8, 1), _conv.Tile(4096, 64, 1, 8, 1), _conv.Tile(1024, 32, 1, 4, 1),
                 _conv.Tile(2048, 128, 1, 8, 1)]
-    return _conv.gemm_candidates(itemsize)
+    # unit_channels: dy's and w's channel strides are 1, so the tiles' loads vectorise along channels
+    return _conv.gemm_candidates(itemsize) if unit_channels else _conv.gather_candidates(itemsize)
 
 
 def _fit(tile: _conv.Tile, g: _conv.Geo3) -> _conv.Tile:
@@ -239,8 +240,8 @@ def _plan(dy, w, dx, params, channels_last: bool, tune: bool, force: int | None 
         return runner
 
     cls = (str(dy.dtype), _ew(g), g.k, g.s, g.d, _conv.bucket(g.cig), _conv.bucket(g.cog), _conv.bucket(rows),
-           channels_last)
-    return TUNER.pick(cls, candidates(g, item, dy.device.type), build, dy.device, 2.0 * g.n * prod(g.out)
+           channels_last, sy[1] == 1)
+    return TUNER.pick(cls, candidates(g, item, dy.device.type, sy[1] == 1), build, dy.device, 2.0 * g.n * prod(g.out)
                       * g.cout * g.cig * prod(g.k), tune, force).launch
 
 

@@ -148,13 +148,14 @@ def _ew(g: _conv.Geo3) -> bool:
     return g.cig * g.cog < EW_MAX
 
 
-def candidates(g: _conv.Geo3, itemsize: int, device_type: str) -> list:
+def candidates(g: _conv.Geo3, itemsize: int, device_type: str, unit_channels: bool = True) -> list:
     """Tiles (BM output channels, BN input channels, BK positions) tried, the default first."""
     if device_type == "cpu":  # the interpreter
         return [_conv.Tile(1, 64, 2048, 1, 1)] if _ew(g) else [_conv.Tile(16, 16, 32, 1, 1)]
     if _ew(g):  # bk: elements of the tile (positions = bk / columns), bn: (co, c) columns at most
-        return [_conv.Tile(1, 64, 4096, 4, 1), _conv.Tile(1, 128, 4096, 8, 1), _conv.Tile(1, 32, 2048, 4, 1)]
-    return _conv.gemm_candidates(itemsize)
+        return [_conv.Tile(1, 64, 2048, 4, 1), _conv.Tile(1, 128, 4096, 8, 1), _conv.Tile(1, 32, 2048, 4, 1)]
+    # unit_channels: dy's and x's channel strides are 1, so the tiles' loads vectorise along channels
+    return _conv.gemm_candidates(itemsize) if unit_channels else _conv.gather_candidates(itemsize)
 
 
 def _fit(tile: _conv.Tile, g: _conv.Geo3) -> _conv.Tile:
@@ -243,8 +244,8 @@ def _plan(dy, x, dw, params, channels_last: bool, tune: bool, force: int | None 
         return runner
 
     cls = (str(dy.dtype), _ew(g), taps, _conv.bucket(g.cig), _conv.bucket(g.cog), _conv.bucket(npos), g.groups > 1,
-           channels_last)
-    return TUNER.pick(cls, candidates(g, item, dev.type), build, dev, 2.0 * npos * g.cout * g.cig * taps, tune, force).plan
+           channels_last, sy[1] == 1 and sx[1] == 1)
+    return TUNER.pick(cls, candidates(g, item, dev.type, sy[1] == 1 and sx[1] == 1), build, dev, 2.0 * npos * g.cout * g.cig * taps, tune, force).plan
 
 
 _PLANS: dict = {}
