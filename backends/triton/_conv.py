@@ -84,18 +84,19 @@ def small_tile(tile: Tile, m: int, n: int) -> Tile:
     return Tile(bm, bn, tile.bk, tile.warps if bm * bn >= 64 * 64 else min(tile.warps, 4), tile.stages, tile.group)
 
 
-_current_device = None
+_current_device = None   # torch.cuda.current_device, or False with a single GPU (never another device)
 
 
 def other_device(t) -> bool:
     """Whether t is on a CUDA device that is not the current one (a launch must switch to it)."""
     global _current_device
-    if not t.is_cuda:
+    if not t.is_cuda or _current_device is False:
         return False
     if _current_device is None:
         import torch
 
-        _current_device = torch.cuda.current_device
+        _current_device = torch.cuda.current_device if torch.cuda.device_count() > 1 else False
+        return other_device(t)
     return t.device.index != _current_device()
 
 
