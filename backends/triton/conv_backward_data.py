@@ -249,22 +249,33 @@ _PLANS: dict = {}
 _PLANS_MAX = 256
 
 
-def _pkey(params) -> tuple:
-    return tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in params.items()
-                 if k in ("stride", "padding", "dilation", "groups", "layout"))
+def lookup(plans: dict, key: tuple, params: dict):
+    """The plan cached for (key, params), or False.  Plans are keyed by the tensors' shapes,
+    strides, dtype and device; the params (stride, padding, ...) are compared as a dict, which
+    is cheaper per call than hashing them."""
+    for saved, plan in plans.get(key, ()):
+        if saved == params:
+            return plan
+    return False
+
+
+def store(plans: dict, key: tuple, params: dict, plan) -> None:
+    import copy
+
+    if len(plans) >= _PLANS_MAX:
+        plans.clear()
+    plans.setdefault(key, []).append((copy.deepcopy(params), plan))
 
 
 def _call(dy, w, dx, params, tune: bool) -> None:
-    key = (dy.shape, w.shape, dx.shape, dy.stride(), w.stride(), dx.stride(), dy.dtype, dy.device, _pkey(params))
-    plan = _PLANS.get(key, False)
+    key = (dy.shape, w.shape, dx.shape, dy.stride(), w.stride(), dx.stride(), dy.dtype, dy.device)
+    plan = lookup(_PLANS, key, params)
     if plan is False:
         if IMPORT_ERROR is not None:
             raise RuntimeError(f"triton {OP}: triton is not importable ({IMPORT_ERROR})")
         with on_device(dy):
             plan = _plan(dy, w, dx, params, params.get("layout", "channels_first") == "channels_last", tune)
-        if len(_PLANS) >= _PLANS_MAX:
-            _PLANS.clear()
-        _PLANS[key] = plan
+        store(_PLANS, key, params, plan)
     if plan is None:
         return
     if _conv.other_device(dy):

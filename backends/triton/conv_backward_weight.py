@@ -20,7 +20,7 @@ Design:
   layer) and each step is a multiply-add on a BK x BN tile, summed over BK at the end.
 
 Host side: plans are cached per (shapes, strides, dtype, device, geometry); a repeated call is
-a dict lookup, a workspace allocation when S > 1, and one or two launches through the
+a dict lookup and one or two launches (S > 1: into the plan's own workspace) through the
 compiled kernels' launchers.  On CUDA the tile (and so S) is autotuned per shape class on
 the first checked call (_conv.Tuner); the unchecked entry never tunes.  Nothing the oracle
 defines is unsupported.
@@ -32,7 +32,7 @@ from math import prod
 from backends.triton import _conv, _launch, triton_backend
 from backends.triton.common import IMPORT_ERROR, cdiv, jit, on_device, tl
 from backends.triton.common import to_out as _to_out
-from backends.triton.conv_backward_data import EW_MAX, _pkey, check_kernel_args
+from backends.triton.conv_backward_data import EW_MAX, check_kernel_args, lookup, store
 from harness import argcheck
 
 OP = "conv_backward_weight"
@@ -178,18 +178,24 @@ def splits_for(programs: int, npos: int, bk: int, device_type: str, sms: int = 1
 
 
 class _Plan:
-    __slots__ = ("main", "finish", "ws_numel", "ws_dtype")
+    """The main launch, and with S > 1 the finish and the partials workspace.  The workspace is
+    allocated on the first call and kept: calls on one stream are ordered, so the next call's
+    partials are written only after this call's finish has read them."""
+
+    __slots__ = ("main", "finish", "ws_numel", "ws_dtype", "ws")
 
     def __init__(self, main, finish, ws_numel, ws_dtype):
-        self.main, self.finish, self.ws_numel, self.ws_dtype = main, finish, ws_numel, ws_dtype
+        self.main, self.finish, self.ws_numel, self.ws_dtype, self.ws = main, finish, ws_numel, ws_dtype, None
 
     def __call__(self, dy, x, dw):
         if self.finish is None:
             self.main(dy, x, dw)
             return
-        import torch
+        ws = self.ws
+        if ws is None:
+            import torch
 
-        ws = torch.empty(self.ws_numel, dtype=self.ws_dtype, device=dy.device)
+            ws = self.ws = torch.empty(self.ws_numel, dtype=self.ws_dtype, device=dy.device)
         self.main(dy, x, ws)
         self.finish(ws, dw)
 
@@ -253,16 +259,14 @@ _PLANS_MAX = 256
 
 
 def _call(dy, x, dw, params, tune: bool) -> None:
-    key = (dy.shape, x.shape, dw.shape, dy.stride(), x.stride(), dw.stride(), dy.dtype, dy.device, _pkey(params))
-    plan = _PLANS.get(key, False)
+    key = (dy.shape, x.shape, dw.shape, dy.stride(), x.stride(), dw.stride(), dy.dtype, dy.device)
+    plan = lookup(_PLANS, key, params)
     if plan is False:
         if IMPORT_ERROR is not None:
             raise RuntimeError(f"triton {OP}: triton is not importable ({IMPORT_ERROR})")
         with on_device(dy):
             plan = _plan(dy, x, dw, params, params.get("layout", "channels_first") == "channels_last", tune)
-        if len(_PLANS) >= _PLANS_MAX:
-            _PLANS.clear()
-        _PLANS[key] = plan
+        store(_PLANS, key, params, plan)
     if plan is None:
         return
     if _conv.other_device(dy):
