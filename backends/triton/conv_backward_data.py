@@ -45,10 +45,12 @@ EW_MAX = 64   # Cin/g * Cout/g below this: the multiply-add path (a tl.dot tile 
 # ============================================================================= kernel
 
 
-# Geometry sizes are not specialised (one compiled kernel serves many layers; the full case set
-# would otherwise compile one per case); tensor strides are, so unit channel strides vectorise.
-@jit(do_not_specialize=["N", "ID", "IH", "IW", "OD", "OH", "OW", "SD", "SH", "SW", "PD", "PH", "PW", "TD", "TH",
-                        "TW", "nrb", "ncb", "cin", "cig", "cog", "trow"])
+# Spatial sizes are not specialised (one compiled kernel serves many layers; the full case set
+# would otherwise compile one per case).  Channel counts and tensor strides are: a unit channel
+# stride and a channel block start known to be a multiple of 16 let the tiles' loads vectorise
+# (without that every element gets its own 64-bit pointer, and the big tiles spill).
+@jit(do_not_specialize=["N", "ID", "IH", "IW", "OD", "OH", "OW", "PD", "PH", "PW", "TD", "TH", "TW", "nrb", "ncb",
+                        "trow"])
 def _dgrad_kernel(dy_ptr, w_ptr, dx_ptr, tap_ptr,
                   N, ID, IH, IW, OD, OH, OW, SD, SH, SW, PD, PH, PW,
                   TD, TH, TW, nrb, ncb, cin, cig, cog, trow,
@@ -179,7 +181,7 @@ def candidates(g: _conv.Geo3, itemsize: int, device_type: str, unit_channels: bo
     if device_type == "cpu":  # the interpreter
         return [_conv.Tile(128, 16, 16, 1, 1)] if not _ew(g) else [_conv.Tile(2048, 16, 1, 1, 1)]
     if _ew(g):  # bm: elements of the tile (rows = bm / channels), bn: channels at most
-        return [_conv.Tile(2048, 64, 1, 8, 1), _conv.Tile(4096, 64, 1, 8, 1), _conv.Tile(1024, 32, 1, 4, 1),
+        return [_conv.Tile(1024, 64, 1, 4, 1), _conv.Tile(2048, 64, 1, 8, 1), _conv.Tile(512, 32, 1, 4, 1),
                 _conv.Tile(2048, 128, 1, 8, 1)]
     # unit_channels: dy's and w's channel strides are 1, so the tiles' loads vectorise along channels
     return _conv.gemm_candidates(itemsize) if unit_channels else _conv.gather_candidates(itemsize)

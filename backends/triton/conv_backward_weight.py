@@ -44,9 +44,10 @@ FINISH_BLOCK = 1024
 # ============================================================================= kernels
 
 
-# Geometry sizes are not specialised (one compiled kernel serves many layers); tensor strides are.
-@jit(do_not_specialize=["N", "ID", "IH", "IW", "OD", "OH", "OW", "KH", "KW", "SD", "SH", "SW", "PD", "PH", "PW",
-                        "DLD", "DLH", "DLW", "npos", "chunk", "tiles", "nmb", "nnb", "cout", "cig", "cog"])
+# Spatial sizes are not specialised (one compiled kernel serves many layers); channel counts and
+# tensor strides are (aligned channel blocks with unit stride: vectorised loads, see _dgrad_kernel).
+@jit(do_not_specialize=["N", "ID", "IH", "IW", "OD", "OH", "OW", "PD", "PH", "PW", "npos", "chunk", "tiles",
+                        "nmb", "nnb"])
 def _wgrad_kernel(dy_ptr, x_ptr, out_ptr,
                   N, ID, IH, IW, OD, OH, OW, KH, KW, SD, SH, SW, PD, PH, PW, DLD, DLH, DLW,
                   npos, chunk, tiles, nmb, nnb, cout, cig, cog,

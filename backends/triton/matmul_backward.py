@@ -42,7 +42,9 @@ TUNER = _conv.Tuner(OP)
 
 
 # Sizes are not specialised (fewer compiles across shapes; EVEN_L covers the one that matters).
-@jit(do_not_specialize=["P", "Q", "L", "R"])
+# R is: R = 1 (no folded batch) drops the outer loop, whose live values across the pipelined inner
+# loop would otherwise spill the large tiles.
+@jit(do_not_specialize=["P", "Q", "L"])
 def _gemm_kernel(x_ptr, y_ptr, c_ptr, xoff_ptr, yoff_ptr,
                  P, Q, L, R, sxp, sxl, syl, syq,
                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr,
