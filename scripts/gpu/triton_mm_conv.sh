@@ -54,6 +54,30 @@ def sync():
         torch.cuda.synchronize()
 
 mods = {"matmul_backward": mm, "conv_backward_data": cd, "conv_backward_weight": cw}
+
+
+def launches(plan):
+    """The _launch.Launch objects of a cached plan of any of the three ops."""
+    if hasattr(plan, "products"):
+        return [p.launch for p in plan.products]
+    if hasattr(plan, "main"):
+        return [plan.main] + ([plan.finish] if plan.finish is not None else [])
+    return [plan.launch]
+
+
+def resources(mod):
+    """kernel grid warps tile regs/spills/shared of the newest cached plan's launches."""
+    entry = list(mod._PLANS.values())[-1]
+    plan = entry[-1][1] if isinstance(entry, list) else entry
+    out = []
+    for L in launches(plan) if plan is not None else []:
+        k = L.compiled
+        names = L.kernel.arg_names[L.n_tensors:]
+        tile = {n: v for n, v in zip(names, L.tail) if n in ("BM", "BN", "BK", "EW")}
+        regs = getattr(k, "n_regs", None)
+        out.append(f"{L.kernel.__name__} grid={L.grid[:2]} w{L.num_warps} {tile} regs={regs} "
+                   f"spills={getattr(k, 'n_spills', None)} smem={getattr(getattr(k, 'metadata', None), 'shared', None)}")
+    return "; ".join(out)
 for op, mod in mods.items():
     impl = find_impl(op, "triton")
     spec = get_op(op)
@@ -79,6 +103,7 @@ for op, mod in mods.items():
             ms = (time.perf_counter() - h) / 5 * 1e3  # device-bound loop: about the device time
             tf = spec.cost(case).flops / ms / 1e9
             print(f"{case.id:90s} {ms:8.3f} ms {tf:7.1f} TFLOP/s host {host_us:6.1f} us first {first:5.1f}s", flush=True)
+            print("    " + resources(mod), flush=True)
         except Exception as exc:  # noqa: BLE001
             print(f"{case.id:90s} ERROR {type(exc).__name__}: {str(exc)[:300]}", flush=True)
         if DEV == "cuda":
