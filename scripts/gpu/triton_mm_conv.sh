@@ -8,11 +8,12 @@
 # 3. `harness bench --cases perf` per op: triton beside torch (cuDNN/cuBLAS) and torch_compile
 #    (cold, interleaved, BENCH_LIMIT s per op), report per op.
 # Everything goes to $OUT/triton_mm_conv.tgz; $OUT/summary.txt is this script's output.
-# About 8.5 minutes on an H100.  Knobs: PROBE_LIMIT=60 FULL_MM=60 FULL_CONV=125 BENCH_LIMIT=40 DEVICE=cuda.
+# About 8.5 minutes on an H100 (each step is cut at its limit; a bench finishes its current pair after it).
+# Knobs: PROBE_LIMIT=45 FULL_MM=60 FULL_CONV=110 BENCH_LIMIT=35 DEVICE=cuda.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 : "${OUT:?set OUT to a folder for the results}"
-PROBE_LIMIT=${PROBE_LIMIT:-60} FULL_MM=${FULL_MM:-60} FULL_CONV=${FULL_CONV:-125} BENCH_LIMIT=${BENCH_LIMIT:-40}
+PROBE_LIMIT=${PROBE_LIMIT:-45} FULL_MM=${FULL_MM:-60} FULL_CONV=${FULL_CONV:-110} BENCH_LIMIT=${BENCH_LIMIT:-35}
 DEVICE=${DEVICE:-cuda}
 W="$OUT/triton_mm_conv"
 mkdir -p "$W"
