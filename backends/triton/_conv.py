@@ -72,7 +72,7 @@ def gather_candidates(itemsize: int) -> list[Tile]:
     if itemsize == 2:
         return [Tile(64, 64, 32, 4, 3), Tile(128, 64, 32, 8, 3), Tile(64, 128, 32, 8, 3), Tile(64, 64, 64, 4, 3)]
     if itemsize == 4:
-        return [Tile(64, 64, 16, 4, 2), Tile(32, 64, 32, 4, 2), Tile(64, 32, 32, 4, 2)]
+        return [Tile(64, 32, 16, 4, 2), Tile(64, 64, 16, 4, 2), Tile(32, 64, 32, 4, 2)]
     return gemm_candidates(itemsize)
 
 
