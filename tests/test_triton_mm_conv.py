@@ -1,6 +1,7 @@
 """The `triton` matmul_backward, conv_backward_data and conv_backward_weight under the Triton interpreter.
 
-Oracle runs (TRITON_INTERPRET=1, CPU): every smoke case of the three ops through the
+Oracle runs (TRITON_INTERPRET=1, CPU): every smoke case of the three ops (and EXTRA: conv layers
+whose channels span several tiles) through the
 harness's own runner (harness/runner.py: NaN-poisoned outputs, guard bands, the float64 numpy
 oracle and the tolerance model of harness/compare.py), and a set of conv smoke cases with
 the tensor-core (tl.dot) path forced where the planner would take the multiply-add path for
@@ -55,10 +56,37 @@ FORCED_DOT = ("C=4->2,HW=4x4,k=3x3,s=1,p=1,d=1,g=2,nhwc",      # grouped, channe
               "bf16,N=2,C=4->4,HW=6x7,k=3x3,s=2,p=1,d=1,g=1,nhwc,dy:transposed")  # strided views
 
 
+# Channels over several interpreter tiles (16 wide): the channel-block loops and grids of the
+# tl.dot paths (Cin/g = 20, Cout/g = 24: 2 column blocks, 2 reduction steps per tap in dgrad,
+# 2 x 2 tiles per tap in wgrad), grouped and strided, both layouts; and the multiply-add paths
+# with more channels than one column block.
+EXTRA = [
+    ("f32", dict(n=2, cin=40, cout=48, spatial=[7, 6], kernel=[3, 3], stride=[2, 1], padding=[1, 1], groups=2,
+                 layout="channels_first")),
+    ("bf16", dict(n=1, cin=20, cout=24, spatial=[5, 6], kernel=[2, 3], stride=[1, 2], padding=[0, 1], dilation=[2, 1],
+                  layout="channels_last")),
+    ("f32", dict(n=2, cin=40, cout=40, spatial=[9], kernel=[3], stride=[2], padding=[1], groups=40,
+                 layout="channels_last")),
+]
+
+
+def _extra(op):
+    from cases.registry import Case
+
+    out = []
+    for dt, geo in EXTRA:
+        params = {"stride": 1, "padding": 0, "dilation": 1, "groups": 1, **geo}
+        rank = len(params["spatial"])
+        params = {k: ([v] * rank if k in ("stride", "padding", "dilation") and isinstance(v, int) else v)
+                  for k, v in params.items()}
+        out.append(Case(op, dt, params, frozenset({"smoke"})))
+    return out
+
+
 def _smoke(op):
     from cases import select
 
-    return select("smoke", op=op)
+    return select("smoke", op=op) + (_extra(op) if op != "matmul_backward" else [])
 
 
 def _case_ids() -> list[str]:
