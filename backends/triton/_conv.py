@@ -1,0 +1,252 @@
+"""What the Triton matmul_backward, conv_backward_data and conv_backward_weight share.
+
+* `Tile`: the block sizes of one implicit-GEMM launch (BM x BN output tile, BK reduction
+  step, warps, software-pipeline stages).
+* `Tuner`: per shape class, the Tile that runs fastest, settled by timing a few candidates
+  on the first *checked* CUDA call of the class (CUDA events, on that call's own tensors) and
+  kept for the process.  Unchecked calls (what the harness times) never tune: they take the
+  cached choice, or the class's default where none is settled.  The choice is made before the
+  call's own launch and never changes after, so every call of a plan runs the same kernels in
+  the same summation order.  GRADORACLE_TRITON_TUNE=0 turns tuning off; small problems (under
+  TUNE_MIN_FLOPS) take the default without timing.
+* `geometry3`: a convolution's per-dim parameters padded to 3 spatial dims (size 1, kernel 1,
+  stride 1, no padding, dilation 1 in the missing leading dims), so one kernel serves 1D, 2D
+  and 3D; and the strides of each tensor as (n, c, d, h, w) whatever its layout.
+* `mma`: acc + a @ b on tensor cores, in IEEE precision for float32 (never TF32: the spec is
+  the float32 product) and float64 (DMMA on sm_80+).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from backends.triton.common import INTERPRETER, interpreted, jit, tl
+
+TUNE_ENV = "GRADORACLE_TRITON_TUNE"
+TUNE_MIN_FLOPS = 2e8     # below this a call takes the default tile: tuning would cost more than it wins
+TUNE_MARGIN = 0.03       # a candidate must beat the default by this much to replace it
+
+
+@jit
+def mma(a, b, acc):
+    """acc + a @ b: float32 (float64 for float64 inputs) accumulation, IEEE products.  The
+    interpreter's dot mishandles bfloat16 operands: there they go up to float32 first (exact:
+    a product of two bfloat16 values fits float32, as on the tensor cores)."""
+    if INTERPRETER and a.dtype == tl.bfloat16:
+        a = a.to(tl.float32)
+        b = b.to(tl.float32)
+    return tl.dot(a, b, acc, input_precision="ieee", out_dtype=acc.dtype)
+
+
+@dataclass(frozen=True)
+class Tile:
+    bm: int
+    bn: int
+    bk: int
+    warps: int = 4
+    stages: int = 3
+    group: int = 8   # programs along M that share B tiles in L2 (grouped launch order)
+
+    def short(self) -> str:
+        return f"{self.bm}x{self.bn}x{self.bk}w{self.warps}s{self.stages}"
+
+
+# The interpreter runs every program in Python: few, large-ish blocks keep the smoke runs short.
+INTERPRETER_TILE = Tile(32, 32, 32, 1, 1, 1)
+
+
+def gemm_candidates(itemsize: int) -> list[Tile]:
+    """Tiles tried for a tensor-core GEMM of this element size, the default first."""
+    if itemsize == 2:
+        return [Tile(128, 128, 64, 8, 3), Tile(128, 256, 64, 8, 3), Tile(128, 128, 64, 4, 4),
+                Tile(64, 128, 64, 4, 4), Tile(128, 64, 64, 4, 4), Tile(64, 64, 64, 4, 3)]
+    if itemsize == 4:  # IEEE float32 runs on the FMA units: smaller K steps, fewer stages
+        return [Tile(64, 64, 32, 4, 3), Tile(128, 64, 32, 8, 3), Tile(128, 128, 32, 8, 2), Tile(64, 128, 32, 4, 3)]
+    return [Tile(64, 64, 16, 4, 2), Tile(32, 64, 16, 4, 2), Tile(64, 32, 16, 4, 2)]
+
+
+def gather_candidates(itemsize: int) -> list[Tile]:
+    """Tiles for an implicit GEMM whose operand rows are gathered (no unit stride along the tile's
+    contiguous dim, e.g. a channels-first convolution): every element has its own 64-bit pointer,
+    so tiles stay small enough not to spill."""
+    if itemsize == 2:
+        return [Tile(64, 64, 32, 4, 3), Tile(128, 64, 32, 8, 3), Tile(64, 128, 32, 8, 3), Tile(64, 64, 64, 4, 3)]
+    if itemsize == 4:
+        return [Tile(64, 32, 16, 4, 2), Tile(64, 64, 16, 4, 2), Tile(32, 64, 32, 4, 2)]
+    return gemm_candidates(itemsize)
+
+
+def small_tile(tile: Tile, m: int, n: int) -> Tile:
+    """`tile` shrunk (by halves, not below 16) where the problem is narrower than it."""
+    bm, bn = tile.bm, tile.bn
+    while bm > 16 and bm // 2 >= m:
+        bm //= 2
+    while bn > 16 and bn // 2 >= n:
+        bn //= 2
+    return Tile(bm, bn, tile.bk, tile.warps if bm * bn >= 64 * 64 else min(tile.warps, 4), tile.stages, tile.group)
+
+
+_current_device = None   # torch.cuda.current_device, or False with a single GPU (never another device)
+
+
+def other_device(t) -> bool:
+    """Whether t is on a CUDA device that is not the current one (a launch must switch to it)."""
+    global _current_device
+    if not t.is_cuda or _current_device is False:
+        return False
+    if _current_device is None:
+        import torch
+
+        _current_device = torch.cuda.current_device if torch.cuda.device_count() > 1 else False
+        return other_device(t)
+    return t.device.index != _current_device()
+
+
+def tuning_on() -> bool:
+    return os.environ.get(TUNE_ENV, "1") != "0"
+
+
+def capturing(device) -> bool:
+    import torch
+
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def time_ms(run, reps: int = 3, rounds: int = 3) -> float:
+    """Fastest mean of `reps` back-to-back calls of `run()` over `rounds`, by CUDA events."""
+    import torch
+
+    run()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(rounds):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(reps):
+            run()
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) / reps)
+    return best
+
+
+class Tuner:
+    """The chosen Tile per (device, shape class) of one op; `log` keeps what each tuning tried."""
+
+    def __init__(self, op: str):
+        self.op = op
+        self.chosen: dict = {}
+        self.log: dict = {}
+
+    def pick(self, key, candidates: list, build, device, flops: float, tune: bool, force: int | None = None):
+        """The plan for the class `key`: build(tile) -> a plan (callable with no arguments runs
+        it).  Times the candidates when `tune` and the class has no choice yet; else the cached
+        choice or the default (candidates[0]).  force: candidates[force], untimed (tests; the
+        sm_90 compile test plans on meta tensors, which get the CUDA candidates)."""
+        if force is not None:
+            return build(candidates[force])
+        if device.type != "cuda" or interpreted():
+            return build(candidates[0])
+        ckey = (device.index, key)
+        tile = self.chosen.get(ckey)
+        if tile is not None:
+            return build(tile)
+        if not (tune and tuning_on() and flops >= TUNE_MIN_FLOPS and len(candidates) > 1) or capturing(device):
+            return build(candidates[0])
+        tried, plans = [], {}
+        for i, tile in enumerate(candidates):
+            try:
+                plan = build(tile)
+                ms = time_ms(plan)
+            except Exception as exc:  # noqa: BLE001 - out of resources etc.: that candidate is out
+                if i == 0:
+                    raise
+                tried.append({"tile": tile.short(), "error": f"{type(exc).__name__}: {exc}"[:200]})
+                continue
+            tried.append({"tile": tile.short(), "ms": ms})
+            plans[i] = (ms, plan)
+        best = min(plans, key=lambda i: plans[i][0])
+        if plans[best][0] > (1 - TUNE_MARGIN) * plans[0][0]:
+            best = 0
+        best_plan = plans[best][1]
+        self.chosen[ckey] = candidates[best]
+        self.log[ckey] = {"tried": tried, "chosen": candidates[best].short()}
+        return best_plan
+
+
+def bucket(n: int) -> int:
+    """A size class: n rounded up to a power of two, capped (large sizes all tile alike)."""
+    b = 1
+    while b < n and b < 8192:
+        b *= 2
+    return b
+
+
+# ----------------------------------------------------------------------------- convolution geometry
+
+
+@dataclass(frozen=True)
+class Geo3:
+    """A convolution padded to 3 spatial dims (d, h, w); sizes as ints, per-dim tuples of 3."""
+
+    n: int
+    cin: int
+    cout: int
+    groups: int
+    inp: tuple   # I
+    out: tuple   # O
+    k: tuple
+    s: tuple
+    p: tuple
+    d: tuple
+
+    @property
+    def cig(self) -> int:
+        return self.cin // self.groups
+
+    @property
+    def cog(self) -> int:
+        return self.cout // self.groups
+
+
+def geometry3(x_shape, y_shape, w_shape, params: dict, channels_last: bool) -> Geo3:
+    """The Geo3 of tensors of these (case-layout) shapes and the params' stride/padding/dilation/groups."""
+    rank = len(x_shape) - 2
+
+    def per_dim(key, default):
+        v = params.get(key, default)
+        v = (int(v),) * rank if isinstance(v, int) else tuple(int(e) for e in v)
+        return (default,) * (3 - rank) + v
+
+    if channels_last:
+        n, *sp_in, cin = x_shape
+        _, *sp_out, cout = y_shape
+        k = tuple(w_shape[1:-1])
+    else:
+        n, cin, *sp_in = x_shape
+        _, cout, *sp_out = y_shape
+        k = tuple(w_shape[2:])
+    pad = (1,) * (3 - rank)
+    return Geo3(n, cin, cout, int(params.get("groups", 1)), pad + tuple(sp_in), pad + tuple(sp_out), pad + k,
+                per_dim("stride", 1), per_dim("padding", 0), per_dim("dilation", 1))
+
+
+def strides5(t, channels_last: bool) -> tuple:
+    """(n, c, d, h, w) element strides of a data tensor (N, C, *S) or (N, *S, C), 1-3 spatial dims
+    (missing ones stride 0)."""
+    st = t.stride()
+    if channels_last:
+        sn, *sp, sc = st
+    else:
+        sn, sc, *sp = st
+    return (sn, sc, *([0] * (3 - len(sp)) + list(sp)))
+
+
+def wstrides5(w, channels_last: bool) -> tuple:
+    """(co, ci, kd, kh, kw) element strides of a weight (Cout, Cin/g, *k) or (Cout, *k, Cin/g)."""
+    st = w.stride()
+    if channels_last:
+        so, *sk, si = st
+    else:
+        so, si, *sk = st
+    return (so, si, *([0] * (3 - len(sk)) + list(sk)))

@@ -1,0 +1,330 @@
+"""conv_backward_data (dgrad) as Triton kernels: implicit GEMM on tensor cores, per filter phase.
+
+    dx[n, ci, i] = sum_{co in group(ci), k : i = o*s + k*d - p, 0 <= o < O} dy[n, co, o] * w[co, ci - first, k]
+
+Design:
+
+* 1D, 2D and 3D all run as 3D (`_conv.geometry3` pads the missing leading dims with size 1,
+  kernel 1, stride 1), and every tensor is read and written through its (n, c, d, h, w)
+  strides, so channels-first, channels-last and strided views take the same kernel.
+* Filter phases (strided dgrad without the zeros): input positions are split by their
+  residue r = (i + p) mod s per dim.  In phase r only the taps with k*d = r (mod s) reach an
+  input position, and then o = t + (i0 + p - k*d)/s for the phase's t-th position i = i0 + s*t:
+  a dense, shifted window of dy.  A program owns one phase's block of BM input positions
+  (rows) and a block of BN input channels and loops over that phase's taps only, so the
+  zero-inserted positions of the transposed convolution cost nothing.  Positions that no tap
+  reaches (s above the dilated kernel) are written as 0 by their phase's programs.
+* Tensor-core path (`EW` false): per group a GEMM of (positions x Cout/g) @ (Cout/g x Cin/g)
+  per tap, `tl.dot` with float32 accumulation (IEEE float32, DMMA float64).
+* Small channel groups (`EW`: Cin/g * Cout/g < 64, depthwise included): a tile of tl.dot would
+  be mostly padding, so columns run over all input channels (of every group) and each of the
+  Cout/g output channels of a column's group is a multiply-add on the tile (CUDA cores); with
+  channels last a depthwise tile's loads are contiguous across channels.
+* Accumulates in registers, writes dx once: deterministic, no atomics.
+
+Host side: plans are cached per (shapes, strides, dtype, device, geometry); a repeated call is
+a dict lookup and one launch through the compiled kernel's launcher.  On CUDA the tile is
+autotuned per shape class on the first checked call (_conv.Tuner); the unchecked entry never
+tunes.  Nothing the oracle defines is unsupported.
+"""
+from __future__ import annotations
+
+from math import prod
+
+from backends.triton import _conv, _launch, triton_backend
+from backends.triton.common import IMPORT_ERROR, byte_span, cdiv, jit, on_device, overlap, tl
+from backends.triton.common import to_out as _to_out
+from harness import argcheck
+
+OP = "conv_backward_data"
+DTYPES = ("f32", "f16", "bf16", "f64")
+TUNER = _conv.Tuner(OP)
+EW_MAX = 64   # Cin/g * Cout/g below this: the multiply-add path (a tl.dot tile would be mostly padding)
+
+
+# ============================================================================= kernel
+
+
+# Spatial sizes are not specialised (one compiled kernel serves many layers; the full case set
+# would otherwise compile one per case).  Channel counts and tensor strides are: a unit channel
+# stride and a channel block start known to be a multiple of 16 let the tiles' loads vectorise
+# (without that every element gets its own 64-bit pointer, and the big tiles spill).
+@jit(do_not_specialize=["N", "ID", "IH", "IW", "OD", "OH", "OW", "PD", "PH", "PW", "TD", "TH", "TW", "nrb", "ncb",
+                        "trow"])
+def _dgrad_kernel(dy_ptr, w_ptr, dx_ptr, tap_ptr,
+                  N, ID, IH, IW, OD, OH, OW, SD, SH, SW, PD, PH, PW,
+                  TD, TH, TW, nrb, ncb, cin, cig, cog, trow,
+                  syn, syc, syd, syh, syw, swo, swi, sxn, sxc, sxd, sxh, sxw,
+                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EW: tl.constexpr,
+                  IS_F64: tl.constexpr):
+    """One phase's BM input positions x BN input channels of dx (see the module docstring).
+
+    tap_ptr: int32 [phases, trow = 1 + 4 * max taps]: per phase the count of its taps, then per tap the
+    dy window shift (cd, ch, cw) in output positions and the tap's weight offset."""
+    pid = tl.program_id(0)
+    ph = pid // nrb
+    rb = pid - ph * nrb
+    rw = ph % SW
+    rh = (ph // SW) % SH
+    rd = ph // (SW * SH)
+    # First input index of the phase per dim: i0 = (r - p) mod s.
+    i0d = ((rd - PD) % SD + SD) % SD
+    i0h = ((rh - PH) % SH + SH) % SH
+    i0w = ((rw - PW) % SW + SW) % SW
+    rows = rb * BM + tl.arange(0, BM)
+    tw = rows % TW
+    rest = rows // TW
+    th = rest % TH
+    rest = rest // TH
+    td = rest % TD
+    n = rest // TD
+    xd = i0d + SD * td
+    xh = i0h + SH * th
+    xw = i0w + SW * tw
+    valid = (n < N) & (xd < ID) & (xh < IH) & (xw < IW)
+    n64 = n.to(tl.int64)
+    ybase = n64 * syn + td.to(tl.int64) * syd + th.to(tl.int64) * syh + tw.to(tl.int64) * syw
+    cb = tl.program_id(1)
+    tab = tap_ptr + ph * trow
+    ntaps = tl.load(tab)
+    ACC: tl.constexpr = tl.float64 if IS_F64 else tl.float32
+    acc = tl.zeros([BM, BN], ACC)
+    if EW:
+        # Columns: input channels of every group; co = group * cog + j for j < cog.
+        cols = cb * BN + tl.arange(0, BN)
+        cmask = cols < cin
+        grp = cols // cig
+        wcol = (cols - grp * cig) * swi + grp * cog * swo   # a weight is small: int32 offsets
+        ycol = (grp * cog).to(tl.int64) * syc
+        for ti in range(ntaps):
+            cd = tl.load(tab + 1 + 4 * ti)
+            chh = tl.load(tab + 2 + 4 * ti)
+            cw = tl.load(tab + 3 + 4 * ti)
+            wtap = tl.load(tab + 4 + 4 * ti)
+            od = td + cd
+            oh = th + chh
+            ow = tw + cw
+            v = valid & (od >= 0) & (od < OD) & (oh >= 0) & (oh < OH) & (ow >= 0) & (ow < OW)
+            yrow = ybase + (cd.to(tl.int64) * syd + chh.to(tl.int64) * syh + cw.to(tl.int64) * syw)
+            m = v[:, None] & cmask[None, :]
+            for j in range(cog):
+                a = tl.load(dy_ptr + yrow[:, None] + (ycol + j * syc)[None, :], mask=m, other=0.0)
+                b = tl.load(w_ptr + wtap + wcol + j * swo, mask=cmask, other=0.0)
+                acc += a.to(ACC) * b.to(ACC)[None, :]
+        chan = cols
+    else:
+        # One flat loop over (tap, Cout/g block): the software pipeline spans the taps.
+        g = cb // ncb
+        cols = (cb - g * ncb) * BN + tl.arange(0, BN)
+        cmask = cols < cig
+        kk = tl.arange(0, BK)
+        nco = tl.cdiv(cog, BK)
+        wcol = cols[None, :] * swi
+        for it in range(ntaps * nco):
+            ti = it // nco
+            c0 = (it - ti * nco) * BK
+            cd = tl.load(tab + 1 + 4 * ti)
+            chh = tl.load(tab + 2 + 4 * ti)
+            cw = tl.load(tab + 3 + 4 * ti)
+            wtap = tl.load(tab + 4 + 4 * ti)
+            od = td + cd
+            oh = th + chh
+            ow = tw + cw
+            v = valid & (od >= 0) & (od < OD) & (oh >= 0) & (oh < OH) & (ow >= 0) & (ow < OW)
+            yrow = ybase + (cd.to(tl.int64) * syd + chh.to(tl.int64) * syh + cw.to(tl.int64) * syw)
+            co = g * cog + c0 + kk
+            km = (c0 + kk) < cog
+            a = tl.load(dy_ptr + yrow[:, None] + co[None, :].to(tl.int64) * syc,
+                        mask=v[:, None] & km[None, :], other=0.0)
+            b = tl.load(w_ptr + wtap + co[:, None] * swo + wcol, mask=km[:, None] & cmask[None, :], other=0.0)
+            acc = _conv.mma(a, b, acc)
+        chan = g * cig + cols
+    xoff = (n64 * sxn + xd.to(tl.int64) * sxd + xh.to(tl.int64) * sxh + xw.to(tl.int64) * sxw)[:, None] \
+        + chan[None, :].to(tl.int64) * sxc
+    tl.store(dx_ptr + xoff, _to_out(acc, dx_ptr), mask=valid[:, None] & cmask[None, :])
+
+
+def tap_table(g: _conv.Geo3, sw: tuple):
+    """int32 [phases, 1 + 4 * maxt] (see _dgrad_kernel) and maxt: the taps that reach each phase's
+    input positions, with the shift of their dy window and their weight offset (sw: weight strides)."""
+    import numpy as np
+    from itertools import product as cartesian
+
+    phases = list(cartesian(*(range(s) for s in g.s)))
+    per = []
+    for r in phases:
+        taps = []
+        for k in cartesian(*(range(k) for k in g.k)):
+            if all((kj * dj - rj) % sj == 0 for kj, dj, rj, sj in zip(k, g.d, r, g.s)):
+                i0 = [(rj - pj) % sj for rj, pj, sj in zip(r, g.p, g.s)]
+                shift = [(i0j + pj - kj * dj) // sj for i0j, pj, kj, dj, sj in zip(i0, g.p, k, g.d, g.s)]
+                taps.append((*shift, k[0] * sw[2] + k[1] * sw[3] + k[2] * sw[4]))
+        per.append(taps)
+    maxt = max(1, max(len(t) for t in per))
+    tab = np.zeros((len(phases), 1 + 4 * maxt), dtype=np.int32)
+    for i, taps in enumerate(per):
+        tab[i, 0] = len(taps)
+        for j, t in enumerate(taps):
+            tab[i, 1 + 4 * j: 5 + 4 * j] = t
+    return tab.reshape(-1), maxt
+
+
+# ============================================================================= planning
+
+
+def _ew(g: _conv.Geo3) -> bool:
+    return g.cig * g.cog < EW_MAX
+
+
+def candidates(g: _conv.Geo3, itemsize: int, device_type: str, unit_channels: bool = True) -> list:
+    """Tiles (BM positions, BN channels, BK output channels) tried for this geometry, default first."""
+    if device_type == "cpu":  # the interpreter
+        return [_conv.Tile(128, 16, 16, 1, 1)] if not _ew(g) else [_conv.Tile(2048, 16, 1, 1, 1)]
+    if _ew(g):  # bm: elements of the tile (rows = bm / channels), bn: channels at most
+        return [_conv.Tile(1024, 64, 1, 4, 1), _conv.Tile(2048, 64, 1, 8, 1), _conv.Tile(512, 32, 1, 4, 1),
+                _conv.Tile(2048, 128, 1, 8, 1)]
+    # unit_channels: dy's and w's channel strides are 1, so the tiles' loads vectorise along channels
+    return _conv.gemm_candidates(itemsize) if unit_channels else _conv.gather_candidates(itemsize)
+
+
+def _fit(tile: _conv.Tile, g: _conv.Geo3) -> _conv.Tile:
+    """Shrink the channel blocks to the group's channels (tl.dot needs 16 at least)."""
+    if _ew(g):  # no tl.dot: any power of two; the tile keeps its element count
+        bn = min(tile.bn, 1 << (g.cin - 1).bit_length())
+        return _conv.Tile(max(16, tile.bm // bn), bn, 1, tile.warps, tile.stages)
+    bn = min(tile.bn, max(16, 1 << (g.cig - 1).bit_length()))
+    bk = min(tile.bk, max(16, 1 << (g.cog - 1).bit_length()))
+    warps = tile.warps if tile.bm * bn >= 128 * 64 else min(tile.warps, 4)
+    return _conv.Tile(tile.bm, bn, bk, warps, tile.stages)
+
+
+class _Launch:
+    """The kernel's launch with its tap table (a tensor the plan owns) appended."""
+
+    __slots__ = ("launch", "taps")
+
+    def __init__(self, launch, taps):
+        self.launch, self.taps = launch, taps
+
+    def __call__(self, dy, w, dx):
+        self.launch(dy, w, dx, self.taps)
+
+
+def _plan(dy, w, dx, params, channels_last: bool, tune: bool, force: int | None = None):
+    import torch
+
+    g = _conv.geometry3(dx.shape, dy.shape, w.shape, params, channels_last)
+    if dx.numel() == 0:
+        return None
+    sy, sw, sx = _conv.strides5(dy, channels_last), _conv.wstrides5(w, channels_last), _conv.strides5(dx, channels_last)
+    phases = prod(g.s)
+    t = tuple(cdiv(i, s) for i, s in zip(g.inp, g.s))
+    rows = g.n * prod(t)
+    item = dy.element_size()
+
+    tab, maxt = tap_table(g, sw)
+    taps = torch.from_numpy(tab).to(dy.device)
+
+    def build(tile):
+        tile = _fit(tile, g)
+        nrb = cdiv(rows, tile.bm)
+        ncb = cdiv(g.cin if _ew(g) else g.cig, tile.bn)
+        values = dict(N=g.n, ID=g.inp[0], IH=g.inp[1], IW=g.inp[2], OD=g.out[0], OH=g.out[1], OW=g.out[2],
+                      SD=g.s[0], SH=g.s[1], SW=g.s[2], PD=g.p[0], PH=g.p[1], PW=g.p[2],
+                      TD=t[0], TH=t[1], TW=t[2], nrb=nrb, ncb=ncb, cin=g.cin, cig=g.cig, cog=g.cog, trow=1 + 4 * maxt,
+                      syn=sy[0], syc=sy[1], syd=sy[2], syh=sy[3], syw=sy[4], swo=sw[0], swi=sw[1],
+                      sxn=sx[0], sxc=sx[1], sxd=sx[2], sxh=sx[3], sxw=sx[4],
+                      BM=tile.bm, BN=tile.bn, BK=tile.bk, EW=_ew(g), IS_F64=item == 8)
+        grid = (phases * nrb, ncb if _ew(g) else g.groups * ncb)
+        launch = _Launch(_launch.Launch(_dgrad_kernel, grid, 4, values, tile.warps, num_stages=tile.stages), taps)
+        runner = lambda: launch(dy, w, dx)  # noqa: E731 - the tuner times the plan on this call's tensors
+        runner.launch = launch
+        return runner
+
+    cls = (str(dy.dtype), _ew(g), g.k, g.s, g.d, _conv.bucket(g.cig), _conv.bucket(g.cog), _conv.bucket(rows),
+           channels_last, sy[1] == 1)
+    return TUNER.pick(cls, candidates(g, item, dy.device.type, sy[1] == 1), build, dy.device, 2.0 * g.n * prod(g.out)
+                      * g.cout * g.cig * prod(g.k), tune, force).launch
+
+
+_PLANS: dict = {}
+_PLANS_MAX = 256
+
+
+def lookup(plans: dict, key: tuple, params: dict):
+    """The plan cached for (key, params), or False.  Plans are keyed by the tensors' shapes,
+    strides, dtype and device; the params (stride, padding, ...) are compared as a dict, which
+    is cheaper per call than hashing them."""
+    for saved, plan in plans.get(key, ()):
+        if saved == params:
+            return plan
+    return False
+
+
+def store(plans: dict, key: tuple, params: dict, plan) -> None:
+    import copy
+
+    if len(plans) >= _PLANS_MAX:
+        plans.clear()
+    plans.setdefault(key, []).append((copy.deepcopy(params), plan))
+
+
+def _call(dy, w, dx, params, tune: bool) -> None:
+    key = (dy.shape, w.shape, dx.shape, dy.stride(), w.stride(), dx.stride(), dy.dtype, dy.device)
+    plan = lookup(_PLANS, key, params)
+    if plan is False:
+        if IMPORT_ERROR is not None:
+            raise RuntimeError(f"triton {OP}: triton is not importable ({IMPORT_ERROR})")
+        with on_device(dy):
+            plan = _plan(dy, w, dx, params, params.get("layout", "channels_first") == "channels_last", tune)
+        store(_PLANS, key, params, plan)
+    if plan is None:
+        return
+    if _conv.other_device(dy):
+        with on_device(dy):
+            plan(dy, w, dx)
+    else:
+        plan(dy, w, dx)
+
+
+def clear_plans() -> None:
+    _PLANS.clear()
+
+
+# ============================================================================= entry
+
+
+def check_kernel_args(op: str, named: dict, out: str) -> None:
+    """What the kernels need beyond the op's argument rule: one device, the output contiguous
+    in its layout and sharing no memory with an input (it is written while they are read)."""
+    first = next(iter(named.values()))
+    for name, t in named.items():
+        if t.device != first.device:
+            raise ValueError(f"triton {op}: {name}.device: expected {first.device} (the device of "
+                             f"{next(iter(named))}), got {t.device}")
+    if first.device.type not in ("cuda", "cpu"):
+        raise ValueError(f"triton {op}: device: expected cuda, or cpu under TRITON_INTERPRET=1, got {first.device}")
+    if not named[out].is_contiguous():
+        raise ValueError(f"triton {op}: {out}: expected a contiguous tensor, got strides {named[out].stride()}")
+    if named[out].numel():
+        span = byte_span(named[out])
+        for name, t in named.items():
+            if name != out and t.numel() and overlap(span, byte_span(t)):
+                raise ValueError(f"triton {op}: {out}: expected a buffer of its own (outputs are written while "
+                                 f"inputs are read), got memory shared with {name}")
+
+
+@argcheck.register(triton_backend, OP, dtypes=DTYPES, deterministic=True)
+def conv_backward_data(inputs, outs, params):
+    """The op's argument checks (harness.argcheck), the kernel's own, then the launch; on a
+    layout's first call it plans, and on CUDA may settle the autotuning choice."""
+    check_kernel_args(OP, {"dy": inputs["dy"], "w": inputs["w"], "dx": outs["dx"]}, "dx")
+    _call(inputs["dy"], inputs["w"], outs["dx"], params, True)
+
+
+def _unchecked(inputs, outs, params):
+    """What timed loops call: the cached plan and its launch; no checks, no tuning."""
+    _call(inputs["dy"], inputs["w"], outs["dx"], params, False)
+
+
+conv_backward_data.unchecked = _unchecked

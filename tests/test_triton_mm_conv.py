@@ -1,0 +1,329 @@
+"""The `triton` matmul_backward, conv_backward_data and conv_backward_weight under the Triton interpreter.
+
+Oracle runs (TRITON_INTERPRET=1, CPU): every smoke case of the three ops (and EXTRA: conv layers
+whose channels span several tiles) through the
+harness's own runner (harness/runner.py: NaN-poisoned outputs, guard bands, the float64 numpy
+oracle and the tolerance model of harness/compare.py), and a set of conv smoke cases with
+the tensor-core (tl.dot) path forced where the planner would take the multiply-add path for
+small channel groups (so groups, depthwise, strides, dilation, 3D and both layouts run
+through both kernels of each conv op).  The interpreter sizing splits wgrad's reduction
+into up to 3 chunks, so both the direct store and the partials + finish run.
+
+In-process checks: the plan cache (a repeated call plans nothing), bitwise repeatability,
+the registration (deterministic, `unchecked`), the kernels' own argument errors, and the
+autotuner's choice rules (settled once per class, only by a checked call, default kept on
+near ties).
+
+TRITON_INTERPRET must be set before triton is imported: where the test session did not set
+it (a GPU machine), the oracle cases run in one worker subprocess that sets it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+pytest.importorskip("triton")
+torch = pytest.importorskip("torch")
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from backends.triton import _conv  # noqa: E402
+from backends.triton import conv_backward_data as cbd  # noqa: E402
+from backends.triton import conv_backward_weight as cbw  # noqa: E402
+from backends.triton import matmul_backward as mmb  # noqa: E402
+from harness import dtypes  # noqa: E402
+from harness.registry import get_op  # noqa: E402
+from test_triton_interpret import _to_torch  # noqa: E402 - the HostTensor -> torch view helper
+
+OPS = ("matmul_backward", "conv_backward_data", "conv_backward_weight")
+# Conv smoke cases (by a substring of their ids) also run with the tl.dot path forced.
+FORCED_DOT = ("C=4->2,HW=4x4,k=3x3,s=1,p=1,d=1,g=2,nhwc",      # grouped, channels last
+              "C=3->6,HW=3x4,k=2x2,s=1,p=0,d=1,g=3,nchw",      # depthwise x2
+              "C=8->8,HW=9x9,k=3x3,s=2,p=1,d=1,g=8,nhwc",      # strided depthwise
+              "C=4->5,HW=9x9,k=3x3,s=2,p=1,d=1,g=1,nchw",      # strided 3x3: filter phases
+              "C=1->2,DHW=4x4x4,k=2x1x2,s=3x2x3",              # 3D, stride above the kernel
+              "C=4->6,HW=9x10,k=3x1,s=1x2,p=2x0,d=1x3",        # per-dim stride/padding/dilation
+              "C=4->4,DHW=4x5x6,k=3x1x3",                       # 3D grouped, dilation
+              "f64,N=1,C=2->4,L=5",                             # float64 on DMMA
+              "bf16,N=2,C=4->4,HW=6x7,k=3x3,s=2,p=1,d=1,g=1,nhwc,dy:transposed")  # strided views
+
+
+# Channels over several interpreter tiles (16 wide): the channel-block loops and grids of the
+# tl.dot paths (Cin/g = 20, Cout/g = 24: 2 column blocks, 2 reduction steps per tap in dgrad,
+# 2 x 2 tiles per tap in wgrad), grouped and strided, both layouts; and the multiply-add paths
+# with more channels than one column block.
+EXTRA = [
+    ("f32", dict(n=2, cin=40, cout=48, spatial=[7, 6], kernel=[3, 3], stride=[2, 1], padding=[1, 1], groups=2,
+                 layout="channels_first")),
+    ("bf16", dict(n=1, cin=20, cout=24, spatial=[5, 6], kernel=[2, 3], stride=[1, 2], padding=[0, 1], dilation=[2, 1],
+                  layout="channels_last")),
+    ("f32", dict(n=2, cin=40, cout=40, spatial=[9], kernel=[3], stride=[2], padding=[1], groups=40,
+                 layout="channels_last")),
+]
+
+
+def _extra(op):
+    from cases.registry import Case
+
+    out = []
+    for dt, geo in EXTRA:
+        params = {"stride": 1, "padding": 0, "dilation": 1, "groups": 1, **geo}
+        rank = len(params["spatial"])
+        params = {k: ([v] * rank if k in ("stride", "padding", "dilation") and isinstance(v, int) else v)
+                  for k, v in params.items()}
+        out.append(Case(op, dt, params, frozenset({"smoke"})))
+    return out
+
+
+def _smoke(op):
+    from cases import select
+
+    return select("smoke", op=op) + (_extra(op) if op != "matmul_backward" else [])
+
+
+def _case_ids() -> list[str]:
+    ids = [f"{op}|{c.id}|auto" for op in OPS for c in _smoke(op)]
+    ids += [f"{op}|{c.id}|dot" for op in OPS[1:] for c in _smoke(op) if any(s in c.id for s in FORCED_DOT)]
+    return ids
+
+
+CASES = _case_ids()
+
+# ----------------------------------------------------------------------------- one case
+
+
+def run_case(case_id: str) -> None:
+    """Run one smoke case through the harness runner on the CPU; raise with its verdict unless PASS."""
+    from harness import runner, status
+    from harness.registry import find_impl
+
+    op, cid, path = case_id.split("|")
+    case = next(c for c in _smoke(op) if c.id == cid)
+    saved = cbd.EW_MAX, cbw.EW_MAX
+    if path == "dot":
+        cbd.EW_MAX = cbw.EW_MAX = 0
+    cbd.clear_plans()
+    cbw.clear_plans()
+    try:
+        # The stale-output recheck and the exact-input check cost two more interpreted calls a case:
+        # matmul keeps them (cheap); the conv ops' own are left to the GPU runs.
+        r = runner.run_case(find_impl(op, "triton"), case, "cpu", run_seed=0, oracle="numpy",
+                            recheck=op == "matmul_backward")
+    finally:
+        cbd.EW_MAX, cbw.EW_MAX = saved
+        cbd.clear_plans()
+        cbw.clear_plans()
+    if r.status != status.PASS:
+        bad = [f"{o.name}: {o.detail if hasattr(o, 'detail') else o}" for o in r.outputs if not o.passed]
+        raise AssertionError(f"{r.status}: {r.reason} {bad[:2]}")
+
+
+# ----------------------------------------------------------------------------- runner
+
+
+def _interpreting_here() -> bool:
+    return _conv.interpreted() and os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _needs_interpreter():
+    if not _interpreting_here():
+        pytest.skip("needs TRITON_INTERPRET=1 in this process (the oracle cases run in a worker)")
+
+
+@pytest.fixture(scope="module")
+def subprocess_results():
+    """Results of every case from a worker that sets TRITON_INTERPRET=1 before importing triton."""
+    if _interpreting_here():
+        return None
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "tests"), env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, __file__, "--worker"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=1800)
+    assert proc.returncode == 0, f"interpreter worker failed:\n{proc.stderr[-4000:]}"
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("case_id", CASES)
+def test_matches_oracle(subprocess_results, case_id):
+    if subprocess_results is None:
+        run_case(case_id)
+    else:
+        assert subprocess_results[case_id] == "ok", subprocess_results[case_id]
+
+
+def _worker() -> None:
+    out = {}
+    for case_id in CASES:
+        try:
+            run_case(case_id)
+            out[case_id] = "ok"
+        except Exception as exc:  # noqa: BLE001 - reported to the test side
+            out[case_id] = f"{type(exc).__name__}: {exc}"
+    print(json.dumps(out))
+
+
+# ----------------------------------------------------------------------------- in-process checks
+
+
+def _make(op, dtype, **params):
+    """(inputs, NaN-filled outputs, params) of a case given by its params, as torch CPU tensors."""
+    spec = get_op(op)
+    case = SimpleNamespace(op=op, dtype=dtype, params=params)
+    host = spec.generate(case, np.random.default_rng(0))
+    shapes = spec.shapes(case)
+    tdt = getattr(torch, dtypes.long_name(dtype))
+    outs = {k: torch.full(shapes[k], float("nan"), dtype=tdt) for k in spec.outputs}
+    return {k: _to_torch(v) for k, v in host.items()}, outs, params
+
+
+CONV = dict(n=2, cin=4, cout=6, spatial=[7, 6], kernel=[3, 3], stride=[2, 1], padding=[1, 1], dilation=[1, 1],
+            groups=2, layout="channels_last")
+ENTRIES = {
+    "matmul_backward": (mmb, dict(a=[3, 8, 20], b=[20, 12], b_layout="transposed")),
+    "conv_backward_data": (cbd, CONV),
+    "conv_backward_weight": (cbw, dict(CONV, n=4)),
+}
+
+
+def _cached(mod) -> list:
+    """Identities of the cached plans (the conv caches keep a list of (params, plan) per key)."""
+    out = []
+    for v in mod._PLANS.values():
+        out += [id(p) for _, p in v] if isinstance(v, list) else [id(v)]
+    return out
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_plan_cache_and_repeatability(op):
+    """A second call of the same layout plans nothing and gives the same bits."""
+    _needs_interpreter()
+    mod, params = ENTRIES[op]
+    fn = mod.triton_backend.impls[(op, "default")].fn
+    mod.clear_plans()
+    inputs, outs1, _ = _make(op, "f32", **params)
+    fn(inputs, outs1, params)
+    plans = _cached(mod)
+    assert len(plans) == 1
+    _, outs2, _ = _make(op, "f32", **params)
+    fn.unchecked(inputs, outs2, params)
+    assert _cached(mod) == plans, "the second call planned again"
+    for name in outs1:
+        assert not torch.isnan(outs1[name]).any(), f"{name}: NaN left (not fully written)"
+        assert torch.equal(outs1[name], outs2[name]), f"{name} differs between two identical calls"
+
+
+def test_registration():
+    for op in OPS:
+        impl = mmb.triton_backend.impls[(op, "default")]
+        assert impl.dtypes == ("f32", "f16", "bf16", "f64") and impl.deterministic
+        assert callable(impl.fn.unchecked) and impl.fn.unchecked is not impl.fn
+
+
+def _bad_cases():
+    """(op, mutate(inputs, outs), error type, words the message must hold)."""
+    def noncontig(name):
+        def mutate(i, o):
+            t = o[name]
+            o[name] = torch.empty(tuple(reversed(t.shape)), dtype=t.dtype).permute(*reversed(range(t.dim())))
+        return mutate
+
+    def alias(out, inp):
+        def mutate(i, o):  # the input and the output as views of one buffer, overlapping
+            src, dst = i[inp], o[out]
+            buf = torch.zeros(src.numel() + dst.numel(), dtype=src.dtype)
+            buf[: src.numel()].view(src.shape).copy_(src)
+            i[inp] = buf[: src.numel()].view(src.shape)
+            o[out] = buf[src.numel() // 2: src.numel() // 2 + dst.numel()].view(dst.shape)
+        return mutate
+
+    def wrong_shape(name):
+        def mutate(i, o):
+            t = o[name]
+            o[name] = torch.empty(tuple(t.shape[:-1]) + (t.shape[-1] + 1,), dtype=t.dtype)
+        return mutate
+
+    def wrong_dtype(name):
+        def mutate(i, o):
+            i[name] = i[name].to(torch.float64)
+        return mutate
+
+    return [
+        ("matmul_backward", noncontig("da"), ValueError, ["matmul_backward", "da", "contiguous"]),
+        ("matmul_backward", alias("db", "dy"), ValueError, ["matmul_backward", "db", "shared with dy"]),
+        ("matmul_backward", wrong_shape("da"), ValueError, ["da"]),
+        ("matmul_backward", wrong_dtype("b"), TypeError, ["b"]),
+        ("conv_backward_data", noncontig("dx"), ValueError, ["conv_backward_data", "dx", "contiguous"]),
+        ("conv_backward_data", alias("dx", "dy"), ValueError, ["conv_backward_data", "dx", "shared with dy"]),
+        ("conv_backward_data", wrong_shape("dx"), ValueError, ["dx"]),
+        ("conv_backward_weight", noncontig("dw"), ValueError, ["conv_backward_weight", "dw", "contiguous"]),
+        ("conv_backward_weight", alias("dw", "x"), ValueError, ["conv_backward_weight", "dw", "shared with x"]),
+        ("conv_backward_weight", wrong_dtype("x"), TypeError, ["x"]),
+    ]
+
+
+@pytest.mark.parametrize("op, mutate, error, words", _bad_cases())
+def test_bad_input_errors(op, mutate, error, words):
+    """Each bad argument raises a clear error naming the op and the argument; nothing is written."""
+    mod, params = ENTRIES[op]
+    fn = mod.triton_backend.impls[(op, "default")].fn
+    inputs, outs, _ = _make(op, "f32", **params)
+    mutate(inputs, outs)
+    with pytest.raises(error) as info:
+        fn(inputs, outs, params)
+    msg = str(info.value)
+    for w in words:
+        assert w in msg, f"{w!r} not in {msg!r}"
+
+
+def test_tuner_rules(monkeypatch):
+    """The tuner times the candidates once per (device, class), only when asked (a checked call),
+    keeps the default unless another is TUNE_MARGIN faster, and reuses the choice."""
+    a, b, c = _conv.Tile(16, 16, 16), _conv.Tile(32, 32, 32), _conv.Tile(64, 64, 64)
+    times = {a: 1.0, b: 0.99, c: 0.5}
+    timed = []
+    monkeypatch.setattr(_conv, "interpreted", lambda: False)
+    monkeypatch.setattr(_conv, "capturing", lambda device: False)
+    monkeypatch.setattr(_conv, "time_ms", lambda run: timed.append(run.name) or times[run.name])
+
+    def build(tile):
+        run = lambda: None  # noqa: E731
+        run.name = tile
+        return run
+
+    abc = [a, b, c]
+    cuda = SimpleNamespace(type="cuda", index=0)
+    t = _conv.Tuner("test")
+    big = 2 * _conv.TUNE_MIN_FLOPS
+    assert t.pick("k", abc, build, cuda, big, tune=False).name == a and not timed  # unchecked
+    assert t.pick("k", abc, build, cuda, _conv.TUNE_MIN_FLOPS / 2, tune=True).name == a and not timed
+    assert t.pick("k", abc, build, cuda, big, tune=True).name == c and timed == [a, b, c]
+    assert t.pick("k", abc, build, cuda, big, tune=True).name == c and len(timed) == 3  # cached
+    assert t.pick("k", abc, build, cuda, big, tune=False).name == c
+    times[c] = 0.995  # a near tie: the default stays
+    assert t.pick("k2", abc, build, cuda, big, tune=True).name == a
+    monkeypatch.setenv(_conv.TUNE_ENV, "0")
+    assert t.pick("k3", abc, build, cuda, big, tune=True).name == a and len(timed) == 6
+
+
+def test_batch_tables():
+    """The folded-batch offset tables: z over the output operand's batch, r over what it folds."""
+    # da of a (4, 1, M, K) against dy (4, 3, M, N), b (3, K, N): z = a's 4 batch elements, r = the 3 it folds
+    xo, yo, z, r = mmb._batch_tables((4, 1), (4, 3), (300, 100), (3,), (50,), (4, 3))
+    assert (z, r) == (4, 3)
+    assert xo.tolist() == [i * 300 + j * 100 for i in range(4) for j in range(3)]
+    assert yo.tolist() == [j * 50 for _ in range(4) for j in range(3)]
+    # db of b (K, N) (no batch) against a (2, 3, M, K): everything folds into one output
+    xo, yo, z, r = mmb._batch_tables((), (2, 3), (30, 10), (2, 3), (60, 20), (2, 3))
+    assert (z, r) == (1, 6) and xo.tolist() == [0, 10, 20, 30, 40, 50] and yo.tolist() == [0, 20, 40, 60, 80, 100]
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:
+    _worker()

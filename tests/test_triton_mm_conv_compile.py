@@ -1,0 +1,230 @@
+"""Compile the Triton matmul_backward / conv_backward_data / conv_backward_weight kernels for sm_90 with no GPU.
+
+Jobs: every perf case of the three ops with the default tile the planner picks, and every
+autotuning candidate tile on one bfloat16 case per op.  The plans are made on
+torch "meta" tensors with each case's shapes and layout strides (no data), so the launches
+are exactly those a CUDA call of the case would make: the same kernels, constexprs, int
+arguments, warps and stages.  Each launch is compiled like triton's launcher would specialise
+it (ints equal to 1 as constants, ints divisible by 16 and 16-byte aligned pointers marked),
+through ptxas for sm_90a.  Checks: a cubin comes out; the GEMM launches of 16-bit cases use
+the tensor cores (mma / wgmma in the PTX); the default tiles spill at most SPILL_LIMIT bytes.
+
+The compiles run in two worker subprocesses with TRITON_INTERPRET unset (under the interpreter
+`triton.jit` makes interpreter objects, which `triton.compile` cannot take).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+
+ROOT = Path(__file__).resolve().parents[1]
+OPS = ("matmul_backward", "conv_backward_data", "conv_backward_weight")
+_TORCH_DT = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "f64": "float64"}
+SPILL_LIMIT = 16  # bytes a thread may spill (a value parked across the loop; as binary_backward's tuner allows)
+_TRITON_TY = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float64": "fp64", "int64": "i64", "int32": "i32"}
+
+
+def _candidate_count(op: str, case) -> int:
+    """How many tiles the autotuner tries on this case on CUDA."""
+    from backends.triton import _conv
+    from harness.registry import get_op
+
+    item = {"f32": 4, "f16": 2, "bf16": 2, "f64": 8}[case.dtype]
+    if op == "matmul_backward":
+        return len(_conv.gemm_candidates(item))
+    from backends.triton import conv_backward_data as cbd, conv_backward_weight as cbw
+
+    shapes = get_op(op).shapes(case)
+    x, w = ("dx", "w") if op == "conv_backward_data" else ("x", "dw")
+    geo = _conv.geometry3(shapes[x], shapes["dy"], shapes[w], case.params, case.params.get("layout") == "channels_last")
+    unit = case.params.get("layout") == "channels_last" and all(
+        case.params.get(k, "contig") == "contig" for k in ("dy_layout", "w_layout", "x_layout"))
+    return len((cbd if op == "conv_backward_data" else cbw).candidates(geo, item, "cuda", unit))
+
+
+def _jobs() -> list[str]:
+    """op|case id|tile index ("0": the default): the default of every bfloat16 and float32 perf case
+    (float16 compiles the bfloat16 code with another element type), and every candidate of
+    the op's first channels-last bfloat16 perf case with more than one channel (matmul: 1024^3)."""
+    sys.path.insert(0, str(ROOT))
+    from cases import select
+
+    jobs = []
+    for op in OPS:
+        tuned = False
+        for case in select("perf", op=op):
+            if case.dtype == "f16":
+                continue
+            jobs.append(f"{op}|{case.id}|0")
+            if case.dtype == "bf16" and not tuned and "C=1->1" not in case.id and (
+                    op == "matmul_backward" or case.params.get("layout") == "channels_last"):
+                tuned = True
+                jobs += [f"{op}|{case.id}|{i}" for i in range(1, _candidate_count(op, case))]
+    return jobs
+
+
+JOBS = _jobs()
+
+# ----------------------------------------------------------------------------- worker side
+
+
+def _meta(shape, layout: str, dtype):
+    """A meta tensor of `shape` with the strides harness.tensors gives `layout` (no data)."""
+    import torch
+
+    from harness.tensors import contiguous_strides
+
+    shape = tuple(shape)
+    if layout == "transposed":
+        stored = shape[:-2] + (shape[-1], shape[-2])
+        st = list(contiguous_strides(stored))
+        st[-1], st[-2] = st[-2], st[-1]
+    elif layout == "sliced":
+        st = list(contiguous_strides(shape[:-1] + (2 * shape[-1] + 1,)))
+        st[-1] = 2
+    else:
+        st = contiguous_strides(shape)
+    return torch.empty_strided(shape, tuple(st), dtype=dtype, device="meta")
+
+
+def _launches(op: str, case, force: int) -> list:
+    """[(Launch, pointer dtypes of its tensors)] of the case's plan with candidate tile `force`."""
+    import torch
+
+    from harness.registry import get_op
+
+    spec = get_op(op)
+    shapes = spec.shapes(case)
+    dt = getattr(torch, _TORCH_DT[case.dtype])
+    p = case.params
+    t = {k: _meta(shapes[k], p.get(f"{k}_layout", "contig"), dt) for k in spec.inputs}
+    t.update({k: _meta(shapes[k], "contig", dt) for k in spec.outputs})
+    ty = str(dt).split(".")[1]
+    if op == "matmul_backward":
+        from backends.triton import matmul_backward as mod
+
+        out = []
+        for which in ("da", "db"):
+            prod_ = mod._product(which, t["a"], t["b"], t["dy"], t[which], False, force)
+            if prod_ is not None:
+                out.append((prod_.launch, [ty, ty, ty, "int64", "int64"]))
+        return out
+    cl = p.get("layout") == "channels_last"
+    if op == "conv_backward_data":
+        from backends.triton import conv_backward_data as mod
+
+        return [(mod._plan(t["dy"], t["w"], t["dx"], p, cl, False, force).launch, [ty] * 3 + ["int32"])]
+    from backends.triton import conv_backward_weight as mod
+
+    plan = mod._plan(t["dy"], t["x"], t["dw"], p, cl, False, force)
+    acc = "float64" if case.dtype == "f64" else "float32"
+    if plan.finish is None:
+        return [(plan.main, [ty] * 3)]
+    return [(plan.main, [ty, ty, acc]), (plan.finish, [acc, ty])]
+
+
+def _compile(launch, ptr_types) -> dict:
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    kernel = launch.kernel
+    names = list(kernel.arg_names)
+    values = dict(zip(names[launch.n_tensors:], launch.tail))
+    constexpr_names = {p.name for p in kernel.params if p.is_constexpr}
+    no_spec = {names[i] if isinstance(i, int) else i for i in getattr(kernel, "do_not_specialize", ())}
+    signature, constexprs, attrs = {}, {}, {}
+    for i, name in enumerate(names):
+        if i < launch.n_tensors:
+            signature[name] = "*" + _TRITON_TY[ptr_types[i]]
+            attrs[(i,)] = [["tt.divisibility", 16]]
+            continue
+        v = values[name]
+        if name in constexpr_names or (v == 1 and name not in no_spec and not isinstance(v, bool)):
+            signature[name] = "constexpr"
+            constexprs[name] = v
+            continue
+        signature[name] = "i32" if -2**31 <= v < 2**31 else "i64"
+        if v % 16 == 0 and name not in no_spec:
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    src = triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
+    options = {"num_warps": launch.num_warps, **launch.options}
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+    with tempfile.TemporaryDirectory() as d:
+        Path(d, "k.ptx").write_text(compiled.asm["ptx"])
+        log = subprocess.run([triton.knobs.nvidia.ptxas.path, "-v", "--gpu-name=sm_90a", str(Path(d, "k.ptx")),
+                              "-o", str(Path(d, "k.o"))], capture_output=True, text=True).stderr
+    regs = re.findall(r"Used (\d+) registers", log)
+    spills = re.findall(r"(\d+) bytes spill stores", log)
+    ptx = compiled.asm["ptx"]
+    return {"kernel": kernel.__name__, "cubin": len(compiled.asm.get("cubin", b"")),
+            "mma": bool(re.search(r"\b(w?gmma|mma)\.", ptx)), "wgmma": "wgmma" in ptx, "regs": int(regs[0]) if regs else None,
+            "spills": int(spills[0]) if spills else 0, "warps": launch.num_warps,
+            "constexprs": {k: v for k, v in constexprs.items() if k in constexpr_names}}
+
+
+def _worker(jobs: list[str]) -> None:
+    sys.path.insert(0, str(ROOT))
+    from cases import select
+
+    by_id = {(c.op, c.id): c for op in OPS for c in select("perf", op=op)}
+    out, cache = {}, {}
+    for job in jobs:
+        op, cid, force = job.split("|")
+        try:
+            res = []
+            for launch, ptrs in _launches(op, by_id[(op, cid)], int(force)):
+                key = (launch.signature(), tuple(ptrs))
+                if key not in cache:
+                    cache[key] = _compile(launch, ptrs)
+                res.append(cache[key])
+            out[job] = res
+        except Exception as exc:  # noqa: BLE001 - reported to the test side
+            out[job] = [{"error": f"{type(exc).__name__}: {exc}"[-3000:]}]
+    print(json.dumps(out))
+
+
+# ----------------------------------------------------------------------------- test side
+
+
+@pytest.fixture(scope="module")
+def compiled() -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    workers = [subprocess.Popen([sys.executable, __file__, "--worker", *JOBS[i::2]], cwd=ROOT, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    results = {}
+    for w in workers:
+        stdout, stderr = w.communicate(timeout=1200)
+        assert w.returncode == 0, f"compile worker failed:\n{stderr[-4000:]}"
+        results.update(json.loads(stdout.strip().splitlines()[-1]))
+    return results
+
+
+@pytest.mark.parametrize("job", JOBS)
+def test_compiles_for_sm90(compiled, job):
+    for r in compiled[job]:
+        assert "error" not in r, r.get("error")
+        assert r["cubin"] > 0, f"{job}: no cubin"
+
+
+@pytest.mark.parametrize("job", [j for j in JOBS if j.endswith("|0")])
+def test_default_tiles(compiled, job):
+    """16-bit GEMM launches run on the tensor cores; default tiles spill at most SPILL_LIMIT bytes."""
+    for r in compiled[job]:
+        assert "error" not in r, r.get("error")
+        if r["kernel"] != "_finish_kernel" and not r["constexprs"].get("EW") and ("bf16" in job or "f16" in job):
+            assert r["mma"], f"{job}: {r['kernel']} has no mma/wgmma: not on the tensor cores"
+        assert r["spills"] <= SPILL_LIMIT, f"{job}: {r['kernel']} spills {r['spills']} bytes ({r['regs']} registers)"
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:
+    _worker(sys.argv[2:])
