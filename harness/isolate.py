@@ -49,7 +49,7 @@ from harness import status
 from harness.cuda_errors import sticky_cuda_error
 from harness.registry import ENV_BACKENDS
 from harness.results import CaseResult
-from harness.runner import repro_command, run_case
+from harness.runner import env_assignments, module_root, repro_command, run_case
 
 DEFAULT_CASE_TIMEOUT_S = 300.0
 SETUP_TIMEOUT_S = 900.0  # a worker's start, or a backend's first import and build (torch_ext compiles)
@@ -65,8 +65,8 @@ def repro(impl, case, run_seed: int, device: str) -> str:
 def named(impl, command: str) -> str:
     """A repro command, prefixed with GRADORACLE_BACKENDS=<its module> when the backend was registered
     by hand (no origin) and the command has no such prefix yet: the command must name the module."""
-    if command and not impl.backend.origin and not command.startswith(f"{ENV_BACKENDS}="):
-        command = f"{ENV_BACKENDS}={backend_module(impl)} {command}"
+    if command and not impl.backend.origin and command.startswith("python -m "):  # no prefix yet
+        command = env_assignments(backend_module(impl)) + command
     return command
 
 
@@ -227,17 +227,6 @@ def stderr_excerpt(text: str, limit: int = STDERR_LINES) -> list[str]:
         return lines[-limit:]
     first = starts[0]
     return lines[max(0, first - 4):first] + lines[first:first + limit - min(first, 4)]
-
-
-def module_root(name: str) -> str | None:
-    """The sys.path folder the (imported) module `name` was found in, or None."""
-    path = getattr(sys.modules.get(name), "__file__", None)
-    if not path:
-        return None
-    root = Path(path).resolve().parent
-    for _ in range(name.count(".") + (Path(path).name == "__init__.py")):
-        root = root.parent
-    return str(root)
 
 
 def _block(lines: list[str], colon: str = ":") -> str:
