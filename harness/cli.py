@@ -131,7 +131,8 @@ def cmd_run(args) -> int:
         return cmd_gpus(args)
     discover()
     named_broken = run_report.import_failures(args.backend)
-    device = frameworks.default_device() if args.device == "auto" else args.device
+    device = args.device if args.device != "auto" else getattr(args, "default_device", None) or \
+        frameworks.default_device()
     if args.seed is None:
         args.seed = random.SystemRandom().randrange(1 << 31)
     try:  # op by op as printed; an unknown backend name or a bad --shard is an error
@@ -141,6 +142,8 @@ def cmd_run(args) -> int:
     if args.isolate and args.no_isolate:
         raise SystemExit("error: --isolate and --no-isolate contradict each other")
     args.isolate = run_report.isolate_by_default(args, pairs)
+    if not args.isolate:
+        isolate.discard_prestarted()
     results, done = resumed(args.resume)
     started = time.time()
     print(f"device={device} cases={args.cases} seed={args.seed} oracle={args.oracle}"
@@ -248,12 +251,22 @@ def main(argv=None) -> int:
 
 
 def _main(argv=None) -> int:
+    import os
     import signal
 
     args = _parse(argv)
     if args.command == "run":
         signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
-    frameworks.interpret_triton_without_gpu()
+        if not (args.no_isolate or args.gpus or args.sanitize):  # likely isolated: its worker starts now
+            from harness import isolate
+
+            isolate.prestart()
+            # the default device without importing torch here (an isolated run never needs it here)
+            args.default_device = "cpu" if isolate.surely_no_gpu() else isolate.prestarted_device()
+            if args.default_device == "cpu":
+                os.environ.setdefault("TRITON_INTERPRET", "1")  # as interpret_triton_without_gpu decides
+    if not getattr(args, "default_device", None):
+        frameworks.interpret_triton_without_gpu()
     if args.command == "list":
         return cmd_list()
     if args.command in ("bench", "compare", "ceilings"):

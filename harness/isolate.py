@@ -23,7 +23,8 @@ Both count as failures; their rows carry the one-line repro command.  An ordinar
 exception in the worker (not sticky) is an ERROR row and the worker lives on.
 
 Protocol: the parent writes one JSON job per line on the worker's stdin; the worker answers
-on its original stdout, one JSON message per line: {"ready": pid} once, then per job
+on its original stdout, one JSON message per line: {"ready": pid} once (with "device" for a
+prestarted worker, see `prestart`), then per job
 {"started": true} and {"result": row} or {"error": text, "sticky": name|null}.  The worker
 points its fd 1 at stderr first, so prints (and C printf) from backends never reach the
 protocol.  Its stderr goes to a log file the parent reads back after a crash.
@@ -55,6 +56,7 @@ DEFAULT_CASE_TIMEOUT_S = 300.0
 SETUP_TIMEOUT_S = 900.0  # a worker's start, or a backend's first import and build (torch_ext compiles)
 STICKY_EXIT = 3  # a worker (or `harness run`) that stopped on a lost CUDA context exits with this
 STDERR_LINES = 12
+PRESTART_ENV = "GRADORACLE_PRESTARTED"  # set for a worker started before its parent chose TRITON_INTERPRET
 
 
 def repro(impl, case, run_seed: int, device: str) -> str:
@@ -126,6 +128,8 @@ class _Worker:
 
     def __init__(self, env: dict, log: Path):
         self.log = log
+        self.paths = set(filter(None, env.get("PYTHONPATH", "").split(os.pathsep)))  # what it can import from
+        self.ready: dict | None = None  # its "ready" message, once read by prestarted_device
         with open(log, "ab") as err:
             self.proc = subprocess.Popen([sys.executable, "-m", "harness.isolate"], stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE, stderr=err, env=env,
@@ -261,14 +265,20 @@ class IsolatedRunner:
         self.roots: list[str] = []  # folders of the backend modules, on every worker's PYTHONPATH
         self.tmp = tempfile.TemporaryDirectory(prefix="gradoracle-isolate-")
         self.started = 0  # workers started, for the log names
+        self.first = _take_prestarted()  # a worker started early (prestart), adopted by the first case
+
 
     # -- worker lifecycle
 
     def _start(self) -> _Worker:
         self.started += 1
-        worker = _Worker(_worker_env(self.roots), Path(self.tmp.name) / f"worker-{self.started}.log")
+        worker, self.first = self.first, None
+        if worker is None or not set(self.roots) <= worker.paths:
+            if worker is not None:
+                worker.kill()
+            worker = _Worker(_worker_env(self.roots), Path(self.tmp.name) / f"worker-{self.started}.log")
         try:
-            message = worker.receive(time.monotonic() + self.setup_timeout)
+            message = worker.ready or worker.receive(time.monotonic() + self.setup_timeout)
         except _Died:
             message = None
         if not message or "ready" not in message:
@@ -292,6 +302,9 @@ class IsolatedRunner:
             if self.worker.wait(5) is None:
                 self.worker.kill()
             self.worker = None
+        if self.first is not None:
+            self.first.kill()
+            self.first = None
         self.tmp.cleanup()
 
     def __enter__(self):
@@ -307,7 +320,8 @@ class IsolatedRunner:
         root = module_root(module)
         if root and root not in self.roots:
             self.roots.append(root)
-            self._retire()  # a worker's PYTHONPATH is fixed at its start: the next one finds this module
+            if self.worker is not None and root not in self.worker.paths:
+                self._retire()  # a worker's PYTHONPATH is fixed at its start: the next one finds this module
         if self.worker is not None and self.worker.proc.poll() is not None:
             self._retire()  # it died between cases (nothing of this case's doing): start afresh
         if self.worker is None:
@@ -364,6 +378,66 @@ class IsolatedRunner:
                               + _block(more, ""), cuda_error=message["sticky"])
         lines = [line for line in message.get("traceback", []) if not _noise(line)]
         return _crash_row(impl, case, self.device, self.seed, status.ERROR, message["error"] + _block(lines, ""))
+
+
+_PRESTARTED: list = []  # [worker, its log folder] of prestart(), until a runner takes it
+
+
+def prestart() -> None:
+    """Start a worker now, before this process imports torch and the registries: its own start
+    (Python, torch, the ops) then overlaps this process's instead of following it.  The first
+    IsolatedRunner adopts it; `discard_prestarted` ends it when the run is not isolated after all.
+    It decides TRITON_INTERPRET itself, as this process will (the variable is not set yet)."""
+    if not _PRESTARTED:
+        import atexit
+
+        folder = tempfile.TemporaryDirectory(prefix="gradoracle-isolate-")
+        env = {**_worker_env([]), PRESTART_ENV: "1"}
+        _PRESTARTED[:] = [_Worker(env, Path(folder.name) / "worker-0.log"), folder]
+        atexit.register(discard_prestarted)
+
+
+def surely_no_gpu() -> bool:
+    """True when no GPU device node exists (NVIDIA, WSL's /dev/dxg, ROCm's /dev/kfd): torch cannot see a
+    GPU, so the default device is the CPU without importing torch to ask.  False: it may be either."""
+    dev = Path("/dev")
+    return not (any(dev.glob("nvidia[0-9]*")) or (dev / "dxg").exists() or (dev / "kfd").exists())
+
+
+def prestarted_device(timeout: float = SETUP_TIMEOUT_S) -> str | None:
+    """The default device ('cuda' or 'cpu') as the prestarted worker found it (it imports torch to
+    know), so that this process need not import torch to decide TRITON_INTERPRET and --device auto:
+    when the run is isolated it never does.  None without a prestarted worker, or when it failed
+    to start (it is then discarded: the runner starts its own and reports why that fails)."""
+    worker = _PRESTARTED[0] if _PRESTARTED else None
+    if worker is None:
+        return None
+    try:
+        worker.ready = worker.receive(time.monotonic() + timeout)
+    except _Died:
+        worker.ready = None
+    if not worker.ready or worker.ready.get("device") not in ("cpu", "cuda"):
+        discard_prestarted()
+        return None
+    return worker.ready["device"]
+
+
+def _take_prestarted() -> _Worker | None:
+    if not _PRESTARTED:
+        return None
+    worker, _ = _PRESTARTED
+    _PRESTARTED[0] = None  # the folder stays (the log lives there) until discard_prestarted at exit
+    return worker
+
+
+def discard_prestarted() -> None:
+    """End a prestarted worker no runner took, and remove its log folder."""
+    if _PRESTARTED:
+        worker, folder = _PRESTARTED
+        if worker is not None:
+            worker.kill()
+        folder.cleanup()
+        _PRESTARTED.clear()
 
 
 def make_runner(args, device: str):
@@ -432,9 +506,19 @@ def worker_main() -> int:
     from harness.registry import load_ops
 
     # TRITON_INTERPRET comes with the parent's environment (set there before any backend
-    # loaded); deciding it here would import torch at every worker start.
+    # loaded); deciding it here would import torch at every worker start.  A prestarted worker
+    # (prestart) left before the parent decided, so it decides alike, here.
+    if os.environ.get(PRESTART_ENV):
+        from harness import frameworks
+
+        frameworks.interpret_triton_without_gpu()
     load_ops()
-    _send(protocol, {"ready": os.getpid()})
+    ready = {"ready": os.getpid()}
+    if os.environ.get(PRESTART_ENV):  # its parent waits for this answer instead of importing torch itself
+        from harness import frameworks
+
+        ready["device"] = frameworks.default_device()
+    _send(protocol, ready)
     for line in sys.stdin:
         if not line.strip():
             continue
