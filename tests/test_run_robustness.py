@@ -262,3 +262,18 @@ def test_the_repro_line_of_an_env_backend_reproduces_in_a_fresh_shell(tmp_path):
     again = subprocess.run(["bash", "-c", line], cwd=ROOT, env=fresh, capture_output=True, text=True, timeout=600)
     assert again.returncode == 1, again.stdout + again.stderr
     assert any(r.startswith("FAIL   binary_backward  tmpkern") for r in again.stdout.splitlines()), again.stdout
+
+
+def test_sdpa_reads_torchs_cpp_warnings_off_stderr(capfd):
+    """torch's can_use_*_attention checks print their reasons through C++ TORCH_WARN to fd 2 (no Python
+    warning): backends/baselines/sdpa.py reads them from there into the skip reason, off the log."""
+    from backends.baselines import sdpa
+
+    line = (b"[W1124 01:02:03.456789 4242 sdp_utils.cpp:583] Warning: Flash attention requires q,k,v to have the "
+            b"same last dimension and to be less than or equal to 256. Got Query.size(-1): 300 "
+            b"(function check_head_dim_size_flash)\n")
+    result, printed = sdpa.with_stderr(lambda: os.write(2, line) and False)
+    assert result is False
+    assert sdpa.cpp_warnings(printed) == ["Flash attention requires q,k,v to have the same last dimension and to be "
+                                          "less than or equal to 256. Got Query.size(-1): 300"]
+    assert capfd.readouterr().err == ""
