@@ -7,8 +7,10 @@ import sys
 from collections import Counter
 
 from harness import status
+from harness.isolate import backend_module
 from harness.registry import BROKEN, env_backend_modules, is_baseline
 from harness.report.text import status_matrix
+from harness.runner import module_root
 
 NOTHING_RAN_EXIT = 5  # as pytest's "no tests collected": every selected case was skipped, or none selected
 TOP_REASONS = 5
@@ -49,12 +51,21 @@ def import_failures(backends, stream=None) -> bool:
 
 def isolate_by_default(args, pairs) -> bool:
     """--isolate, --no-isolate, else isolation whenever a selected implementation is not a baseline of
-    backends/baselines/ (a kernel under test may crash its process; the baselines are libraries)."""
+    backends/baselines/ (a kernel under test may crash its process; the baselines are libraries) and
+    every selected implementation can be imported by a worker (not one defined in a script's __main__)."""
     if args.no_isolate:
         return False
     if args.isolate:
         return True
-    return any(not is_baseline(impl.backend) for _, impls in pairs for impl in impls)
+    impls = [impl for _, chosen in pairs for impl in chosen]
+    if any(not _importable(backend_module(impl)) for impl in impls):
+        return False
+    return any(not is_baseline(impl.backend) for impl in impls)
+
+
+def _importable(module: str) -> bool:
+    """Whether a worker process can import `module` by name (a script's __main__ is not)."""
+    return module != "__main__" and module_root(module) is not None
 
 
 def print_matrix(results, stream=None) -> None:
