@@ -257,14 +257,16 @@ def _main(argv=None) -> int:
     args = _parse(argv)
     if args.command == "run":
         signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
-        if not (args.no_isolate or args.gpus or args.sanitize):  # likely isolated: its worker starts now
+        if not (args.no_isolate or args.gpus or args.sanitize):  # likely isolated (harness/isolate.py)
             from harness import isolate
 
-            isolate.prestart()
-            # the default device without importing torch here (an isolated run never needs it here)
-            args.default_device = "cpu" if isolate.surely_no_gpu() else isolate.prestarted_device()
-            if args.default_device == "cpu":
+            if isolate.surely_no_gpu():  # the CPU, known without importing torch (its worker will)
+                args.default_device = "cpu"
                 os.environ.setdefault("TRITON_INTERPRET", "1")  # as interpret_triton_without_gpu decides
+            else:
+                frameworks.interpret_triton_without_gpu()
+                args.default_device = frameworks.default_device()
+            isolate.prestart()  # its worker starts now, while this process selects the cases
     if not getattr(args, "default_device", None):
         frameworks.interpret_triton_without_gpu()
     if args.command == "list":

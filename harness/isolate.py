@@ -23,8 +23,7 @@ Both count as failures; their rows carry the one-line repro command.  An ordinar
 exception in the worker (not sticky) is an ERROR row and the worker lives on.
 
 Protocol: the parent writes one JSON job per line on the worker's stdin; the worker answers
-on its original stdout, one JSON message per line: {"ready": pid} once (with "device" for a
-prestarted worker, see `prestart`), then per job
+on its original stdout, one JSON message per line: {"ready": pid} once, then per job
 {"started": true} and {"result": row} or {"error": text, "sticky": name|null}.  The worker
 points its fd 1 at stderr first, so prints (and C printf) from backends never reach the
 protocol.  Its stderr goes to a log file the parent reads back after a crash.
@@ -56,7 +55,7 @@ DEFAULT_CASE_TIMEOUT_S = 300.0
 SETUP_TIMEOUT_S = 900.0  # a worker's start, or a backend's first import and build (torch_ext compiles)
 STICKY_EXIT = 3  # a worker (or `harness run`) that stopped on a lost CUDA context exits with this
 STDERR_LINES = 12
-PRESTART_ENV = "GRADORACLE_PRESTARTED"  # set for a worker started before its parent chose TRITON_INTERPRET
+WARM_ENV = "GRADORACLE_WARM_IMPORTS"  # modules a prestarted worker imports while its parent selects the cases
 
 
 def repro(impl, case, run_seed: int, device: str) -> str:
@@ -129,7 +128,6 @@ class _Worker:
     def __init__(self, env: dict, log: Path):
         self.log = log
         self.paths = set(filter(None, env.get("PYTHONPATH", "").split(os.pathsep)))  # what it can import from
-        self.ready: dict | None = None  # its "ready" message, once read by prestarted_device
         with open(log, "ab") as err:
             self.proc = subprocess.Popen([sys.executable, "-m", "harness.isolate"], stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE, stderr=err, env=env,
@@ -278,7 +276,7 @@ class IsolatedRunner:
                 worker.kill()
             worker = _Worker(_worker_env(self.roots), Path(self.tmp.name) / f"worker-{self.started}.log")
         try:
-            message = worker.ready or worker.receive(time.monotonic() + self.setup_timeout)
+            message = worker.receive(time.monotonic() + self.setup_timeout)
         except _Died:
             message = None
         if not message or "ready" not in message:
@@ -384,15 +382,15 @@ _PRESTARTED: list = []  # [worker, its log folder] of prestart(), until a runner
 
 
 def prestart() -> None:
-    """Start a worker now, before this process imports torch and the registries: its own start
-    (Python, torch, the ops) then overlaps this process's instead of following it.  The first
-    IsolatedRunner adopts it; `discard_prestarted` ends it when the run is not isolated after all.
-    It decides TRITON_INTERPRET itself, as this process will (the variable is not set yet)."""
+    """Start a worker now, while this process discovers the backends and selects the cases: the
+    worker's own start (Python, the harness, the ops) overlaps that work instead of following it.
+    Call it once TRITON_INTERPRET is decided (the worker inherits the environment).  The first
+    IsolatedRunner adopts it; `discard_prestarted` ends it when the run is not isolated after all."""
     if not _PRESTARTED:
         import atexit
 
         folder = tempfile.TemporaryDirectory(prefix="gradoracle-isolate-")
-        env = {**_worker_env([]), PRESTART_ENV: "1"}
+        env = {**_worker_env([]), WARM_ENV: "torch"}  # what most backends import first, imported meanwhile
         _PRESTARTED[:] = [_Worker(env, Path(folder.name) / "worker-0.log"), folder]
         atexit.register(discard_prestarted)
 
@@ -402,24 +400,6 @@ def surely_no_gpu() -> bool:
     GPU, so the default device is the CPU without importing torch to ask.  False: it may be either."""
     dev = Path("/dev")
     return not (any(dev.glob("nvidia[0-9]*")) or (dev / "dxg").exists() or (dev / "kfd").exists())
-
-
-def prestarted_device(timeout: float = SETUP_TIMEOUT_S) -> str | None:
-    """The default device ('cuda' or 'cpu') as the prestarted worker found it (it imports torch to
-    know), so that this process need not import torch to decide TRITON_INTERPRET and --device auto:
-    when the run is isolated it never does.  None without a prestarted worker, or when it failed
-    to start (it is then discarded: the runner starts its own and reports why that fails)."""
-    worker = _PRESTARTED[0] if _PRESTARTED else None
-    if worker is None:
-        return None
-    try:
-        worker.ready = worker.receive(time.monotonic() + timeout)
-    except _Died:
-        worker.ready = None
-    if not worker.ready or worker.ready.get("device") not in ("cpu", "cuda"):
-        discard_prestarted()
-        return None
-    return worker.ready["device"]
 
 
 def _take_prestarted() -> _Worker | None:
@@ -506,19 +486,14 @@ def worker_main() -> int:
     from harness.registry import load_ops
 
     # TRITON_INTERPRET comes with the parent's environment (set there before any backend
-    # loaded); deciding it here would import torch at every worker start.  A prestarted worker
-    # (prestart) left before the parent decided, so it decides alike, here.
-    if os.environ.get(PRESTART_ENV):
-        from harness import frameworks
-
-        frameworks.interpret_triton_without_gpu()
+    # loaded); deciding it here would import torch at every worker start.
     load_ops()
-    ready = {"ready": os.getpid()}
-    if os.environ.get(PRESTART_ENV):  # its parent waits for this answer instead of importing torch itself
-        from harness import frameworks
-
-        ready["device"] = frameworks.default_device()
-    _send(protocol, ready)
+    _send(protocol, {"ready": os.getpid()})
+    for name in filter(None, os.environ.pop(WARM_ENV, "").split(",")):  # a prestarted worker: before any job
+        try:
+            __import__(name)
+        except Exception:  # noqa: BLE001 - only a head start; the backend that needs it will say what is wrong
+            pass
     for line in sys.stdin:
         if not line.strip():
             continue

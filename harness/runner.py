@@ -458,9 +458,13 @@ def describe_exception(exc: BaseException, frames: int = FRAMES) -> str:
     return head + "".join(f"\n    {line}" for line in lines)
 
 
+WARNINGS_KEPT, WARNING_CHARS = 5, 500  # a row keeps at most this many distinct warnings, each this long
+
+
 def _warning_texts(caught) -> list[str]:
-    """The distinct messages of recorded warnings, in order ('Category: message')."""
-    return list(dict.fromkeys(f"{w.category.__name__}: {str(w.message).strip()}" for w in caught))
+    """The first WARNINGS_KEPT distinct messages of recorded warnings, in order ('Category: message')."""
+    texts = dict.fromkeys(f"{w.category.__name__}: {str(w.message).strip()}"[:WARNING_CHARS] for w in caught)
+    return list(texts)[:WARNINGS_KEPT]
 
 
 def run_case(impl: Impl, case, device: str, run_seed: int = 0, oracle: str = "auto",
@@ -480,7 +484,9 @@ def run_case(impl: Impl, case, device: str, run_seed: int = 0, oracle: str = "au
     result = CaseResult(case.op, impl.id, case.id, case.dtype, device, status.SKIP,
                         repro=repro_command(impl, case, run_seed, device))
     with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+        warnings.simplefilter("always")  # every case's own: a reason repeated in the next case is recorded again
+        for hidden in (DeprecationWarning, PendingDeprecationWarning):  # hidden by Python's defaults: not a row's
+            warnings.filterwarnings("ignore", category=hidden)
         try:
             reason = impl.skip_reason(case, device)
             if reason:

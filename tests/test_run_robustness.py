@@ -108,6 +108,22 @@ def test_a_kernel_under_test_runs_isolated_by_default_and_a_crash_is_a_row(tmp_p
     assert "2 passed, 2 failed (2 crashed, 0 timed out), 0 skipped" in out.stdout
 
 
+def test_an_isolated_cpu_run_leaves_torch_to_its_worker():
+    """The overhead of isolation: the worker starts first and imports torch; on a machine with no GPU
+    device node the parent never does (it would only to choose the default device)."""
+    from harness import isolate
+
+    if not isolate.surely_no_gpu():
+        pytest.skip("a GPU node exists: the parent asks the worker for the device")
+    code = ("import sys; from harness.cli import main; code = main(sys.argv[1:]); "
+            "print('torch imported:', 'torch' in sys.modules); sys.exit(code)")
+    env = dict(os.environ, GRADORACLE_BACKENDS="planted_errors", PYTHONPATH=str(ROOT / "tests"))
+    out = subprocess.run([sys.executable, "-c", code, "run", "--backend", "planted_errors@correct", "--cases", CASE],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "isolate=worker process" in out.stdout and "torch imported: False" in out.stdout, out.stdout
+
+
 def test_no_isolate_runs_in_this_process():
     out = harness("--backend", "planted_crash@segfault", "--no-isolate", "--cases", CASE)
     assert out.returncode in (-11, 128 + 11), out.stdout + out.stderr  # SIGSEGV: the run itself died
