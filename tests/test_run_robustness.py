@@ -293,3 +293,10 @@ def test_sdpa_reads_torchs_cpp_warnings_off_stderr(capfd):
     assert sdpa.cpp_warnings(printed) == ["Flash attention requires q,k,v to have the same last dimension and to be "
                                           "less than or equal to 256. Got Query.size(-1): 300"]
     assert capfd.readouterr().err == ""
+
+
+def test_gpus_workers_whose_shards_were_all_skipped_are_complete():
+    """A --gpus worker that ran nothing exits 5; the merged run is complete, and exits 5 itself."""
+    out = harness("--gpus", "2", "--backend", "cupy@opt", "--cases", TWO_CASES)
+    assert out.returncode == 5, out.stdout + out.stderr
+    assert "incomplete" not in out.stdout + out.stderr and "nothing ran: all 2 selected cases were skipped" in out.stdout
