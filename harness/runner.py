@@ -441,7 +441,8 @@ FRAMES = 4  # innermost traceback frames an ERROR row keeps
 
 
 def describe_exception(exc: BaseException, frames: int = FRAMES) -> str:
-    """'Type: message' and, below it, the innermost `frames` frames ('file:line in function: source').
+    """'Type: message' and, below it, the innermost `frames` frames ('file:line in function: source'):
+    those below the harness's last frame (the implementation's own) when there are any.
 
     An argument error of harness/argcheck.py (a ValueError or TypeError raised there) names op,
     argument, expected and got by itself: it stays one line."""
@@ -449,12 +450,16 @@ def describe_exception(exc: BaseException, frames: int = FRAMES) -> str:
     stack = traceback.extract_tb(exc.__traceback__)
     if not stack or stack[-1].filename.endswith(os.path.join("harness", "argcheck.py")):
         return head
+    ours = os.path.join(PROJECT_ROOT, "harness") + os.sep
+    last = max((i for i, f in enumerate(stack) if f.filename.startswith(ours)), default=-1)
     lines = []
-    for f in stack[-frames:]:
+    for f in (stack[last + 1:] or stack)[-frames:]:
         name = f.filename
         if name.startswith(PROJECT_ROOT + os.sep):
             name = name[len(PROJECT_ROOT) + 1:]
-        lines.append(f"{name}:{f.lineno} in {f.name}" + (f": {f.line.strip()}" if f.line else ""))
+        source = (f.line or "").strip()
+        source = source if len(source) <= 100 else source[:97] + "..."
+        lines.append(f"{name}:{f.lineno} in {f.name}" + (f": {source}" if source else ""))
     return head + "".join(f"\n    {line}" for line in lines)
 
 

@@ -59,6 +59,7 @@ def test_any_exception_of_an_implementation_is_an_error_row_with_frames_and_repr
     assert row.status == "ERROR", row.report()
     assert row.reason.startswith(message), row.reason
     assert "planted_errors.py:" in row.reason and frame in row.reason  # the innermost frames, the culprit's last
+    assert "harness/" not in row.reason  # the implementation's own frames, not the harness's calls into it
     report = row.report()
     assert f"reproduce: python -m harness run --op binary_backward --backend planted_errors@{variant} " in report
 
