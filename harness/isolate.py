@@ -47,7 +47,6 @@ from pathlib import Path
 
 from harness import status
 from harness.cuda_errors import sticky_cuda_error
-from harness.registry import ENV_BACKENDS
 from harness.results import CaseResult
 from harness.runner import env_assignments, module_root, repro_command, run_case
 
