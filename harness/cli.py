@@ -9,7 +9,7 @@ import random
 import sys
 import time
 
-from harness import bench_cli, frameworks, mutate, status
+from harness import bench_cli, frameworks, mutate, run_report, status
 from harness.registry import BACKENDS, BROKEN, BROKEN_OPS, discover, is_baseline, load_ops
 from harness.results import CHECKPOINT_S, resumed, write_run
 from harness.selection import SelectionError, select
@@ -42,7 +42,10 @@ def _parse(argv):
                      help="take the results of an earlier (e.g. interrupted) run and run only what it lacks")
     run.add_argument("--isolate", action="store_true",
                      help="run each case in a worker subprocess (reused, replaced when it dies): a crash or hang "
-                          "marks that case CRASH or TIMEOUT and the run goes on")
+                          "marks that case CRASH or TIMEOUT and the run goes on (the default whenever an "
+                          "implementation other than the baselines of backends/baselines/ is selected)")
+    run.add_argument("--no-isolate", action="store_true",
+                     help="run every case in this process, even kernels under test (a crash ends the run)")
     run.add_argument("--case-timeout", type=float, default=None, metavar="S",
                      help="with --isolate: seconds a case may run before it is TIMEOUT (default 300); "
                           "with --sanitize: seconds per backend (default 900)")
@@ -52,7 +55,7 @@ def _parse(argv):
     run.add_argument("--gpus", type=int, default=None, metavar="N",
                      help="spread the cases over N worker processes, one per GPU (CUDA_VISIBLE_DEVICES; N CPU "
                           "workers with --device cpu), and merge their results (harness/multi_gpu/)")
-    run.add_argument("--show-skips", action="store_true", help="print skipped rows too")
+    run.add_argument("--show-skips", action="store_true", help="print skipped rows too, with their reasons")
     run.add_argument("-v", "--verbose", action="store_true", help="print every output's error line")
     run.set_defaults(run_parser=run)  # --gpus rebuilds its workers' command lines from it
     bench_cli.add_parsers(sub)
@@ -131,17 +134,25 @@ def cmd_run(args) -> int:
 
         return cmd_gpus(args)
     discover()
-    device = frameworks.default_device() if args.device == "auto" else args.device
+    named_broken = run_report.import_failures(args.backend)
+    device = args.device if args.device != "auto" else getattr(args, "default_device", None) or \
+        frameworks.default_device()
     if args.seed is None:
         args.seed = random.SystemRandom().randrange(1 << 31)
     try:  # op by op as printed; an unknown backend name or a bad --shard is an error
         pairs = select(args.cases, args.op, args.dtype, args.backend, shard_spec=args.shard, by_op=True, strict=True)
     except SelectionError as exc:
         raise SystemExit(f"error: {exc}") from None
+    if args.isolate and args.no_isolate:
+        raise SystemExit("error: --isolate and --no-isolate contradict each other")
+    args.isolate = run_report.isolate_by_default(args, pairs)
+    if not args.isolate:
+        isolate.discard_prestarted()
     results, done = resumed(args.resume)
     started = time.time()
-    print(f"device={device} cases={args.cases} seed={args.seed} oracle={args.oracle}")
-    print(f"{'status':6} {'op':16} {'impl':16} {'case':48} {'max_rel':>9} {'err/tol':>8} {'time_ms':>9}")
+    print(f"device={device} cases={args.cases} seed={args.seed} oracle={args.oracle}"
+          + (" isolate=worker process" if args.isolate else ""))
+    print(run_report.HEADER)
     interrupted, saved = None, time.time()
 
     def save(state: str | None) -> None:  # the whole file, so a killed run leaves its last checkpoint
@@ -176,11 +187,14 @@ def cmd_run(args) -> int:
     finally:
         runner.close()
     counts = status.counts(r.status for r in results)
+    run_report.print_matrix(results)
     print(status.summary(counts, time.time() - started))
     save(interrupted)
     if stopped:
         return isolate.STICKY_EXIT
-    return 1 if any(counts[s] for s in status.FAILED) or interrupted else 0
+    if any(counts[s] for s in status.FAILED) or interrupted or named_broken:
+        return 1
+    return run_report.nothing_ran(results)
 
 
 def write_results(path: str, results: list, device: str, args, interrupted: str | None) -> None:
@@ -192,13 +206,11 @@ def write_results(path: str, results: list, device: str, args, interrupted: str 
 def _print_row(r, args) -> None:
     if r.status == status.SKIP and not args.show_skips:
         return
-    worst = max(r.outputs, key=lambda o: o.worst_ratio, default=None)
-    rel = f"{max(o.max_rel for o in r.outputs):9.2e}" if r.outputs else " " * 9
-    ratio = f"{worst.worst_ratio:8.3f}" if worst else " " * 8
-    t = f"{r.time_ms:9.4f}" if r.time_ms is not None else " " * 9
-    print(f"{r.status:6} {r.op:16} {r.impl:16} {r.case:48} {rel} {ratio} {t}")
+    print(run_report.row_line(r))
     if r.status in status.REPRO or args.verbose:
         print("\n".join("       " + line for line in r.report().splitlines()[1:]))
+    elif r.status == status.SKIP and r.reason:
+        print(f"       {r.reason}")
 
 
 @functools.lru_cache(maxsize=None)
@@ -243,12 +255,24 @@ def main(argv=None) -> int:
 
 
 def _main(argv=None) -> int:
+    import os
     import signal
 
     args = _parse(argv)
     if args.command == "run":
         signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
-    frameworks.interpret_triton_without_gpu()
+        if not (args.no_isolate or args.gpus or args.sanitize):  # likely isolated (harness/isolate.py)
+            from harness import isolate
+
+            if isolate.surely_no_gpu():  # the CPU, known without importing torch (its worker will)
+                args.default_device = "cpu"
+                os.environ.setdefault("TRITON_INTERPRET", "1")  # as interpret_triton_without_gpu decides
+            else:
+                frameworks.interpret_triton_without_gpu()
+                args.default_device = frameworks.default_device()
+            isolate.prestart()  # its worker starts now, while this process selects the cases
+    if not getattr(args, "default_device", None):
+        frameworks.interpret_triton_without_gpu()
     if args.command == "list":
         return cmd_list()
     if args.command in ("bench", "compare", "ceilings"):

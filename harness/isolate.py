@@ -47,14 +47,14 @@ from pathlib import Path
 
 from harness import status
 from harness.cuda_errors import sticky_cuda_error
-from harness.registry import ENV_BACKENDS
 from harness.results import CaseResult
-from harness.runner import repro_command, run_case
+from harness.runner import env_assignments, module_root, repro_command, run_case
 
 DEFAULT_CASE_TIMEOUT_S = 300.0
 SETUP_TIMEOUT_S = 900.0  # a worker's start, or a backend's first import and build (torch_ext compiles)
 STICKY_EXIT = 3  # a worker (or `harness run`) that stopped on a lost CUDA context exits with this
 STDERR_LINES = 12
+WARM_ENV = "GRADORACLE_WARM_IMPORTS"  # modules a prestarted worker imports while its parent selects the cases
 
 
 def repro(impl, case, run_seed: int, device: str) -> str:
@@ -65,8 +65,8 @@ def repro(impl, case, run_seed: int, device: str) -> str:
 def named(impl, command: str) -> str:
     """A repro command, prefixed with GRADORACLE_BACKENDS=<its module> when the backend was registered
     by hand (no origin) and the command has no such prefix yet: the command must name the module."""
-    if command and not impl.backend.origin and not command.startswith(f"{ENV_BACKENDS}="):
-        command = f"{ENV_BACKENDS}={backend_module(impl)} {command}"
+    if command and not impl.backend.origin and command.startswith("python -m "):  # no prefix yet
+        command = env_assignments(backend_module(impl)) + command
     return command
 
 
@@ -126,6 +126,7 @@ class _Worker:
 
     def __init__(self, env: dict, log: Path):
         self.log = log
+        self.paths = set(filter(None, env.get("PYTHONPATH", "").split(os.pathsep)))  # what it can import from
         with open(log, "ab") as err:
             self.proc = subprocess.Popen([sys.executable, "-m", "harness.isolate"], stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE, stderr=err, env=env,
@@ -229,17 +230,6 @@ def stderr_excerpt(text: str, limit: int = STDERR_LINES) -> list[str]:
     return lines[max(0, first - 4):first] + lines[first:first + limit - min(first, 4)]
 
 
-def module_root(name: str) -> str | None:
-    """The sys.path folder the (imported) module `name` was found in, or None."""
-    path = getattr(sys.modules.get(name), "__file__", None)
-    if not path:
-        return None
-    root = Path(path).resolve().parent
-    for _ in range(name.count(".") + (Path(path).name == "__init__.py")):
-        root = root.parent
-    return str(root)
-
-
 def _block(lines: list[str], colon: str = ":") -> str:
     """Lines to follow a reason's first line, indented like it when the CLI prints the row."""
     return colon + "".join(f"\n  {line}" for line in lines) if lines else ""
@@ -272,12 +262,18 @@ class IsolatedRunner:
         self.roots: list[str] = []  # folders of the backend modules, on every worker's PYTHONPATH
         self.tmp = tempfile.TemporaryDirectory(prefix="gradoracle-isolate-")
         self.started = 0  # workers started, for the log names
+        self.first = _take_prestarted()  # a worker started early (prestart), adopted by the first case
+
 
     # -- worker lifecycle
 
     def _start(self) -> _Worker:
         self.started += 1
-        worker = _Worker(_worker_env(self.roots), Path(self.tmp.name) / f"worker-{self.started}.log")
+        worker, self.first = self.first, None
+        if worker is None or not set(self.roots) <= worker.paths:
+            if worker is not None:
+                worker.kill()
+            worker = _Worker(_worker_env(self.roots), Path(self.tmp.name) / f"worker-{self.started}.log")
         try:
             message = worker.receive(time.monotonic() + self.setup_timeout)
         except _Died:
@@ -303,6 +299,9 @@ class IsolatedRunner:
             if self.worker.wait(5) is None:
                 self.worker.kill()
             self.worker = None
+        if self.first is not None:
+            self.first.kill()
+            self.first = None
         self.tmp.cleanup()
 
     def __enter__(self):
@@ -318,7 +317,8 @@ class IsolatedRunner:
         root = module_root(module)
         if root and root not in self.roots:
             self.roots.append(root)
-            self._retire()  # a worker's PYTHONPATH is fixed at its start: the next one finds this module
+            if self.worker is not None and root not in self.worker.paths:
+                self._retire()  # a worker's PYTHONPATH is fixed at its start: the next one finds this module
         if self.worker is not None and self.worker.proc.poll() is not None:
             self._retire()  # it died between cases (nothing of this case's doing): start afresh
         if self.worker is None:
@@ -375,6 +375,48 @@ class IsolatedRunner:
                               + _block(more, ""), cuda_error=message["sticky"])
         lines = [line for line in message.get("traceback", []) if not _noise(line)]
         return _crash_row(impl, case, self.device, self.seed, status.ERROR, message["error"] + _block(lines, ""))
+
+
+_PRESTARTED: list = []  # [worker, its log folder] of prestart(), until a runner takes it
+
+
+def prestart() -> None:
+    """Start a worker now, while this process discovers the backends and selects the cases: the
+    worker's own start (Python, the harness, the ops) overlaps that work instead of following it.
+    Call it once TRITON_INTERPRET is decided (the worker inherits the environment).  The first
+    IsolatedRunner adopts it; `discard_prestarted` ends it when the run is not isolated after all."""
+    if not _PRESTARTED:
+        import atexit
+
+        folder = tempfile.TemporaryDirectory(prefix="gradoracle-isolate-")
+        env = {**_worker_env([]), WARM_ENV: "torch"}  # what most backends import first, imported meanwhile
+        _PRESTARTED[:] = [_Worker(env, Path(folder.name) / "worker-0.log"), folder]
+        atexit.register(discard_prestarted)
+
+
+def surely_no_gpu() -> bool:
+    """True when no GPU device node exists (NVIDIA, WSL's /dev/dxg, ROCm's /dev/kfd): torch cannot see a
+    GPU, so the default device is the CPU without importing torch to ask.  False: it may be either."""
+    dev = Path("/dev")
+    return not (any(dev.glob("nvidia[0-9]*")) or (dev / "dxg").exists() or (dev / "kfd").exists())
+
+
+def _take_prestarted() -> _Worker | None:
+    if not _PRESTARTED:
+        return None
+    worker, _ = _PRESTARTED
+    _PRESTARTED[0] = None  # the folder stays (the log lives there) until discard_prestarted at exit
+    return worker
+
+
+def discard_prestarted() -> None:
+    """End a prestarted worker no runner took, and remove its log folder."""
+    if _PRESTARTED:
+        worker, folder = _PRESTARTED
+        if worker is not None:
+            worker.kill()
+        folder.cleanup()
+        _PRESTARTED.clear()
 
 
 def make_runner(args, device: str):
@@ -446,6 +488,11 @@ def worker_main() -> int:
     # loaded); deciding it here would import torch at every worker start.
     load_ops()
     _send(protocol, {"ready": os.getpid()})
+    for name in filter(None, os.environ.pop(WARM_ENV, "").split(",")):  # a prestarted worker: before any job
+        try:
+            __import__(name)
+        except Exception:  # noqa: BLE001 - only a head start; the backend that needs it will say what is wrong
+            pass
     for line in sys.stdin:
         if not line.strip():
             continue

@@ -343,7 +343,15 @@ def _import_backend(module_name: str, label: str, adopt: bool = False) -> None:
         for name in set(BACKENDS) - before:
             BACKENDS[name].origin = getattr(module, "__name__", module_name)
     except Exception as exc:
-        BROKEN[label] = f"import of {module_name} failed: {type(exc).__name__}: {exc}"
+        BROKEN[label] = f"import of {module_name} failed: {type(exc).__name__}: {exc}{_raised_at(exc)}"
+
+
+def _raised_at(exc: BaseException) -> str:
+    """' (raised at FILE:LINE)': the innermost frame of `exc` outside the import machinery, or ''."""
+    import traceback
+
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith("<frozen")]
+    return f" (raised at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
 
 
 ENV_BACKENDS = "GRADORACLE_BACKENDS"

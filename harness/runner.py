@@ -35,24 +35,65 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import sys
+import traceback
+import warnings
 from dataclasses import dataclass, field
 from math import prod
+from pathlib import Path
 
 import numpy as np
 
 from harness import dtypes, exact, frameworks, guards, prepared as _prepared, status, stress, timing
 from harness.compare import OutputReport, compare, tolerance
+from harness.cuda_errors import sticky_cuda_error
 from harness.prepare import generate, prepare
 from harness.prepared import Prepared, sample_index
 from harness.registry import ENV_BACKENDS, Impl, env_backend_modules, get_op, timed_callable
 from harness.results import CaseResult
 
 
+PROJECT_ROOT = str(Path(__file__).resolve().parents[1])  # the folder holding harness/, oracle/, cases/
+
+
+def module_root(name: str) -> str | None:
+    """The sys.path folder the (imported) module `name` was found in, or None."""
+    path = getattr(sys.modules.get(name), "__file__", None)
+    if not path:
+        return None
+    root = Path(path).resolve().parent
+    for _ in range(name.count(".") + (Path(path).name == "__init__.py")):
+        root = root.parent
+    return str(root)
+
+
+def _installed_dirs() -> set[str]:
+    """Folders Python searches without being told: site-packages (system and user)."""
+    import site
+    import sysconfig
+
+    dirs = {sysconfig.get_paths()[k] for k in ("purelib", "platlib")}
+    dirs.update(getattr(site, "getsitepackages", lambda: [])())
+    dirs.add(site.getusersitepackages())
+    return {str(Path(d).resolve()) for d in dirs if d}
+
+
+def env_assignments(module: str) -> str:
+    """'GRADORACLE_BACKENDS=<module> [PYTHONPATH=<its folder>] ': what a fresh shell in the project
+    root needs to find `module`.  The folder is left out when Python finds the module there anyway
+    (the project root, site-packages)."""
+    text = f"{ENV_BACKENDS}={shlex.quote(module)} "
+    root = module_root(module)
+    if root and root != PROJECT_ROOT and root not in _installed_dirs():
+        text += f"PYTHONPATH={shlex.quote(root)} "
+    return text
+
+
 def env_prefix(impl: Impl) -> str:
-    """'GRADORACLE_BACKENDS=<module> ' when `impl`'s backend was registered from a module named in
+    """env_assignments(module) when `impl`'s backend was registered from a module named in
     $GRADORACLE_BACKENDS (registry.discover), else '': without it the command would not find the backend."""
     module = impl.backend.origin or getattr(impl.fn, "__module__", "") or ""
-    return f"{ENV_BACKENDS}={shlex.quote(module)} " if module and module in env_backend_modules() else ""
+    return env_assignments(module) if module and module in env_backend_modules() else ""
 
 
 def repro_command(impl: Impl, case, run_seed: int, device: str) -> str:
@@ -214,7 +255,7 @@ def timed_check(impl: Impl, case, device: str, timing_inputs: dict, final: Prepa
         got = results.get(j) if run.graph is None else sets[j][2]
         reports = judge(impl, final, case, got or {}, sample_above)
     except (ValueError, TypeError, NotImplementedError) as exc:
-        return TimedResult(status.ERROR, reason=f"{type(exc).__name__}: {exc}")
+        return TimedResult(status.ERROR, reason=describe_exception(exc))
     passed = all(o.passed for o in reports)
     return TimedResult(status.PASS if passed else status.FAIL, run.samples, reports, "" if passed else REVALIDATION)
 
@@ -396,19 +437,80 @@ def _stale_reason(impl: Impl, first: Prepared, alt: Prepared, case, device: str,
             "inputs, not a stale result")
 
 
+FRAMES = 4  # innermost traceback frames an ERROR row keeps
+
+
+def describe_exception(exc: BaseException, frames: int = FRAMES) -> str:
+    """'Type: message' and, below it, the innermost `frames` frames ('file:line in function: source'):
+    those below the harness's last frame (the implementation's own) when there are any.
+
+    An argument error of harness/argcheck.py (a ValueError or TypeError raised there) names op,
+    argument, expected and got by itself: it stays one line."""
+    head = f"{type(exc).__name__}: {exc}".strip()
+    stack = traceback.extract_tb(exc.__traceback__)
+    if not stack or stack[-1].filename.endswith(os.path.join("harness", "argcheck.py")):
+        return head
+    ours = os.path.join(PROJECT_ROOT, "harness") + os.sep
+    last = max((i for i, f in enumerate(stack) if f.filename.startswith(ours)), default=-1)
+    lines = []
+    for f in (stack[last + 1:] or stack)[-frames:]:
+        name = f.filename
+        if name.startswith(PROJECT_ROOT + os.sep):
+            name = name[len(PROJECT_ROOT) + 1:]
+        source = (f.line or "").strip()
+        source = source if len(source) <= 100 else source[:97] + "..."
+        lines.append(f"{name}:{f.lineno} in {f.name}" + (f": {source}" if source else ""))
+    return head + "".join(f"\n    {line}" for line in lines)
+
+
+WARNINGS_KEPT, WARNING_CHARS = 5, 500  # a row keeps at most this many distinct warnings, each this long
+
+
+def _warning_texts(caught) -> list[str]:
+    """The first WARNINGS_KEPT distinct messages of recorded warnings, in order ('Category: message')."""
+    texts = dict.fromkeys(f"{w.category.__name__}: {str(w.message).strip()}"[:WARNING_CHARS] for w in caught)
+    return list(texts)[:WARNINGS_KEPT]
+
+
 def run_case(impl: Impl, case, device: str, run_seed: int = 0, oracle: str = "auto",
              timed: bool = False, timing_config: timing.TimingConfig | None = None,
              repeats: int | None = None, recheck: bool = True) -> CaseResult:
     """Check `impl` on `case`: one guarded call judged against the oracle, the repeats, the
     stale-output check (`recheck`; untimed runs only), then, when `timed` and still passing,
-    the timed run and its re-validation.  See the module docstring for the defaults."""
+    the timed run and its re-validation.  See the module docstring for the defaults.
+
+    Whatever the implementation raises becomes this case's row, never the end of the run:
+    NotImplementedError on its first call is a SKIP (it declines the case: the reason is the
+    message), any other exception an ERROR with the innermost frames (`describe_exception`).
+    Only a sticky CUDA error (harness/cuda_errors.py) propagates: the process's context is gone,
+    and the caller (harness/isolate.py) must stop or replace the process.  Warnings raised
+    during the case are recorded, not printed: a SKIP or ERROR reason ends with them (SDPA
+    says why it declines a case in a warning), and any row keeps them in extra["warnings"]."""
     result = CaseResult(case.op, impl.id, case.id, case.dtype, device, status.SKIP,
                         repro=repro_command(impl, case, run_seed, device))
-    reason = impl.skip_reason(case, device)
-    if reason:
-        result.reason = reason
-        return result
-    _checked(result, impl, case, device, run_seed, oracle, timed, timing_config, repeats, recheck)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")  # every case's own: a reason repeated in the next case is recorded again
+        for hidden in (DeprecationWarning, PendingDeprecationWarning):  # hidden by Python's defaults: not a row's
+            warnings.filterwarnings("ignore", category=hidden)
+        try:
+            reason = impl.skip_reason(case, device)
+            if reason:
+                result.reason = reason
+            else:
+                _checked(result, impl, case, device, run_seed, oracle, timed, timing_config, repeats, recheck)
+        except Exception as exc:  # noqa: BLE001 - the case's ERROR row; the run goes on
+            if sticky_cuda_error(exc):
+                raise
+            result.status, result.reason = status.ERROR, describe_exception(exc)
+    said = _warning_texts(caught)
+    if said:
+        result.extra["warnings"] = said
+        if result.status in (status.SKIP, status.ERROR):
+            new = [w for w in said if w.split(": ", 1)[-1] not in result.reason]
+            if new:
+                result.reason = (result.reason or "declined") + "; warned: " + "; ".join(new)
+    if result.status == status.SKIP and not result.reason:
+        result.reason = "no reason given"
     return apply_deviation(impl, case, device, result)
 
 
@@ -445,6 +547,13 @@ def _checked(result: CaseResult, impl: Impl, case, device: str, run_seed: int, o
     try:
         guarded = guards.GuardedCall(impl, case, device, prepared.inputs)
         outs, found = guarded.call()
+    except NotImplementedError as exc:  # declined at its first call: it does not do this case
+        result.status, result.reason = status.SKIP, f"declined at the call: {type(exc).__name__}: {exc}"
+        return
+    except (ValueError, TypeError) as exc:  # an argument error: one line (describe_exception)
+        result.status, result.reason = status.ERROR, describe_exception(exc)
+        return
+    try:
         result.calls = 1
         result.outputs = judge(impl, prepared, case, outs) + found
         result.status = status.PASS if _passed(result.outputs) else status.FAIL
@@ -455,7 +564,7 @@ def _checked(result: CaseResult, impl: Impl, case, device: str, run_seed: int, o
         if result.status == status.PASS and recheck and not timed:
             _exact_check(result, impl, case, device, run_seed, oracle, guarded)
     except (ValueError, TypeError, NotImplementedError) as exc:
-        result.status, result.reason = status.ERROR, f"{type(exc).__name__}: {exc}"
+        result.status, result.reason = status.ERROR, describe_exception(exc)
         return
     if timed and result.status == status.PASS:
         # Timed on the inputs just checked; the final call gets another input set (variant 1).

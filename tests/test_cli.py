@@ -58,4 +58,4 @@ def test_run_with_a_failing_backend_exits_nonzero():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert out.returncode == 1
     assert "FAIL   binary_backward  planted@a_not_reduced" in out.stdout
-    assert "[grad_a] FAIL max_abs=" in out.stdout and "reproduce: python -m harness run" in out.stdout
+    assert "[grad_a] FAIL max_abs=" in out.stdout and "reproduce: GRADORACLE_BACKENDS=planted PYTHONPATH=" in out.stdout  # isolated: the worker imports it

@@ -39,7 +39,7 @@ LAYERS = {
     # the roof: the commands and the drivers behind them
     "harness.__main__": DRIVER, "harness.cli": DRIVER, "harness.bench": DRIVER, "harness.bench_cli": DRIVER,
     "harness.isolate": DRIVER, "harness.sanitize": DRIVER, "harness.profile": DRIVER, "harness.mutate": DRIVER,
-    "harness.describe": DRIVER, "harness.merge": DRIVER,
+    "harness.describe": DRIVER, "harness.merge": DRIVER, "harness.run_report": DRIVER,
 }
 PACKAGE_LAYERS = {"harness.report": DRIVER, "harness.multi_gpu": DRIVER}  # every module of the package
 # Outside harness/, what core may reach: the oracle's JAX import (x64 on, no GPU memory grabbed), and

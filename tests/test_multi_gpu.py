@@ -64,7 +64,7 @@ def test_gpus_with_isolate_carries_crashes_into_the_merge(tmp_path):
 def test_a_worker_that_stops_on_a_lost_context_is_reported(tmp_path):
     env = dict(os.environ, GRADORACLE_BACKENDS="planted_crash", PYTHONPATH=str(ROOT / "tests"))
     out = harness("--gpus", "2", "--device", "cpu", "--backend", "planted_crash@sticky", "--op", "binary_backward",
-                  "--dtype", "f64", "--json", str(tmp_path / "m.json"), env=env)
+                  "--dtype", "f64", "--json", str(tmp_path / "m.json"), "--no-isolate", env=env)
     assert out.returncode == 3, out.stdout + out.stderr
     data = json.loads((tmp_path / "m.json").read_text())
     assert [w["exit_code"] for w in data["workers"]] == [3, 3]

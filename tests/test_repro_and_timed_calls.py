@@ -64,15 +64,16 @@ def test_a_backend_from_the_environment_variable_is_named_and_the_line_reproduce
     monkeypatch.setattr(planted_fuzz.fuzzbugs, "origin", "planted_fuzz")
     result = runner.run_case(_mid_bcast(), TRIGGER, "cpu", run_seed=0)
     assert result.status == "FAIL", result.report()
-    assert result.repro.startswith(f"{ENV_BACKENDS}=planted_fuzz python -m harness run --op binary_backward "
+    assert result.repro.startswith(f"{ENV_BACKENDS}=planted_fuzz PYTHONPATH={ROOT / 'tests'} "
+                                   "python -m harness run --op binary_backward "
                                    "--backend fuzzbugs@mid_bcast_odd "), result.repro
     line = result.report().splitlines()[-1].split("reproduce: ", 1)[1]
     assert line == result.repro
     argv = shlex.split(line)
-    assert argv[:2] == [f"{ENV_BACKENDS}=planted_fuzz", "python"]
-    command = " ".join([argv[0], shlex.quote(sys.executable)] + [shlex.quote(a) for a in argv[2:]])
-    env = {k: v for k, v in os.environ.items() if k != ENV_BACKENDS}  # only the line itself may name it
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests"), str(ROOT)])
+    assert argv[:3] == [f"{ENV_BACKENDS}=planted_fuzz", f"PYTHONPATH={ROOT / 'tests'}", "python"]
+    command = " ".join(argv[:2] + [shlex.quote(sys.executable)] + [shlex.quote(a) for a in argv[3:]])
+    # only the line itself may name the module and its folder
+    env = {k: v for k, v in os.environ.items() if k not in (ENV_BACKENDS, "PYTHONPATH")}
     out = subprocess.run(command, shell=True, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 1, out.stdout + out.stderr
     assert any(row.startswith("FAIL") and TRIGGER.id in row for row in out.stdout.splitlines()), out.stdout
@@ -84,7 +85,8 @@ def test_isolated_rows_of_a_hand_registered_backend_name_its_module():
     with IsolatedRunner("cpu", 0, case_timeout=120) as isolated:
         row = isolated.run(_mid_bcast(), TRIGGER)
     assert row.status == "FAIL", row.report()
-    assert row.repro.startswith(f"{ENV_BACKENDS}=planted_fuzz python -m harness run "), row.repro
+    assert row.repro.startswith(f"{ENV_BACKENDS}=planted_fuzz PYTHONPATH={ROOT / 'tests'} python -m harness run "), \
+        row.repro
     assert row.repro.count(f"{ENV_BACKENDS}=") == 1 and f"reproduce: {row.repro}" in row.report()
 
 

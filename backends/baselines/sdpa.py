@@ -26,11 +26,16 @@ How the spec maps onto SDPA, and what cannot (each is the skip reason `supports`
   * head dims: flash <= 256; efficient a multiple of 8 (4 in float32); cuDNN a multiple of
     8 and <= 128 (256 on sm90/sm100 with recent cuDNN), no key length 1.  The last
     word is torch's own check (torch.backends.cuda.can_use_<x>_attention, asked on the
-    GPU with the case's shapes): when it declines, its warnings are the skip reason.
+    GPU with the case's shapes): when it declines, its warnings are the skip reason (C++
+    warnings that it prints to stderr are captured from there, so the log stays clean).
 """
 from __future__ import annotations
 
 import math
+import os
+import re
+import sys
+import tempfile
 import warnings
 from functools import partial
 
@@ -124,6 +129,33 @@ def _static_reason(kind: str, case) -> str | None:
 _PROBED: dict = {}
 
 
+def with_stderr(fn):
+    """(fn(), what it wrote to file descriptor 2).  torch's can_use_*_attention bindings report why
+    they decline through C++ TORCH_WARN, which (no Python warning handler installed there) prints
+    to the process's stderr, once per case, instead of raising a Python warning."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            result = fn()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        tmp.seek(0)
+        return result, tmp.read().decode(errors="replace")
+
+
+def cpp_warnings(text: str) -> list[str]:
+    """The messages of c10's warning lines, '[W... file.cpp:N] Warning: MESSAGE (function NAME)'."""
+    found = []
+    for line in text.splitlines():
+        if "Warning: " in line:
+            message = line.split("Warning: ", 1)[1].strip()
+            found.append(re.sub(r"\s*\(function [^)]*\)$", "", message))
+    return found
+
+
 def _torch_reason(kind: str, case) -> str | None:
     """Ask torch's own backend check (on the GPU, with the case's shapes, dtype and mask)."""
     key = (kind, case.id)
@@ -152,11 +184,13 @@ def _torch_reason(kind: str, case) -> str | None:
         params = tcuda.SDPAParams(q, k, v, mask, 0.0, how == "causal")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        ok = can_use(params, True)
+        ok, printed = with_stderr(lambda: can_use(params, True))
     reason = None
+    said = [str(w.message).strip() for w in caught] + cpp_warnings(printed)
     if not ok:
-        said = "; ".join(str(w.message).strip() for w in caught) or "no reason given"
-        reason = f"{kind}: torch's check declines the case: {said}"
+        reason = f"{kind}: torch's check declines the case: {'; '.join(dict.fromkeys(said)) or 'no reason given'}"
+    elif printed.strip():  # not a decline: whatever else it printed goes back where it was going
+        sys.stderr.write(printed)
     _PROBED[key] = reason
     return reason
 

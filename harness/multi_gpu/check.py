@@ -47,7 +47,7 @@ def compare_runs(one: dict, two: dict, wall_one: float | None = None, wall_two: 
     incomplete = [f"{name}: {data.get('interrupted')}" for name, data in (("one", one), ("two", two))
                   if data.get("interrupted")]
     incomplete += [f"two: worker {w.get('worker')} exit status {w.get('exit_code')}" for w in workers
-                   if w.get("exit_code") not in (0, 1)]
+                   if w.get("exit_code") not in (0, 1, 5)]  # 5: all of its shard skipped (run_report)
     identical = not differ and not dup1 and not dup2 and set(by1) == set(by2)
     speedup = wall_one / wall_two if wall_one and wall_two else None
     # one cut short, two complete: one would have taken longer, so the speedup is at least this

@@ -19,7 +19,8 @@ from harness import frameworks
 from harness.isolate import STICKY_EXIT, exit_description
 from harness.multi_gpu.gpus import visible_gpus
 from harness.multi_gpu.merge import load, merge, selection_order, write
-from harness.results import CHECKPOINT_S, resumed
+from harness.results import CHECKPOINT_S, CaseResult, resumed
+from harness.run_report import NOTHING_RAN_EXIT, nothing_ran
 from harness.status import ALL as STATUSES
 from harness.status import FAILED, counts, summary
 
@@ -159,7 +160,7 @@ def cmd_gpus(args) -> int:
         relay.join(5)
     notes = []
     for k, p in enumerate(procs):
-        if p.returncode not in (0, 1):
+        if p.returncode not in (0, 1, NOTHING_RAN_EXIT):  # 5: its shard was all skipped, a complete run
             how = exit_description(p.returncode)[0]
             notes.append(f"worker {k} ({'gpu ' + pins[k] if pins[k] is not None else 'cpu'}, shard {k}/{n}) {how}"
                          + ("; it stopped on a lost CUDA context" if p.returncode == STICKY_EXIT else "")
@@ -177,4 +178,6 @@ def cmd_gpus(args) -> int:
     workdir.rmdir()
     if any(p.returncode == STICKY_EXIT for p in procs):
         return STICKY_EXIT
-    return 1 if failed or interrupted else 0
+    if failed or interrupted:
+        return 1
+    return nothing_ran([CaseResult.from_json(r) for r in rows])

@@ -164,3 +164,45 @@ def ladder_section(rows: list, ladder: dict, op: str) -> list:
             if found:
                 lines += ["", f"{order[0]} (ref) vs {order[k]} (opt):", ""] + found
     return lines
+
+
+# ----------------------------------------------------------------------------- the terminal: `run`'s closing matrix
+
+# One letter per verdict in a matrix cell; PASS is the bare leading number.
+MATRIX_LETTERS = (("FAIL", "F"), ("ERROR", "E"), ("CRASH", "C"), ("TIMEOUT", "T"), ("XFAIL", "x"), ("XPASS", "X"),
+                  ("SKIP", "S"))
+
+
+def _cell(counts: dict) -> str:
+    """'12' (passed), then each other verdict that occurred: '10 2F 1S'; '·' when nothing ran."""
+    if not counts:
+        return "·"
+    parts = [str(counts.get("PASS", 0))] + [f"{counts[s]}{letter}" for s, letter in MATRIX_LETTERS if counts.get(s)]
+    return " ".join(parts)
+
+
+def status_matrix(rows) -> list[str]:
+    """The implementation x op matrix of verdict counts that ends `harness run` (plain text lines).
+
+    rows: (op, impl, status) triples.  A cell is 'P nF nE ...' (PASS count, then the others that
+    occurred, letters in MATRIX_LETTERS); ops head the columns without their '_backward' suffix."""
+    ops, impls, cells = [], [], {}
+    for op, impl, verdict in rows:
+        if op not in ops:
+            ops.append(op)
+        if impl not in impls:
+            impls.append(impl)
+        cell = cells.setdefault((impl, op), {})
+        cell[verdict] = cell.get(verdict, 0) + 1
+    if not ops:
+        return []
+    heads = [op.removesuffix("_backward") for op in ops]
+    table = [[_cell(cells.get((impl, op), {})) for op in ops] for impl in impls]
+    corner = "impl \\ op"
+    first = max(len(corner), *(len(i) for i in impls))
+    widths = [max(len(h), *(len(r[k]) for r in table)) for k, h in enumerate(heads)]
+    lines = ["  ".join([f"{corner:{first}}"] + [f"{h:>{w}}" for h, w in zip(heads, widths)])]
+    for impl, r in zip(impls, table):
+        lines.append("  ".join([f"{impl:{first}}"] + [f"{c:>{w}}" for c, w in zip(r, widths)]))
+    legend = ", ".join(f"{letter} {s}" for s, letter in MATRIX_LETTERS)
+    return lines + [f"(cells: PASS count, then {legend}; · nothing ran)"]
