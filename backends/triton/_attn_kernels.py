@@ -94,7 +94,12 @@ def _round(x, like):
 # ----------------------------------------------------------------------------- preprocess
 
 
-@jit
+# Sizes and band limits vary from call to call and gain nothing from triton's specialisation
+# (divisible by 16, equal to 1): left unspecialised, they do not multiply the compiles.
+_SIZES = ["Sq", "Sk", "Hq", "Hkv", "G", "D", "LEFT", "RIGHT"]
+
+
+@jit(do_not_specialize=[n for n in _SIZES if n not in ("Hkv", "G")])
 def _attn_pre_kernel(o_ptr, do_ptr, lse_ptr, c_ptr, delta_ptr, lse2_ptr, dqa_ptr,
                      so_b, so_s, so_h, so_d, sd_b, sd_s, sd_h, sd_d, sl_b, sl_h, sl_s,
                      Sq, Sk, Hq, D, LEFT, RIGHT,
@@ -200,7 +205,7 @@ def _dkdv_step(dk_acc, dv_acc, kt, vt, q_base, do_base, l2_base, di_base, dqa_ba
     return dk_acc, dv_acc
 
 
-@jit
+@jit(do_not_specialize=_SIZES)
 def _attn_dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse2_ptr, delta_ptr, c_ptr, dk_ptr, dv_ptr, dqa_ptr,
                       sq_b, sq_s, sq_h, sq_d, sk_b, sk_s, sk_h, sk_d, sv_b, sv_s, sv_h, sv_d,
                       sd_b, sd_s, sd_h, sd_d, sdk_b, sdk_s, sdk_h, sdv_b, sdv_s, sdv_h,
@@ -329,7 +334,7 @@ def _dq_step(dq_acc, q, do, l2, di, rows, k_base, v_base, n0, dcols, dm, sk_s, s
     return dq_acc
 
 
-@jit
+@jit(do_not_specialize=[n for n in _SIZES if n != "Hkv"])
 def _attn_dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse2_ptr, delta_ptr, c_ptr, dq_ptr,
                     sq_b, sq_s, sq_h, sq_d, sk_b, sk_s, sk_h, sk_d, sv_b, sv_s, sv_h, sv_d,
                     sd_b, sd_s, sd_h, sd_d, sdq_b, sdq_s, sdq_h,
@@ -405,7 +410,7 @@ def _attn_dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse2_ptr, delta_ptr, c_ptr, dq_
 # ----------------------------------------------------------------------------- dq accumulator -> dq
 
 
-@jit
+@jit(do_not_specialize=["n"])
 def _attn_cast_kernel(dqa_ptr, c_ptr, dq_ptr, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = offs < n
