@@ -1,26 +1,30 @@
 #!/usr/bin/env bash
 # The triton attention_backward (triton = atomic dq, triton@det = deterministic dq) on one H100:
-#   OUT=/some/dir scripts/gpu/triton_attn.sh            (from the repo root; about 8-9 minutes)
+#   OUT=/some/dir scripts/gpu/triton_attn.sh            (from the repo root; at most about 9 minutes)
+# The default runs every step with short limits; for the whole picture run it twice:
+#   OUT=/o1 STEPS="probe full repeat" FULL_S=300 scripts/gpu/triton_attn.sh              (~8 min)
+#   OUT=/o2 STEPS=bench BENCH_S=500 scripts/gpu/triton_attn.sh                          (~9 min)
 # Steps (STEPS="probe full repeat bench" by default; any subset, in that order), each under its
 # own time limit (killed with SIGINT, so the harness still writes its JSON checkpoint):
 #   probe   per perf shape (a few llama and FA-grid ones): the autotuner's candidates and timings,
 #           registers / spills / shared memory of each launch, device ms and TFLOP/s of both
-#           variants, host us per unchecked call        -> $OUT/probe.json, probe.log     (<= 100 s)
+#           variants, host ms per unchecked call         -> probe.json, probe.log         (<= 90 s)
 #   full    harness run --op attention_backward --backend triton --backend triton@det --cases full,
 #           FULL_JOBS shards in parallel (compiles are CPU-bound; the GPU is shared)
-#           -> $OUT/full-K.json, full-K.log                                              (<= 240 s)
+#           -> full-K.json, full-K.log                                           (<= FULL_S = 210 s)
 #   repeat  harness run --backend triton@det --cases full --dtype bf16 --repeat 5: bitwise equal
-#           outputs over 5 calls (deterministic=True) -> $OUT/repeat.json, repeat.log   (<= 70 s)
+#           outputs over 5 calls (deterministic=True) -> repeat.json, repeat.log        (<= 60 s)
 #   bench   harness bench --cases perf: triton, triton@det, sdpa_flash, sdpa_cudnn, torch
-#           -> $OUT/bench/{results.json,report.md}, bench.log, summary.txt: TFLOP/s per case
-#           and the ratios to sdpa_flash and sdpa_cudnn                                 (<= 150 s)
-# Everything is packed into $OUT/triton_attn.tgz at the end (besides summary.txt and run.log).
-# Knobs: PYTHON=python3 STEPS=... FULL_JOBS=4 FULL_S=240 BENCH_S=150 BUDGET=0.2
+#           -> bench/{results.json,report.md}, bench.log, and $OUT/summary.txt: TFLOP/s per
+#           case and the ratios to sdpa_flash and sdpa_cudnn (no new pair starts after
+#           BENCH_S - 30 s; the cases run in the perf order, llama shapes first)     (<= BENCH_S = 120 s)
+# Files: $OUT/run.log, $OUT/summary.txt and $OUT/triton_attn.tgz (everything else, under res/).
+# Knobs: PYTHON=python3 STEPS=... FULL_JOBS=4 FULL_S=210 BENCH_S=120 BUDGET=0.2
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 : "${OUT:?set OUT to a folder for the results}"
 PY=${PYTHON:-python3} STEPS=${STEPS:-probe full repeat bench} FULL_JOBS=${FULL_JOBS:-4}
-FULL_S=${FULL_S:-240} BENCH_S=${BENCH_S:-150} BUDGET=${BUDGET:-0.2}
+FULL_S=${FULL_S:-210} BENCH_S=${BENCH_S:-120} BUDGET=${BUDGET:-0.2}
 mkdir -p "$OUT/res"
 R=$OUT/res
 exec > >(tee "$OUT/run.log") 2>&1
@@ -35,7 +39,7 @@ $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton
 
 if has probe; then
   stamp "== probe (tuning, resources, device and host time per perf shape)"
-  timeout -s INT 100 $PY - "$R/probe.json" <<'EOF' 2>&1 | tee "$R/probe.log"
+  timeout -s INT 90 $PY - "$R/probe.json" <<'EOF' 2>&1 | tee "$R/probe.log"
 import json, sys, time
 import torch
 from backends.triton import attention_backward as ab
@@ -111,7 +115,7 @@ fi
 
 if has repeat; then
   stamp "== repeat: triton@det, bf16 full cases, 5 calls each must be bitwise equal"
-  timeout -s INT 70 $PY -m harness run --op attention_backward --backend triton@det --cases full --dtype bf16 \
+  timeout -s INT 60 $PY -m harness run --op attention_backward --backend triton@det --cases full --dtype bf16 \
     --device cuda --repeat 5 --json "$R/repeat.json" > "$R/repeat.log" 2>&1
   echo "exit $?"; tail -2 "$R/repeat.log"
   awk '$2 == "attention_backward" {print $1}' "$R/repeat.log" | sort | uniq -c
