@@ -4,7 +4,7 @@
   outputs, guard bands, the float64 oracle's tolerance, repeats -- bitwise for triton@det --
   and the stale-output recheck): every tiny case, and one case per feature (GQA, MQA, window,
   softcap, Sq > Sk and Sq < Sk, empty rows, odd head dims 40/80/96, D = 128 and 256,
-  decoding, one key, a peaked softmax, f32 / f16 / bf16 / f64).  The interpreter's tiles are
+  decoding and one key (tiny cases), a peaked softmax, f32 / f16 / bf16 / f64).  The interpreter's tiles are
   32 x 32 (attention_backward.INTERP_CONFIG), so these shapes cross several blocks and run
   the masked and the unmasked loops; a few run again with 16 x 16 tiles.
 * Rows with no allowed key: whatever lse and o hold there (+inf, -inf, NaN), dq is 0 there
@@ -59,14 +59,14 @@ FEATURES = [
     "f32,B=1,Sq=64,Sk=16,Hq=2,Hkv=2,D=32,win=4x4",
     "bf16,B=1,Sq=64,Sk=64,Hq=8,Hkv=1,D=64,causal",
     "bf16,B=1,Sq=128,Sk=128,Hq=2,Hkv=2,D=64,causal,softcap=5,sd=4",
-    "f16,B=2,Sq=1,Sk=300,Hq=4,Hkv=1,D=64,causal",
     "f32,B=1,Sq=16,Sk=1,Hq=2,Hkv=1,D=64,causal",
     "f16,B=1,Sq=64,Sk=64,Hq=2,Hkv=2,D=64,causal,scale=0.05",
 ]
-# The det variant on the cases where its dq kernel's block ranges differ most from the main kernel's.
-DET = FEATURES[1:5] + FEATURES[6:9] + FEATURES[11:13] + [FEATURES[15]]
+# The det variant on the cases where its dq kernel's block ranges differ most from the main
+# kernel's (band edges, Sq != Sk, empty rows, an odd head dim); decoding is among the tiny cases.
+DET = [FEATURES[i] for i in (1, 3, 4, 6, 8, 11)]
 # With 16 x 16 tiles: more blocks, each loop (masked before, unmasked, masked after) runs more often.
-SMALL_TILES = [FEATURES[0], FEATURES[4], FEATURES[9], FEATURES[11]]
+SMALL_TILES = [FEATURES[11], FEATURES[12]]
 
 
 def _smoke() -> dict:

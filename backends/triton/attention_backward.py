@@ -74,12 +74,16 @@ class Config:
 # Candidates per (element size, padded head dim), the default first.  16-bit inputs use the
 # tensor cores; float32 (ieee) and float64 dots do not, so they take small tiles.
 _CANDIDATES = {
-    (2, 64): [Config(64, 128, 8, 3, 128, 64, 8, 3), Config(32, 128, 4, 4, 128, 32, 4, 4),
-              Config(64, 64, 4, 3, 64, 64, 4, 3)],
-    (2, 128): [Config(64, 128, 8, 2, 128, 64, 8, 2), Config(32, 128, 4, 3, 128, 32, 4, 3),
-               Config(64, 64, 4, 2, 64, 64, 4, 2)],
-    (2, 256): [Config(32, 64, 4, 2, 64, 32, 4, 2), Config(16, 64, 4, 2, 64, 32, 8, 1),
-               Config(32, 64, 8, 1, 32, 64, 4, 2)],
+    # (bm, bn, warps, stages | bm2, bn2, warps2, stages2).  ptxas on sm_90 (bf16, causal, atomic dq):
+    # main D=64: 64x128/8w spills 64 B, 64x64/4w 68 B; D=128: 32x128/8w 60 B, 64x64/8w 136 B,
+    # 64x128/8w 460 B; D=256: 32x32/8w 12 B, 16x32/4w 84 B, 32x64/8w 1236 B.  The dq kernels
+    # below spill nothing but D=256 64x32/8w (68 B).
+    (2, 64): [Config(64, 128, 8, 3, 128, 64, 8, 3), Config(64, 64, 4, 3, 128, 32, 4, 4),
+              Config(32, 128, 8, 3, 128, 32, 8, 3)],
+    (2, 128): [Config(32, 128, 8, 2, 128, 64, 8, 2), Config(64, 64, 8, 2, 128, 32, 8, 2),
+               Config(64, 128, 8, 2, 64, 64, 4, 2)],
+    (2, 256): [Config(32, 32, 8, 2, 32, 32, 4, 2), Config(16, 32, 4, 2, 32, 32, 4, 2),
+               Config(32, 64, 8, 2, 64, 32, 8, 2)],
     (4, 64): [Config(32, 64, 4, 2, 64, 32, 4, 2)],
     (4, 128): [Config(32, 64, 8, 1, 64, 32, 8, 1)],
     (4, 256): [Config(16, 32, 4, 1, 32, 16, 4, 1)],
