@@ -6,7 +6,8 @@
   softcap, Sq > Sk and Sq < Sk, empty rows, odd head dims 40/80/96, D = 128 and 256,
   decoding and one key (tiny cases), a peaked softmax, f32 / f16 / bf16 / f64).  The interpreter's tiles are
   32 x 32 (attention_backward.INTERP_CONFIG), so these shapes cross several blocks and run
-  the masked and the unmasked loops; a few run again with 16 x 16 tiles.
+  the masked and the unmasked loops; a few run again with 16 x 16 tiles, and two GQA / MQA
+  cases with the query heads of a kv head split over two programs (partial dk, dv summed).
 * Rows with no allowed key: whatever lse and o hold there (+inf, -inf, NaN), dq is 0 there
   and dk, dv are those of the live rows.
 * Bad arguments: clear errors that name the implementation, the argument, expected and got.
@@ -41,6 +42,8 @@ from harness.runner import run_case  # noqa: E402
 
 OP = "attention_backward"
 TILE16 = ab.Config(16, 16, 4, 1, 16, 16, 4, 1, 16)
+SPLIT2 = ab.Config(32, 32, 4, 1, 32, 32, 4, 1, 32, split=2)  # two programs share a kv head's query heads
+SIZINGS = {"tile16": TILE16, "split2": SPLIT2}
 
 # Smoke cases by the features they cover (ids as cases/attention_backward.py spells them).
 FEATURES = [
@@ -67,6 +70,8 @@ FEATURES = [
 DET = [FEATURES[i] for i in (1, 3, 4, 6, 8, 11)]
 # With 16 x 16 tiles: more blocks, each loop (masked before, unmasked, masked after) runs more often.
 SMALL_TILES = [FEATURES[11], FEATURES[12]]
+# GQA (group of 2, softcap and a window) and MQA (group of 8) with the group split over two programs.
+SPLIT_CASES = [FEATURES[1], FEATURES[13]]
 
 
 def _smoke() -> dict:
@@ -79,6 +84,7 @@ def _ids() -> list[str]:
     ids = [f"triton|{k}|interp" for k in tiny + FEATURES]
     ids += [f"triton@det|{k}|interp" for k in tiny + DET]
     ids += [f"{impl}|{k}|tile16" for k in SMALL_TILES for impl in ("triton", "triton@det")]
+    ids += [f"{impl}|{k}|split2" for k in SPLIT_CASES for impl in ("triton", "triton@det")]
     return list(dict.fromkeys(ids))
 
 
@@ -91,13 +97,13 @@ def run_one(case_id: str) -> str:
     case = _smoke()[key]
     impl = registry.find_impl(OP, impl_id)
     saved = ab.INTERP_CONFIG
-    if sizing == "tile16":
-        ab.INTERP_CONFIG = TILE16
+    if sizing in SIZINGS:
+        ab.INTERP_CONFIG = SIZINGS[sizing]
         ab.clear_plans()
     try:
         r = run_case(impl, case, "cpu", run_seed=7)
     finally:
-        if sizing == "tile16":
+        if sizing in SIZINGS:
             ab.INTERP_CONFIG = saved
             ab.clear_plans()
     if r.status == "PASS":
@@ -122,6 +128,15 @@ def subprocess_results():
 def test_smoke_case_passes(subprocess_results, case_id):
     verdict = run_one(case_id) if subprocess_results is None else subprocess_results[case_id]
     assert verdict == "ok", verdict
+
+
+def test_split_for():
+    """The fewest programs per kv head (a divisor of the group) that give two programs per SM."""
+    assert ab.split_for(4, 128, 132) == 4      # llama-3 8B, 2k tokens, 128 key blocks x kv heads
+    assert ab.split_for(4, 256, 132) == 2
+    assert ab.split_for(8, 1024, 132) == 1
+    assert ab.split_for(6, 16, 132) == 2       # 4 would not divide the group
+    assert ab.split_for(1, 1, 132) == 1        # MHA never splits
 
 
 def test_registration():

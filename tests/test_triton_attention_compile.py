@@ -4,7 +4,7 @@ Jobs: the main (dk, dv; atomic dq) and dq kernels for every autotune candidate o
 inputs (bf16; f16 differs only in the element type: one job) at padded head dims 64, 128 and
 256, odd head dims (40, 96: masked loads), and the float32 / float64 sizing at the head dims
 their cases reach (64 and 128; 64), all with every mask feature on (window left and right,
-softcap); the preprocess and cast kernels per dtype.  Each must
+softcap); the preprocess, cast and split-sum kernels per dtype.  Each must
 give a cubin whose shared memory fits an H100 SM (227 KiB a block), and the 16-bit ones must
 use tensor-core instructions.  `python tests/test_triton_attention_compile.py [JOB...]` prints
 each job's registers and spills too (from a second ptxas run).
@@ -43,7 +43,7 @@ def _jobs() -> list[str]:
     # float32 and float64 take the FMA path; the cases give them head dims up to 128 and 64
     jobs += [f"{k}-f32-{d}-0" for d in (64, 128) for k in ("main", "dq")] + ["main-f64-64-0", "dq-f64-64-0"]
     jobs += ["main-f16-128-0", "main-bf16-40-0", "dq-f16-96-0"]
-    jobs += [f"pre-{dt}-128-0" for dt in _TY] + [f"cast-{dt}-128-0" for dt in _TY]
+    jobs += [f"{k}-{dt}-128-0" for dt in _TY for k in ("pre", "cast", "sum")]
     return jobs
 
 
@@ -70,6 +70,10 @@ def _spec(job: str):
         kernel, warps, stages = K._attn_cast_kernel, 4, 1
         const = dict(BLOCK=1024)
         ptrs = dict(dqa_ptr=acc, c_ptr=acc, dq_ptr=ty)
+    elif kind == "sum":
+        kernel, warps, stages = K._attn_sum_kernel, 4, 1
+        const = dict(BLOCK=1024)
+        ptrs = dict(dkp_ptr=acc, dvp_ptr=acc, dk_ptr=ty, dv_ptr=ty)
     elif kind == "main":
         kernel, warps, stages = K._attn_dkdv_kernel, cfg.warps, cfg.stages
         const = dict(base, **flags, ATOMIC_DQ=True, BM=cfg.bm, BN=cfg.bn)

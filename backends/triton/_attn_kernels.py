@@ -9,6 +9,7 @@
     _attn_dq_kernel     the deterministic dq: one program per (query block, batch, query head),
                         dq in registers over the key blocks
     _attn_cast_kernel   dq accumulator * scale -> dq in the output dtype
+    _attn_sum_kernel    dk, dv from the partials of a split group (GQA with too few programs)
 
 Mask: query i may see key j iff j >= i + off - LEFT (HAS_LEFT) and j <= i + off + RIGHT
 (HAS_RIGHT), off = Sk - Sq (aligned bottom-right; the host folds causal into RIGHT = 0).
@@ -96,10 +97,10 @@ def _round(x, like):
 
 # Sizes and band limits vary from call to call and gain nothing from triton's specialisation
 # (divisible by 16, equal to 1): left unspecialised, they do not multiply the compiles.
-_SIZES = ["Sq", "Sk", "Hq", "Hkv", "G", "D", "LEFT", "RIGHT"]
+_SIZES = ["Sq", "Sk", "Hq", "Hkv", "G", "SPLIT", "D", "LEFT", "RIGHT"]
 
 
-@jit(do_not_specialize=[n for n in _SIZES if n not in ("Hkv", "G")])
+@jit(do_not_specialize=[n for n in _SIZES if n not in ("Hkv", "G", "SPLIT")])
 def _attn_pre_kernel(o_ptr, do_ptr, lse_ptr, c_ptr, delta_ptr, lse2_ptr, dqa_ptr,
                      so_b, so_s, so_h, so_d, sd_b, sd_s, sd_h, sd_d, sl_b, sl_h, sl_s,
                      Sq, Sk, Hq, D, LEFT, RIGHT,
@@ -208,13 +209,17 @@ def _dkdv_step(dk_acc, dv_acc, kt, vt, q_base, do_base, l2_base, di_base, dqa_ba
 @jit(do_not_specialize=_SIZES)
 def _attn_dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse2_ptr, delta_ptr, c_ptr, dk_ptr, dv_ptr, dqa_ptr,
                       sq_b, sq_s, sq_h, sq_d, sk_b, sk_s, sk_h, sk_d, sv_b, sv_s, sv_h, sv_d,
-                      sd_b, sd_s, sd_h, sd_d, sdk_b, sdk_s, sdk_h, sdv_b, sdv_s, sdv_h,
-                      Sq, Sk, Hq, Hkv, G, D, LEFT, RIGHT,
+                      sd_b, sd_s, sd_h, sd_d, sdk_p, sdk_b, sdk_s, sdk_h, sdv_p, sdv_b, sdv_s, sdv_h,
+                      Sq, Sk, Hq, Hkv, G, SPLIT, D, LEFT, RIGHT,
                       HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
                       ATOMIC_DQ: tl.constexpr, IS_F64: tl.constexpr, PREC: tl.constexpr,
                       BM: tl.constexpr, BN: tl.constexpr, DP: tl.constexpr, EVEN_D: tl.constexpr):
+    """SPLIT > 1: the G query heads of a kv head are shared by SPLIT programs, each writing its
+    partial dk, dv (float32 / float64) at dk_ptr + split * sdk_p; _attn_sum_kernel adds them."""
     pid_n = tl.program_id(0)
     bh = tl.program_id(1)
+    sp = bh % SPLIT
+    bh = bh // SPLIT
     b = (bh // Hkv).to(tl.int64)
     hk = bh % Hkv
     n0 = pid_n * BN
@@ -259,7 +264,8 @@ def _attn_dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse2_ptr, delta_ptr, c_ptr, d
     a = tl.minimum(a, m_end)
     z = tl.minimum(tl.maximum(z, a), m_end)
 
-    for hh in range(0, G):
+    per = G // SPLIT
+    for hh in range(sp * per, sp * per + per):
         h = (hk * G + hh).to(tl.int64)
         q_base = q_ptr + b * sq_b + h * sq_h
         do_base = do_ptr + b * sd_b + h * sd_h
@@ -284,8 +290,9 @@ def _attn_dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse2_ptr, delta_ptr, c_ptr, d
                                         ATOMIC_DQ, IS_F64, PREC, EVEN_D, BM)
 
     hk64 = hk.to(tl.int64)
-    dk_ptrs = dk_ptr + b * sdk_b + hk64 * sdk_h + n64[:, None] * sdk_s + dcols[None, :]
-    dv_ptrs = dv_ptr + b * sdv_b + hk64 * sdv_h + n64[:, None] * sdv_s + dcols[None, :]
+    sp64 = sp.to(tl.int64)
+    dk_ptrs = dk_ptr + sp64 * sdk_p + b * sdk_b + hk64 * sdk_h + n64[:, None] * sdk_s + dcols[None, :]
+    dv_ptrs = dv_ptr + sp64 * sdv_p + b * sdv_b + hk64 * sdv_h + n64[:, None] * sdv_s + dcols[None, :]
     tl.store(dk_ptrs, _to_out(dk_acc * dscale, dk_ptr), mask=km)
     tl.store(dv_ptrs, _to_out(dv_acc, dv_ptr), mask=km)
 
@@ -334,7 +341,7 @@ def _dq_step(dq_acc, q, do, l2, di, rows, k_base, v_base, n0, dcols, dm, sk_s, s
     return dq_acc
 
 
-@jit(do_not_specialize=[n for n in _SIZES if n != "Hkv"])
+@jit(do_not_specialize=[n for n in _SIZES if n not in ("Hkv", "SPLIT")])
 def _attn_dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse2_ptr, delta_ptr, c_ptr, dq_ptr,
                     sq_b, sq_s, sq_h, sq_d, sk_b, sk_s, sk_h, sk_d, sv_b, sv_s, sv_h, sv_d,
                     sd_b, sd_s, sd_h, sd_d, sdq_b, sdq_s, sdq_h,
@@ -416,3 +423,24 @@ def _attn_cast_kernel(dqa_ptr, c_ptr, dq_ptr, n, BLOCK: tl.constexpr):
     m = offs < n
     x = tl.load(dqa_ptr + offs, mask=m, other=0.0) * tl.load(c_ptr + 3)
     tl.store(dq_ptr + offs, _to_out(x, dq_ptr), mask=m)
+
+
+# ----------------------------------------------------------------------------- split dk, dv partials -> dk, dv
+
+
+@jit(do_not_specialize=["n", "SPLIT"])
+def _attn_sum_kernel(dkp_ptr, dvp_ptr, dk_ptr, dv_ptr, n, SPLIT, BLOCK: tl.constexpr):
+    """dk, dv = the sums of SPLIT partials (contiguous, n elements apart), added in a fixed order."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    pk = dkp_ptr + offs
+    pv = dvp_ptr + offs
+    ak = tl.load(pk, mask=m, other=0.0)
+    av = tl.load(pv, mask=m, other=0.0)
+    for _ in range(1, SPLIT):  # pointers step by n (64-bit sums: SPLIT * n may pass 2**31)
+        pk += n
+        pv += n
+        ak += tl.load(pk, mask=m, other=0.0)
+        av += tl.load(pv, mask=m, other=0.0)
+    tl.store(dk_ptr + offs, _to_out(ak, dk_ptr), mask=m)
+    tl.store(dv_ptr + offs, _to_out(av, dv_ptr), mask=m)

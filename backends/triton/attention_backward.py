@@ -69,6 +69,7 @@ class Config:
     warps2: int
     stages2: int
     pre_bm: int = 64
+    split: int = 0    # programs sharing a kv head's query heads (0: from the SM count, see `split_for`)
 
 
 # Candidates per (element size, padded head dim), the default first.  16-bit inputs use the
@@ -98,6 +99,31 @@ INTERP_CONFIG = Config(32, 32, 4, 1, 32, 32, 4, 1, 32)
 def padded_dim(d: int) -> int:
     """The head dim the kernels compute on: the next power of two, at least 16 (tl.dot's minimum)."""
     return max(16, p2(d))
+
+
+def split_for(g: int, programs: int, sms: int) -> int:
+    """How many programs share the g query heads of a kv head (a divisor of g): the fewest that
+    give the main kernel two programs per SM.  GQA with few kv heads and short sequences
+    otherwise leaves SMs idle (llama-3 8B at 2k tokens: 16 key blocks x 8 kv heads = 128
+    programs for 132 SMs, each over 4 heads); the split costs one float32 write and read of
+    dk, dv per share."""
+    split = 1
+    while programs * split < 2 * sms and split < g and g % (split * 2) == 0:
+        split *= 2
+    return split
+
+
+_SMS: dict = {}
+
+
+def _sm_count(device) -> int:
+    if device.type != "cuda":
+        return 1
+    if device.index not in _SMS:
+        import torch
+
+        _SMS[device.index] = torch.cuda.get_device_properties(device).multi_processor_count
+    return _SMS[device.index]
 
 
 def candidates(itemsize: int, d: int) -> list[Config]:
@@ -154,11 +180,25 @@ class _Plan:
                        **dict(zip(("sv_b", "sv_s", "sv_h", "sv_d"), vs)),
                        **dict(zip(("sd_b", "sd_s", "sd_h", "sd_d"), (sd_b, sd_s, sd_h, sd_d))))
         flags = dict(SOFTCAP=bool(softcap), PREC=prec, EVEN_D=dp == d, G=hq // hkv)
-        (sdk_b, sdk_s, sdk_h, _), (sdv_b, sdv_s, sdv_h, _) = s(dk), s(dv)
-        self.main = Launch(K._attn_dkdv_kernel, (cdiv(sk, cfg.bn), b * hkv), 10, dict(
-            common, **strides, **flags, Hkv=hkv, sdk_b=sdk_b, sdk_s=sdk_s, sdk_h=sdk_h, sdv_b=sdv_b,
-            sdv_s=sdv_s, sdv_h=sdv_h, ATOMIC_DQ=self.atomic, BM=cfg.bm, BN=cfg.bn),
-            cfg.warps, num_stages=cfg.stages)
+        g = hq // hkv
+        split = cfg.split or split_for(g, cdiv(sk, cfg.bn) * b * hkv, _sm_count(q.device))
+        if g % split:
+            raise ValueError(f"triton {OP}: split {split} does not divide the group of {g} query heads")
+        self.split = split
+        n_kv = b * sk * hkv * d
+        if split > 1:  # partials (split, B, Sk, Hkv, D), contiguous, summed by _attn_sum_kernel
+            (sdk_b, sdk_s, sdk_h), sdk_p = (sk * hkv * d, hkv * d, d), n_kv
+            (sdv_b, sdv_s, sdv_h), sdv_p = (sdk_b, sdk_s, sdk_h), n_kv
+            self.ws_len += 2 * split * n_kv
+            self.sum = Launch(K._attn_sum_kernel, (cdiv(n_kv, 1024),), 4, dict(n=n_kv, SPLIT=split, BLOCK=1024), 4)
+        else:
+            (sdk_b, sdk_s, sdk_h, _), (sdv_b, sdv_s, sdv_h, _) = s(dk), s(dv)
+            sdk_p = sdv_p = 0
+        self.n_kv = n_kv
+        self.main = Launch(K._attn_dkdv_kernel, (cdiv(sk, cfg.bn), b * hkv * split), 10, dict(
+            common, **strides, **flags, Hkv=hkv, SPLIT=split, sdk_p=sdk_p, sdk_b=sdk_b, sdk_s=sdk_s,
+            sdk_h=sdk_h, sdv_p=sdv_p, sdv_b=sdv_b, sdv_s=sdv_s, sdv_h=sdv_h, ATOMIC_DQ=self.atomic, BM=cfg.bm,
+            BN=cfg.bn), cfg.warps, num_stages=cfg.stages)
         if self.atomic:
             n = b * sq * hq * d
             self.n_dq = n
@@ -176,18 +216,26 @@ class _Plan:
         seg = self.seg
         delta, lse2 = ws[:seg], ws[seg:2 * seg]
         c = self.consts
+        if self.split > 1:  # the main kernel writes partials; the sum kernel dk and dv
+            n = self.split * self.n_kv
+            dk_in, dv_in = ws[2 * seg:2 * seg + n], ws[2 * seg + n:2 * seg + 2 * n]
+            rest = 2 * seg + 2 * n
+        else:
+            dk_in, dv_in, rest = dk, dv, 2 * seg
         if self.atomic:
-            dqa = ws[2 * seg:]
+            dqa = ws[rest:]
             self.pre(o, do, lse, c, delta, lse2, dqa)
-            self.main(q, k, v, do, lse2, delta, c, dk, dv, dqa)
+            self.main(q, k, v, do, lse2, delta, c, dk_in, dv_in, dqa)
             self.last(dqa, c, dq)
         else:
             self.pre(o, do, lse, c, delta, lse2, delta)
-            self.main(q, k, v, do, lse2, delta, c, dk, dv, delta)
+            self.main(q, k, v, do, lse2, delta, c, dk_in, dv_in, delta)
             self.last(q, k, v, do, lse2, delta, c, dq)
+        if self.split > 1:
+            self.sum(dk_in, dv_in, dk, dv)
 
     def launches(self) -> list:
-        return [self.pre, self.main, self.last]
+        return [self.pre, self.main, self.last] + ([self.sum] if self.split > 1 else [])
 
 
 _PLANS: dict = {}
