@@ -23,8 +23,9 @@ Kernels (backends/triton/_attn_kernels.py):
                      (recomputing p and dp): no float atomics, the same bits every call.
 
 Host side: a plan per (variant, layout, dtype, params, device, sizing) caches the launches
-(`_launch.Launch`: the compiled kernels' own launchers after the first call), so a repeated
-call allocates one workspace and launches three kernels.  The checked entry checks the
+(`_launch.Launch`: the compiled kernels' own launchers after the first call) and its float32
+workspace (delta, lse * log2 e, the dq accumulator, split partials; one per CUDA stream), so
+a repeated call is a dict lookup and three or four launches.  The checked entry checks the
 arguments and, on CUDA for a call of TUNE_MIN_FLOPS or more, settles the sizing of its
 class once by timing a few candidates (`candidates`); the unchecked entry (what timed loops
 call) only looks the plan up.  GRADORACLE_TRITON_TUNE=0 keeps the defaults.
@@ -158,7 +159,7 @@ class _Plan:
         acc = torch.float64 if is64 else torch.float32
         dp = padded_dim(d)
         self.atomic = variant == "default"
-        self.device, self.cfg = q.device, cfg
+        self.device, self.cfg, self._ws = q.device, cfg, {}
         lg = 1.0 if is64 else LOG2E
         self.consts = torch.tensor([scale * lg, scale / softcap if softcap else 0.0, softcap * lg, scale, lg],
                                    dtype=acc, device=q.device)
@@ -209,21 +210,27 @@ class _Plan:
                 common, **strides, **flags, sdq_b=sdq_b, sdq_s=sdq_s, sdq_h=sdq_h, BM=cfg.bm2, BN=cfg.bn2),
                 cfg.warps2, num_stages=cfg.stages2)
 
-    def __call__(self, q, k, v, o, do, lse, dq, dk, dv) -> None:
+    def workspace(self) -> tuple:
+        """(delta, lse2, dk partials, dv partials, dq accumulator) for the current stream: kept by
+        the plan, one set per stream (calls on one stream run in order, so they may share it)."""
         import torch
 
-        ws = torch.empty(self.ws_len, dtype=self.acc, device=self.device)
-        seg = self.seg
-        delta, lse2 = ws[:seg], ws[seg:2 * seg]
+        sid = torch.cuda.current_stream(self.device).cuda_stream if self.device.type == "cuda" else 0
+        views = self._ws.get(sid)
+        if views is None:
+            ws = torch.empty(self.ws_len, dtype=self.acc, device=self.device)
+            seg, n = self.seg, self.split * self.n_kv if self.split > 1 else 0
+            views = (ws[:seg], ws[seg:2 * seg], ws[2 * seg:2 * seg + n], ws[2 * seg + n:2 * seg + 2 * n],
+                     ws[2 * seg + 2 * n:])
+            self._ws[sid] = views
+        return views
+
+    def __call__(self, q, k, v, o, do, lse, dq, dk, dv) -> None:
+        delta, lse2, dkp, dvp, dqa = self.workspace()
         c = self.consts
-        if self.split > 1:  # the main kernel writes partials; the sum kernel dk and dv
-            n = self.split * self.n_kv
-            dk_in, dv_in = ws[2 * seg:2 * seg + n], ws[2 * seg + n:2 * seg + 2 * n]
-            rest = 2 * seg + 2 * n
-        else:
-            dk_in, dv_in, rest = dk, dv, 2 * seg
+        split = self.split > 1  # the main kernel writes partials; the sum kernel dk and dv
+        dk_in, dv_in = (dkp, dvp) if split else (dk, dv)
         if self.atomic:
-            dqa = ws[rest:]
             self.pre(o, do, lse, c, delta, lse2, dqa)
             self.main(q, k, v, do, lse2, delta, c, dk_in, dv_in, dqa)
             self.last(dqa, c, dq)
@@ -231,14 +238,15 @@ class _Plan:
             self.pre(o, do, lse, c, delta, lse2, delta)
             self.main(q, k, v, do, lse2, delta, c, dk_in, dv_in, delta)
             self.last(q, k, v, do, lse2, delta, c, dq)
-        if self.split > 1:
-            self.sum(dk_in, dv_in, dk, dv)
+        if split:
+            self.sum(dkp, dvp, dk, dv)
 
     def launches(self) -> list:
         return [self.pre, self.main, self.last] + ([self.sum] if self.split > 1 else [])
 
 
 _PLANS: dict = {}
+MAX_PLANS = 64  # plans hold workspaces: the oldest goes when a run has met more layouts than this
 _TUNED: dict = {}        # (device index, tune class) -> Config
 TUNING_LOG: dict = {}    # (device index, tune class) -> {"tried": [...], "chosen": i}
 
@@ -274,6 +282,8 @@ def _new_plan(key, variant, q, k, v, o, do, lse, dq, dk, dv, params, cfg, tune) 
         with on_device(q):
             plan = _auto_plan(variant, args, params, tune)
     _PLANS[key] = plan
+    if len(_PLANS) > MAX_PLANS:
+        _PLANS.pop(next(iter(_PLANS)))
     return plan
 
 

@@ -84,7 +84,7 @@ for b, s, hq, hkv, d, causal in shapes:
                     "regs": getattr(L.compiled, "n_regs", None), "spills": getattr(L.compiled, "n_spills", None),
                     "shared": getattr(getattr(L.compiled, "metadata", None), "shared", None)} for L in plan.launches()]
             row[variant] = {"ms": dev, "tflops": flops / dev / 1e9, "first_call_s": first, "host_ms_per_call": host,
-                            "config": str(plan.cfg), "launches": res}
+                            "config": str(plan.cfg), "split": plan.split, "launches": res}
         except Exception as exc:  # noqa: BLE001
             row[variant] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
         print(json.dumps({variant: row[variant], "shape": row["shape"]}), flush=True)
