@@ -10,11 +10,13 @@ Kernels (backends/triton/_attn_kernels.py):
 1. preprocess: delta = rowsum(o * do) and lse * log2(e) per query row, in float32 (float64
    for float64); empty rows get 0 and +inf whatever o and lse hold.  The default variant
    also zeroes its float32 dq accumulator here (no memset launch).
-2. main: one program per (key block, batch, kv head); k, v stay in registers, dk, dv
+2. main: one program per (key block, batch, kv head); k, v stay on chip, dk, dv
    accumulate in registers over the query blocks of every query head of the kv head's
    group, p recomputed from q, k and the stored lse.  Only the query blocks that meet the
    band are visited, in three loops: masked blocks, fully allowed blocks (no mask code),
-   masked blocks.
+   masked blocks.  When the grid would hold under two programs per SM (GQA with few kv heads
+   and short sequences), a kv head's query heads are split over several programs, whose
+   float32 partial dk, dv a fourth kernel adds in a fixed order (`split_for`).
 3. dq, two variants:
      triton          the main kernel adds dS k into the float32 accumulator by atomics, a
                      cast kernel scales and rounds it: fewest flops, not bit-reproducible
