@@ -349,7 +349,9 @@ def _attn_dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse2_ptr, delta_ptr, c_ptr, dq_
                     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, SOFTCAP: tl.constexpr,
                     IS_F64: tl.constexpr, PREC: tl.constexpr,
                     BM: tl.constexpr, BN: tl.constexpr, DP: tl.constexpr, EVEN_D: tl.constexpr):
-    pid_m = tl.program_id(0)
+    # The last query blocks first: under a causal mask they see the most keys (longest first
+    # leaves no long program for the tail of the grid).
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // Hq).to(tl.int64)
     h = bh % Hq
