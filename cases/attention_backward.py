@@ -1,7 +1,8 @@
 """attention_backward cases: seed feature matrix (head dims x causal/window/softcap/GQA), llama-3 shapes, edges.
 
 Smoke cases stay small (the numpy oracle, torch and JAX on CPU, and finite differences on
-the tiny ones run in CI); full adds GPU-size versions; perf is llama-3 8B/70B training shapes.
+the tiny ones run in CI); full adds GPU-size versions; perf is llama-3 8B/70B training shapes
+and the published FlashAttention benchmark grid.
 """
 from __future__ import annotations
 
@@ -66,6 +67,12 @@ for hq in (32, 64):
     case("f16", PERF_ONLY, 1, 4096, 4096, hq, 8, 128, causal=True)
     case("bf16", PERF_ONLY, 1, 4096, 4096, hq, 8, 128)  # non-causal (encoder-style)
     case("bf16", PERF, 1, 1, 8192, hq, 8, 128)  # decoding step against an 8k cache
+
+# ---- the published FlashAttention benchmark grid (FA2/FA3 papers, cuDNN's and Triton's
+# tables): batch x seqlen = 16k tokens, heads x D = 2048, D in {64, 128}, S from 512 to 16k,
+# causal and not, bf16, MHA -- so these figures sit beside the published ones
+for d, s, causal in product((64, 128), (512, 1024, 2048, 4096, 8192, 16384), (False, True)):
+    case("bf16", PERF_ONLY, 16384 // s, s, s, 2048 // d, 2048 // d, d, **({"causal": True} if causal else {}))
 
 # ---- edges
 # Sq != Sk both ways, causal (bottom-right) and not
