@@ -79,11 +79,12 @@ KERNEL = {"rows": "row", "rows_keepdim": "row", "full": "row", "full_3d": "row",
           "long_cols": "col", "empty_sum": "col", "empty_keepdim": "col", "empty_target": "col", "empty_out": ""}
 # Tiles of 16 float32, 8 "SMs" x 4 programs: even these shapes split into chunks and partials;
 # reductions of up to 4 run one row a step (BR = 1), and the next block is read ahead (prefetch);
-# "plain": blocks read 4 a step (unroll), tall tiles for all.
+# "plain": blocks read 4 a step (unroll), tall tiles for all; "stages": 2 a step, software-pipelined.
 TINY = rs.Config(tile_bytes=64, seg_bytes=16, short_red=4, vectors=1, sms=8, occupancy=4, query_occupancy=False,
                  partial_limit=1, finish_bytes=32, stage2_bytes=64, prefetch=True)
 CONFIGS = {"auto": None, "last": TINY, "kernel": replace(TINY, finish="kernel"),
-           "plain": replace(TINY, prefetch=False, unroll=4, short_red=0)}
+           "plain": replace(TINY, prefetch=False, unroll=4, short_red=0),
+           "stages": replace(TINY, prefetch=False, unroll=2, stages=3)}
 _EMPTY = ("empty_sum", "empty_keepdim", "empty_target", "empty_out", "scalar")
 
 
@@ -188,7 +189,7 @@ def random_requests(n: int, seed: int = 5) -> list:
                 [int(a) - rank * int(rng.integers(0, 2)) for a in range(rank) if rng.random() < 0.5]
             params = {"axes": axes, "keepdim": bool(rng.random() < 0.3)}
         dt = ("f32", "f32", "bf16", "f16", "f64")[k % 5]
-        out.append((dt, shape, params, layout, ("auto", "last", "kernel", "plain")[k % 4]))
+        out.append((dt, shape, params, layout, ("auto", "last", "kernel", "plain", "stages")[k % 5]))
     return out
 
 
@@ -266,6 +267,7 @@ def test_every_path_is_forced():
             c = L.constexprs
             seen.add((L.kernel, "split" if L.chunks > 1 else "direct", c["FINISH"]))
             seen.add((L.kernel, "prefetch", c["PREFETCH"]))
+            seen.add((L.kernel, "stages", c["STAGES"] > 1))
             if L.kernel == "row":
                 seen.add(("row", "unit" if c["UNIT"] else "strided", c["NK"] > 0, c["NRO"] > 0))
             else:
@@ -281,7 +283,7 @@ def test_every_path_is_forced():
                    ("col", "strided", "y unit"), ("col", "unit", "y strided"), ("col", "NKO", 0, "NR", 0),
                    ("col", "NKO", 2, "NR", 2), ("col", "NKO", 1, "NR", 1), ("row", "prefetch", True),
                    ("row", "prefetch", False), ("col", "prefetch", True), ("col", "prefetch", False),
-                   ("col", "BR", True), ("col", "BR", False)]:
+                   ("col", "BR", True), ("col", "BR", False), ("row", "stages", True), ("col", "stages", True)]:
         assert needed in seen, f"no pattern takes path {needed}"
 
 

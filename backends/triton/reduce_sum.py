@@ -32,7 +32,7 @@ Every request (axes/keepdim or sum_to_shape target, any layout of x) becomes one
 
 Plans are cached per (shape, strides, dtype, params form, device, config): a repeated call
 allocates the workspace, takes the tile counters and launches through the compiled kernels'
-own launchers (`_launch.Step`: not the JIT's per-call binding, which cost more than the kernel
+own launchers (`_steps.Step`: not the JIT's per-call binding, which cost more than the kernel
 took on the 22 us sums); no planning.  No autotuning: the sizing is a fixed heuristic
 (Config; GRADORACLE_TRITON_REDUCE pins a named preset, GRADORACLE_TRITON_REDUCE_VARIANTS
 registers them as `triton@<name>`, see PRESETS); the one compile outside a launch, of a split
@@ -141,6 +141,18 @@ def _row_block(b, b1, x_ptr, xrow, rm, desc_ptr, n_cols, col_stride, ncb,
     return _up(tl.load(x_ptr + ((xrow + ro)[:, None] + coff[None, :]), mask=m, other=0.0), IS_F64)
 
 
+@jit
+def _row_step(b, b1, x_ptr, xrow, rm, desc_ptr, n_cols, col_stride, ncb,
+              NK: tl.constexpr, NRO: tl.constexpr, BC: tl.constexpr, UNIT: tl.constexpr, ALX: tl.constexpr,
+              IS_F64: tl.constexpr, UNROLL: tl.constexpr):
+    """Blocks b .. b + UNROLL - 1 of the row kernel, read and then added: one loop step."""
+    x = _row_block(b, b1, x_ptr, xrow, rm, desc_ptr, n_cols, col_stride, ncb, NK, NRO, BC, UNIT, ALX, IS_F64)
+    for u in tl.static_range(1, UNROLL):
+        x += _row_block(b + u, b1, x_ptr, xrow, rm, desc_ptr, n_cols, col_stride, ncb, NK, NRO, BC, UNIT, ALX,
+                        IS_F64)
+    return x
+
+
 # Counts that only bound loops and masks are not specialised (fewer recompiles across shapes);
 # n_cols / n_fast are: their divisibility by 16 lets the masked loads along the fast dim vectorise.
 @jit(do_not_specialize=["n_rows", "n_outer", "ncb", "nblk", "chunks", "n_y"])
@@ -148,7 +160,8 @@ def _row_kernel(x_ptr, y_ptr, ws_ptr, cnt_ptr, desc_ptr,
                 n_rows, n_cols, col_stride, n_outer, ncb, nblk, chunks, n_y,
                 NK: tl.constexpr, NRO: tl.constexpr, BM: tl.constexpr, BC: tl.constexpr,
                 UNIT: tl.constexpr, ALX: tl.constexpr, IS_F64: tl.constexpr,
-                FINISH: tl.constexpr, BP: tl.constexpr, PREFETCH: tl.constexpr, UNROLL: tl.constexpr):
+                FINISH: tl.constexpr, BP: tl.constexpr, PREFETCH: tl.constexpr, UNROLL: tl.constexpr,
+                STAGES: tl.constexpr):
     """Rows = the outputs (flat y index; x offset from the NK kept dims of the descriptor).
 
     Row r sums n_outer x n_cols elements: the NRO outer reduced dims (descriptor rows NK..)
@@ -176,14 +189,14 @@ def _row_kernel(x_ptr, y_ptr, ws_ptr, cnt_ptr, desc_ptr,
             x_n = _row_block(b + 1, b1, x_ptr, xrow, rm, desc_ptr, n_cols, col_stride, ncb, NK, NRO, BC, UNIT,
                              ALX, IS_F64)
             acc += x
+    elif STAGES > 1:  # triton's pipeliner keeps STAGES - 1 steps of loads in flight (async copies)
+        for b in tl.range(b0, b1, UNROLL, num_stages=STAGES):
+            acc += _row_step(b, b1, x_ptr, xrow, rm, desc_ptr, n_cols, col_stride, ncb, NK, NRO, BC, UNIT, ALX,
+                             IS_F64, UNROLL)
     else:
         for b in range(b0, b1, UNROLL):
-            x = _row_block(b, b1, x_ptr, xrow, rm, desc_ptr, n_cols, col_stride, ncb, NK, NRO, BC, UNIT, ALX,
-                           IS_F64)
-            for u in tl.static_range(1, UNROLL):
-                x += _row_block(b + u, b1, x_ptr, xrow, rm, desc_ptr, n_cols, col_stride, ncb, NK, NRO, BC, UNIT,
-                                ALX, IS_F64)
-            acc += x
+            acc += _row_step(b, b1, x_ptr, xrow, rm, desc_ptr, n_cols, col_stride, ncb, NK, NRO, BC, UNIT, ALX,
+                             IS_F64, UNROLL)
     s = tl.sum(acc, axis=1)
     _finish(s, rows, rm, y_ptr, ws_ptr, cnt_ptr, rb, ch, chunks, n_y, FINISH, BP)
 
@@ -198,13 +211,24 @@ def _col_block(b, b1, x_ptr, kx, fx, fm, desc_ptr, n_red,
     return _up(tl.load(x_ptr + ((kx + rx)[:, None] + fx[None, :]), mask=m, other=0.0), IS_F64)
 
 
+@jit
+def _col_step(b, b1, x_ptr, kx, fx, fm, desc_ptr, n_red,
+              NKO: tl.constexpr, NR: tl.constexpr, BR: tl.constexpr, ALX: tl.constexpr, IS_F64: tl.constexpr,
+              UNROLL: tl.constexpr):
+    """Blocks b .. b + UNROLL - 1 of the col kernel, read and then added: one loop step."""
+    x = _col_block(b, b1, x_ptr, kx, fx, fm, desc_ptr, n_red, NKO, NR, BR, ALX, IS_F64)
+    for u in tl.static_range(1, UNROLL):
+        x += _col_block(b + u, b1, x_ptr, kx, fx, fm, desc_ptr, n_red, NKO, NR, BR, ALX, IS_F64)
+    return x
+
+
 @jit(do_not_specialize=["nfb", "n_red", "nblk", "chunks", "n_y"])
 def _col_kernel(x_ptr, y_ptr, ws_ptr, cnt_ptr, desc_ptr,
                 n_fast, fast_xs, fast_ys, nfb, n_red, nblk, chunks, n_y,
                 NKO: tl.constexpr, NR: tl.constexpr, BR: tl.constexpr, BN: tl.constexpr,
                 UNIT_X: tl.constexpr, UNIT_Y: tl.constexpr, ALX: tl.constexpr, ALY: tl.constexpr,
                 IS_F64: tl.constexpr, FINISH: tl.constexpr, BP: tl.constexpr, PREFETCH: tl.constexpr,
-                UNROLL: tl.constexpr):
+                UNROLL: tl.constexpr, STAGES: tl.constexpr):
     """Outputs = (ko, f): ko over the NKO other kept dims (descriptor rows 0..), f along the
     fast kept dim (n_fast, x stride fast_xs, y stride fast_ys; 1 when UNIT_X / UNIT_Y).
 
@@ -241,12 +265,12 @@ def _col_kernel(x_ptr, y_ptr, ws_ptr, cnt_ptr, desc_ptr,
             x = x_n
             x_n = _col_block(b + 1, b1, x_ptr, kx, fx, fm, desc_ptr, n_red, NKO, NR, BR, ALX, IS_F64)
             acc += x
+    elif STAGES > 1:  # as in _row_kernel
+        for b in tl.range(b0, b1, UNROLL, num_stages=STAGES):
+            acc += _col_step(b, b1, x_ptr, kx, fx, fm, desc_ptr, n_red, NKO, NR, BR, ALX, IS_F64, UNROLL)
     else:
         for b in range(b0, b1, UNROLL):
-            x = _col_block(b, b1, x_ptr, kx, fx, fm, desc_ptr, n_red, NKO, NR, BR, ALX, IS_F64)
-            for u in tl.static_range(1, UNROLL):
-                x += _col_block(b + u, b1, x_ptr, kx, fx, fm, desc_ptr, n_red, NKO, NR, BR, ALX, IS_F64)
-            acc += x
+            acc += _col_step(b, b1, x_ptr, kx, fx, fm, desc_ptr, n_red, NKO, NR, BR, ALX, IS_F64, UNROLL)
     if BR == 1:
         s = tl.reshape(acc, [BN])  # no lanes to add across: the store keeps the loads' layout
     else:
@@ -297,6 +321,8 @@ class Config:
     finish_bytes: int = 8192   # float32 bytes of partials per step of the last program's adding loop
     stage2_bytes: int = 16384
     prefetch: bool = False     # instead: read the next block before adding this one
+    stages: int = 0            # > 1: the loop software-pipelined by triton (num_stages), loads in flight
+                               # through shared memory instead of registers (0: a plain loop)
 
 
 GPU_CONFIG = Config(finish=os.environ.get(FINISH_ENV, "last"))
@@ -317,6 +343,14 @@ PRESETS = {
     "finish32k": replace(GPU_CONFIG, finish_bytes=32768),
     "wide_segments": replace(GPU_CONFIG, seg_bytes=1024),
     "before": replace(GPU_CONFIG, tile_bytes=16384, vectors=4, unroll=1, finish_bytes=4096, short_red=0),
+    # issue 13's bf16 column sums (54% of copy at 4 programs per SM, 54 registers): fewer registers
+    # (unroll2: 40, 6 programs per SM), loads in flight through shared memory (stages), or twice
+    # the programs of one wave, half as long each (waves2: SMs that finish early take more).
+    "unroll2": replace(GPU_CONFIG, unroll=2),
+    "stages3": replace(GPU_CONFIG, stages=3),
+    "stages4": replace(GPU_CONFIG, unroll=2, stages=4),
+    "stages6": replace(GPU_CONFIG, unroll=1, stages=6),
+    "waves2": replace(GPU_CONFIG, waves=2),
 }
 PRESET_ENV = "GRADORACLE_TRITON_REDUCE"
 VARIANTS_ENV = "GRADORACLE_TRITON_REDUCE_VARIANTS"
@@ -455,7 +489,7 @@ def _plan_row(lay: Layout, fast: int, tile: int, itemsize: int, cfg: Config) -> 
                   nblk=n_outer * ncb, chunks=1, n_y=lay.n_y),
         constexprs=dict(NK=len(lay.kept), NRO=len(outer), BM=bm, BC=bc, UNIT=col_stride == 1,
                         ALX=_align([s for _, s in lay.kept + outer]), IS_F64=itemsize == 8,
-                        PREFETCH=cfg.prefetch, UNROLL=1 if cfg.prefetch else cfg.unroll))
+                        PREFETCH=cfg.prefetch, UNROLL=1 if cfg.prefetch else cfg.unroll, STAGES=cfg.stages))
 
 
 def _plan_col(lay: Layout, fast, tile: int, itemsize: int, cfg: Config) -> Launch:
@@ -485,7 +519,7 @@ def _plan_col(lay: Layout, fast, tile: int, itemsize: int, cfg: Config) -> Launc
                   n_y=lay.n_y),
         constexprs=dict(NKO=len(others), NR=len(lay.red), BR=br, BN=bn, UNIT_X=fxs == 1, UNIT_Y=fys == 1,
                         ALX=_align([s for _, s in others + lay.red]), ALY=_align(others_ys), IS_F64=itemsize == 8,
-                        PREFETCH=cfg.prefetch, UNROLL=1 if cfg.prefetch else cfg.unroll))
+                        PREFETCH=cfg.prefetch, UNROLL=1 if cfg.prefetch else cfg.unroll, STAGES=cfg.stages))
 
 
 def plan_request(shape, strides, itemsize: int, params, cfg: Config = GPU_CONFIG, sms: int = 132,
@@ -652,8 +686,21 @@ def _run(inputs, outs, params, cfg: Config | None = None) -> None:
     if IMPORT_ERROR is not None:
         raise RuntimeError(f"triton {OP}: triton is not importable ({IMPORT_ERROR})")
     x, y = inputs["x"], outs["y"]
-    with on_device(x):
+    dev = x.device
+    # triton launches on the current device: switch only when needed (the switch costs microseconds)
+    if dev.type == "cuda" and _current_device() != dev.index:
+        with on_device(x):
+            _launch(x, y, params, cfg)
+    else:
         _launch(x, y, params, cfg)
+
+
+def _current_device() -> int:
+    global _current_device
+    import torch
+
+    _current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
+    return _current_device()
 
 
 def run(inputs, outs, params, cfg: Config | None = None) -> None:
