@@ -188,6 +188,36 @@ def test_launch_alias_and_resources(on_gpu):
     assert step.resources() == {"regs": 40, "spills": 0, "shared": 4096}
 
 
+class _FakeLauncher:
+    """Stands in for a compiled kernel's `run` (triton's CudaLauncher): records its arguments."""
+
+    def __init__(self, log):
+        self.log = log
+
+    def __call__(self, *args):
+        self.log.append(("run",) + args)
+
+
+def test_lean_launch_skips_the_runner_unless_hooks(on_gpu, monkeypatch):
+    """With a compiled kernel that exposes its launcher, direct calls go straight to it with no
+    launch metadata and no hooks; while a launch hook is registered (a profiler), through the
+    runner, which calls the hooks."""
+    from triton import knobs
+
+    kernel = _FakeKernel()
+    c = kernel.compiled
+    c.run, c.function, c.packed_metadata = _FakeLauncher(kernel.log), "fn-handle", ("meta",)
+    step = _steps.Step(kernel, (6, 2), 2, {"BLOCK": 8, "n": 5}, 4)
+    x, y = _pair()
+    step(x, y)
+    step(x, y, stream=9)
+    assert kernel.log[1] == ("run", 6, 2, 1, 9, "fn-handle", ("meta",), None, None, None) + _ptrs(x, y) + (5, 8)
+    monkeypatch.setattr(knobs.runtime.launch_enter_hook, "calls", [lambda metadata: None])
+    step(x, y, stream=9)
+    assert kernel.log[2] == ("direct", (6, 2, 1), _ptrs(x, y) + (5, 8), 9)
+    assert step.calls == [1, 2]
+
+
 def test_aligned():
     x, y = _pair()
     assert _steps.aligned((x, y))

@@ -219,7 +219,7 @@ class Step:
             _bind_torch()
         if _raw_stream is None:  # a CPU-only torch: no raw stream to hand the launcher
             return False
-        return runner
+        return _lean_runner(compiled, self.grid, runner) or runner
 
     def signature(self) -> tuple:
         """What the launch runs: equal signatures launch the same kernel the same way."""
@@ -232,3 +232,32 @@ class Step:
         if k is None or getattr(k, "n_regs", None) is None:
             return None
         return _facts(k)
+
+
+def _lean_runner(compiled, grid: tuple, runner):
+    """The compiled kernel's launch without its runner's per-call extras, or None.
+
+    triton's runner (`compiled[grid]`, triton 3.3 to 3.8) builds the launch metadata for the launch
+    hooks and hands the launcher the hook chains, which it calls even when empty: microseconds a
+    launch.  With no hook registered this calls the launcher (`compiled.run`) as the runner would,
+    with no metadata and no hooks; while any hook is registered (a profiler's), each launch goes
+    through `runner` instead, so the hooks see every launch.
+    """
+    try:
+        from triton import knobs
+
+        enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+        run, function, meta = compiled.run, compiled.function, compiled.packed_metadata
+    except Exception:  # noqa: BLE001 - another triton: its own runner
+        return None
+    if not (isinstance(getattr(enter, "calls", None), list) and isinstance(getattr(leave, "calls", None), list)):
+        return None
+    gx, gy, gz = grid
+
+    def lean(*args, stream):
+        if enter.calls or leave.calls:
+            runner(*args, stream=stream)
+        else:
+            run(gx, gy, gz, stream, function, meta, None, None, None, *args)
+
+    return lean

@@ -15,7 +15,9 @@ Every request (axes/keepdim or sum_to_shape target, any layout of x) becomes one
   contiguous segments a step and no adding across lanes.
 * Memory-bound, so sized for reads in flight with few registers: small blocks (one 16-byte
   vector a thread: the float32 accumulator stays small for 16-bit data), read `unroll` at a
-  time before they are added (or, `prefetch`, the next block read before this one is added).
+  time before they are added (or, `prefetch`, the next block read before this one is added;
+  or, `stages` > 1, the loop software-pipelined by triton: `stages` - 1 steps of reads in
+  flight as asynchronous copies into shared memory, not registers).
 * A fast dim of stride != 1 (sliced views, odd layouts) runs through the same kernels with
   the stride as an argument: the general strided path.  Other dims are unravelled from a
   small int64 descriptor (size, x stride, y stride per dim), so any rank works.

@@ -2,11 +2,14 @@
 # Issue 13's memory-bound misses (reduce_sum bf16 column sums and full sum, binary_backward add/sub bf16
 # with B broadcast, small norms, host time per call), one batch of under 8 minutes on an H100:
 #   OUT=/some/dir bash scripts/gpu/triton_mem.sh            (from the repo root)
-# Steps (STEPS="install asm smoke presets bench variants profile"; any subset, in that order):
+# Steps (STEPS="install asm host smoke presets bench variants profile"; any subset, in that order):
 #   install   pip install -q -e . --no-deps --no-build-isolation
 #   asm       the bf16 column-sum kernel as the device's triton compiles it (default and the STAGES variant):
 #             ops of its TTGIR and PTX inside and outside the main loop (convert_layout, local_*,
 #             bar.sync, st/ld.shared), registers, shared memory          -> asm.txt, asm/*.ttgir, *.ptx
+#   host      host us per unchecked call (perf_counter over 200 calls queued behind a GPU spin, best of 5)
+#             of the small norms, the bf16 full and column sums, add bf16 B=4096, their device us, and the
+#             host us with the launches stubbed (the Python alone)          -> host.txt
 #   smoke     harness run --cases smoke of the four ops through triton    -> smoke.log
 #   presets   scripts/gpu/triton_tune_info.py --presets on the reduce_sum cases (quick event timings of
 #             every reduce_sum.PRESETS entry, registers)                 -> presets.json, presets.log
@@ -16,16 +19,16 @@
 #   profile   harness profile (ncu) of the bf16 column sum, default and triton@$PROFILE_VARIANT -> profile/
 # Then summary.txt (scripts/gpu/triton_tune_report.py: % of copy, bar, host ms with "!" where over
 # the device time; the variants side by side).  Everything ends up in $OUT/triton-mem.tgz plus
-# summary.txt and run.log beside it.  Limits (s): SMOKE_LIMIT=60 PRESETS_LIMIT=40 BENCH_LIMIT=170
-# VARIANTS_LIMIT=60 PROFILE_LIMIT=70: about 7.5 minutes with start-up.
+# summary.txt and run.log beside it.  Limits (s): SMOKE_LIMIT=45 PRESETS_LIMIT=30 BENCH_LIMIT=140
+# VARIANTS_LIMIT=50 PROFILE_LIMIT=60, host 90 at most: about 7.5 minutes with start-up and compiles.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 : "${OUT:?set OUT to a folder for the results}"
-PY=${PYTHON:-python3} STEPS=${STEPS:-install asm smoke presets bench variants profile}
-SMOKE_LIMIT=${SMOKE_LIMIT:-60} PRESETS_LIMIT=${PRESETS_LIMIT:-40} BENCH_LIMIT=${BENCH_LIMIT:-170}
-VARIANTS_LIMIT=${VARIANTS_LIMIT:-60} PROFILE_LIMIT=${PROFILE_LIMIT:-70} BUDGET=${BUDGET:-0.1}
-REDUCE_VARIANTS=${REDUCE_VARIANTS:-stages3,stages4,unroll2,waves2,prefetch,before}
-BINARY_VARIANTS=${BINARY_VARIANTS:-wide,lean_noprefetch}
+PY=${PYTHON:-python3} STEPS=${STEPS:-install asm host smoke presets bench variants profile}
+SMOKE_LIMIT=${SMOKE_LIMIT:-45} PRESETS_LIMIT=${PRESETS_LIMIT:-30} BENCH_LIMIT=${BENCH_LIMIT:-140}
+VARIANTS_LIMIT=${VARIANTS_LIMIT:-50} PROFILE_LIMIT=${PROFILE_LIMIT:-60} BUDGET=${BUDGET:-0.1}
+REDUCE_VARIANTS=${REDUCE_VARIANTS:-stages3,stages4,stages6,unroll2,waves2,before}
+BINARY_VARIANTS=${BINARY_VARIANTS:-wide,wide4,lean_noprefetch}
 PROFILE_VARIANT=${PROFILE_VARIANT:-stages3}
 R=$OUT/triton-mem
 WORK=$(mktemp -d /tmp/gradoracle-mem.XXXXXX)
@@ -67,7 +70,7 @@ from backends.triton import reduce_sum as rs
 out = sys.argv[1]
 x = torch.randn(8, 2048, 4096, device="cuda", dtype=torch.bfloat16)
 y = torch.empty(4096, device="cuda", dtype=torch.bfloat16)
-for name in ["default"] + [n for n in ("stages3", "stages4", "unroll2") if n in rs.PRESETS]:
+for name in ["default"] + [n for n in ("stages3", "stages4", "stages6", "unroll2") if n in rs.PRESETS]:
     cfg = rs.PRESETS[name]
     rs.run({"x": x}, {"y": y}, {"target": [4096]}, cfg)
     P = rs._prepare(x, y, {"target": [4096]}, cfg)
@@ -86,6 +89,70 @@ for name in ["default"] + [n for n in ("stages3", "stages4", "unroll2") if n in 
         print(f"  ptx {pat}: {len(re.findall(re.escape(pat), ptx))} ({len(re.findall(re.escape(pat), loop))} in the first loop)")
 EOF
   echo "exit $?"; cat "$R/asm.txt" | head -40
+fi
+
+if has host; then
+  stamp "== host: us per call, whole and Python alone"
+  timeout -s TERM 90 $PY - > "$R/host.txt" 2>&1 <<'EOF'
+import time, torch
+from backends.triton import _steps, binary_backward as bb, reduce_sum as rs
+from backends.triton import layernorm_backward as lnb, rmsnorm_backward as rmb
+dev = "cuda"
+def t(*s, dt=torch.float32):
+    return torch.randn(*s, device=dev, dtype=dt)
+def norm(fn, M, K, dt, mean=True):
+    i = {"x": t(M, K, dt=dt), "dy": t(M, K, dt=dt), "weight": t(K, dt=dt), "rstd": t(M).abs() + 1}
+    if mean:
+        i["mean"] = t(M)
+    o = {"dx": torch.empty(M, K, device=dev, dtype=dt), "dweight": torch.empty(K, device=dev, dtype=dt)}
+    if mean:
+        o["dbias"] = torch.empty(K, device=dev, dtype=dt)
+    return fn, i, o, {}
+bf = torch.bfloat16
+cases = {
+    "rms f32 1024x2048": norm(rmb.rmsnorm_backward, 1024, 2048, torch.float32, mean=False),
+    "ln f32 1024x2048": norm(lnb.layernorm_backward, 1024, 2048, torch.float32),
+    "ln bf16 2048x4096": norm(lnb.layernorm_backward, 2048, 4096, bf),
+    "sum bf16 X=33554432": (rs.reduce_sum, {"x": t(33554432, dt=bf)}, {"y": torch.empty((), device=dev, dtype=bf)},
+                            {"axes": None}),
+    "sum_to bf16 T=4096": (rs.reduce_sum, {"x": t(8, 2048, 4096, dt=bf)},
+                           {"y": torch.empty(4096, device=dev, dtype=bf)}, {"target": [4096]}),
+    "add bf16 B=4096": (bb.binary_backward, {"a": t(8, 2048, 4096, dt=bf), "b": t(4096, dt=bf),
+                                             "grad_out": t(8, 2048, 4096, dt=bf)},
+                        {"grad_a": torch.empty(8, 2048, 4096, device=dev, dtype=bf),
+                         "grad_b": torch.empty(4096, device=dev, dtype=bf)}, {"fn": "add"}),
+}
+def host_us(f, n=200):
+    torch.cuda.synchronize()
+    torch.cuda._sleep(50_000_000)  # tens of ms of spin: the launch queue never blocks the host
+    t0 = time.perf_counter()
+    for _ in range(n):
+        f()
+    dt = (time.perf_counter() - t0) / n * 1e6
+    torch.cuda.synchronize()
+    return dt
+def device_us(f, n=20):
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize(); torch.cuda._sleep(50_000_000); s.record()
+    for _ in range(n):
+        f()
+    e.record(); e.synchronize()
+    return s.elapsed_time(e) / n * 1e3
+rows = {}
+for name, (fn, i, o, p) in cases.items():
+    fn(i, o, p)
+    u = lambda: fn.unchecked(i, o, p)
+    rows[name] = [min(host_us(u) for _ in range(5)), device_us(u)]
+real_call, real_launch = _steps.Step.__call__, _steps.Step.launch
+_steps.Step.__call__ = _steps.Step.launch = lambda self, *a, **k: None
+for name, (fn, i, o, p) in cases.items():
+    rows[name].append(min(host_us(lambda: fn.unchecked(i, o, p)) for _ in range(5)))
+_steps.Step.__call__, _steps.Step.launch = real_call, real_launch
+print(f"{'case':24s} {'host us':>8s} {'device us':>9s} {'python us':>9s}  host<device   (python: launches stubbed)")
+for name, (h, d, py) in rows.items():
+    print(f"{name:24s} {h:8.1f} {d:9.1f} {py:9.1f}  {'yes' if h < d else 'NO'}")
+EOF
+  echo "exit $?"; cat "$R/host.txt"
 fi
 
 if has smoke; then
