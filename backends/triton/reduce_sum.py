@@ -353,6 +353,8 @@ PRESETS = {
     "stages4": replace(GPU_CONFIG, unroll=2, stages=4),
     "stages6": replace(GPU_CONFIG, unroll=1, stages=6),
     "waves2": replace(GPU_CONFIG, waves=2),
+    # the tail: the last program of each tile adds its tile's partials, 4x the rows a step
+    "stages3_f32k": replace(GPU_CONFIG, stages=3, finish_bytes=32768),
 }
 PRESET_ENV = "GRADORACLE_TRITON_REDUCE"
 VARIANTS_ENV = "GRADORACLE_TRITON_REDUCE_VARIANTS"
