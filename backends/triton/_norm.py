@@ -640,17 +640,17 @@ class Call:
             return
         mode = plan.launch
         self.main = _steps.Step(_rows_kernel, plan.grid, 12, {**plan.ints, **plan.constexprs}, plan.num_warps,
-                                   mode)
+                                mode)
         if plan.split is not None:
             s = plan.split
             self.sums_numel = s["sums_numel"]
             self.split = _steps.Step(_chunk_sums_kernel, s["grid"], 7, {**s["ints"], **s["constexprs"]},
-                                        s["num_warps"], mode)
+                                     s["num_warps"], mode)
         if plan.stage2 is not None:
             s = plan.stage2
             extra = {"launch_pdl": True} if s["constexprs"]["PDL"] else {}
             self.stage2 = _steps.Step(_partials_kernel, s["grid"], 3, {**s["ints"], **s["constexprs"]},
-                                         s["num_warps"], mode, **extra)
+                                      s["num_warps"], mode, **extra)
 
     def __call__(self, x, dy, w, mean, rstd, dx, dw, db) -> None:
         # triton launches on the current device: switch only when needed (it costs microseconds)

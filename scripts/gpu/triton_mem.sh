@@ -11,7 +11,8 @@
 #   host      host us per unchecked call (perf_counter over 200 calls queued behind a GPU spin, best of 5)
 #             of the small norms, the bf16 full and column sums, add bf16 B=4096, their device us, and the
 #             host us with the launches stubbed (the Python alone)          -> host.txt
-#   smoke     harness run --cases smoke of the four ops through triton    -> smoke.log
+#   smoke     harness run --cases smoke of the four ops through triton, then reduce_sum through
+#             triton@stages3 (25 s)                                       -> smoke.log, smoke-stages3.log
 #   presets   scripts/gpu/triton_tune_info.py --presets on the reduce_sum cases (quick event timings of
 #             every reduce_sum.PRESETS entry, registers)                 -> presets.json, presets.log
 #   bench     harness bench of the four ops' perf cases through triton (host column) -> bench/, bench.log
@@ -20,14 +21,14 @@
 #   profile   harness profile (ncu) of the bf16 column sum, default and triton@$PROFILE_VARIANT -> profile/
 # Then summary.txt (scripts/gpu/triton_tune_report.py: % of copy, bar, host ms with "!" where over
 # the device time; the variants side by side).  Everything ends up in $OUT/triton-mem.tgz plus
-# summary.txt and run.log beside it.  Limits (s): SMOKE_LIMIT=40 BENCH_LIMIT=130 VARIANTS_LIMIT=110 (each
+# summary.txt and run.log beside it.  Limits (s): SMOKE_LIMIT=40 BENCH_LIMIT=130 VARIANTS_LIMIT=100 (each
 # variant compiles on its first call) PROFILE_LIMIT=60, asm 60 and host 90 at most: about 7.5 minutes in all.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 : "${OUT:?set OUT to a folder for the results}"
 PY=${PYTHON:-python3} STEPS=${STEPS:-install asm host smoke bench variants profile}
 SMOKE_LIMIT=${SMOKE_LIMIT:-40} PRESETS_LIMIT=${PRESETS_LIMIT:-30} BENCH_LIMIT=${BENCH_LIMIT:-130}
-VARIANTS_LIMIT=${VARIANTS_LIMIT:-110} PROFILE_LIMIT=${PROFILE_LIMIT:-60} BUDGET=${BUDGET:-0.1}
+VARIANTS_LIMIT=${VARIANTS_LIMIT:-100} PROFILE_LIMIT=${PROFILE_LIMIT:-60} BUDGET=${BUDGET:-0.1}
 REDUCE_VARIANTS=${REDUCE_VARIANTS:-stages3,stages6,finish32k,stages3_f32k,waves2,before}
 BINARY_VARIANTS=${BINARY_VARIANTS:-wide,wide4,lean_noprefetch}
 PROFILE_VARIANT=${PROFILE_VARIANT:-stages3}
@@ -162,6 +163,11 @@ if has smoke; then
     --json "$R/smoke.json" > "$R/smoke.log" 2>&1
   echo "exit $? (124: cut)"
   grep -E "^(FAIL|ERROR|CRASH)" "$R/smoke.log" | cut -c1-200 | head -12; tail -2 "$R/smoke.log"
+  stamp "== smoke: reduce_sum through triton@stages3 (the pipelined loop; at most 25s)"
+  GRADORACLE_TRITON_REDUCE_VARIANTS=stages3 timeout -s TERM 25 $PY -m harness run --op reduce_sum \
+    --backend triton@stages3 --device cuda --cases smoke --json "$R/smoke-stages3.json" > "$R/smoke-stages3.log" 2>&1
+  echo "exit $? (124: cut)"
+  grep -E "^(FAIL|ERROR|CRASH)" "$R/smoke-stages3.log" | cut -c1-200 | head -12; tail -2 "$R/smoke-stages3.log"
 fi
 
 if has presets; then
