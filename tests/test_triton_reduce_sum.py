@@ -3,8 +3,8 @@ interpreter (TRITON_INTERPRET=1), and its planner on the perf and stress shapes.
 
 Every pattern runs with the backend's own interpreter sizing and with TINY sizing in both
 finishes, which splits even these shapes into many blocks, chunks and partials, so the
-two-stage paths run: the last program of a tile adding the partials (finish "last") and
-_stage2_kernel (finish "kernel").  Results are checked against the float64 oracle on the
+two-stage paths run: the last program of a tile adding the partials (finishes "rows" and
+"last") and _stage2_kernel (finish "kernel").  Results are checked against the float64 oracle on the
 exact rounded inputs with the classic (n + c) u sum|x| bound of a float32 sum.
 
 TRITON_INTERPRET must be set before triton is imported.  The test session sets it on
@@ -79,12 +79,14 @@ KERNEL = {"rows": "row", "rows_keepdim": "row", "full": "row", "full_3d": "row",
           "long_cols": "col", "empty_sum": "col", "empty_keepdim": "col", "empty_target": "col", "empty_out": ""}
 # Tiles of 16 float32, 8 "SMs" x 4 programs: even these shapes split into chunks and partials;
 # reductions of up to 4 run one row a step (BR = 1), and the next block is read ahead (prefetch);
-# "plain": blocks read 4 a step (unroll), tall tiles for all; "stages": 2 a step, software-pipelined.
+# "plain": blocks read 4 a step (unroll), tall tiles for all; "stages": 2 a step, software-pipelined;
+# "rows": the last program adds the partials row by row (finish "rows"), several rows a step.
 TINY = rs.Config(tile_bytes=64, seg_bytes=16, short_red=4, vectors=1, sms=8, occupancy=4, query_occupancy=False,
-                 partial_limit=1, finish_bytes=32, stage2_bytes=64, prefetch=True)
+                 partial_limit=1, finish="last", finish_bytes=32, stage2_bytes=64, prefetch=True)
 CONFIGS = {"auto": None, "last": TINY, "kernel": replace(TINY, finish="kernel"),
            "plain": replace(TINY, prefetch=False, unroll=4, short_red=0),
-           "stages": replace(TINY, prefetch=False, unroll=2, stages=3)}
+           "stages": replace(TINY, prefetch=False, unroll=2, stages=3),
+           "rows": replace(TINY, finish="rows", rows_min_width=1)}
 _EMPTY = ("empty_sum", "empty_keepdim", "empty_target", "empty_out", "scalar")
 
 
@@ -189,7 +191,7 @@ def random_requests(n: int, seed: int = 5) -> list:
                 [int(a) - rank * int(rng.integers(0, 2)) for a in range(rank) if rng.random() < 0.5]
             params = {"axes": axes, "keepdim": bool(rng.random() < 0.3)}
         dt = ("f32", "f32", "bf16", "f16", "f64")[k % 5]
-        out.append((dt, shape, params, layout, ("auto", "last", "kernel", "plain", "stages")[k % 5]))
+        out.append((dt, shape, params, layout, ("auto", "last", "kernel", "plain", "stages", "rows")[k % 6]))
     return out
 
 
@@ -254,9 +256,9 @@ def test_every_path_is_forced():
                 seen.add(("col", "BR", c["BR"] == 1))
             if L.chunks > 1:
                 assert (L.stage2 is not None) == (name == "kernel")
-                assert c["FINISH"] == (1 if name == "kernel" else 2)
+                assert c["FINISH"] == {"kernel": 1, "rows": 3}.get(name, 2)
     for needed in [("row", "direct", 0), ("row", "split", 2), ("row", "split", 1), ("col", "direct", 0),
-                   ("col", "split", 2), ("col", "split", 1), ("row", "strided", True, False),
+                   ("col", "split", 2), ("col", "split", 1), ("row", "split", 3), ("col", "split", 3), ("row", "strided", True, False),
                    ("row", "unit", False, False), ("row", "unit", True, True), ("row", "unit", False, True),
                    ("col", "strided", "y unit"), ("col", "unit", "y strided"), ("col", "NKO", 0, "NR", 0),
                    ("col", "NKO", 2, "NR", 2), ("col", "NKO", 1, "NR", 1), ("row", "prefetch", True),
@@ -317,7 +319,7 @@ def test_plan_cache_hit(monkeypatch):
         rs.run(inputs2, {"y": torch.empty(3, 8, 1)}, {"shape": [3, 8, 12], "target": [3, 8, 1]}, TINY)
 
 
-@pytest.mark.parametrize("sizing", ["last", "kernel"])
+@pytest.mark.parametrize("sizing", ["last", "kernel", "rows"])
 def test_deterministic(sizing):
     _needs_interpreter()
     _, inputs, outs1, params = _inputs("f32", "cols")
@@ -328,14 +330,15 @@ def test_deterministic(sizing):
 
 
 def test_counters_left_zero():
-    """finish="last" takes one ticket per program and the last one resets its tile's counter."""
+    """finish="last" (and "rows") takes one ticket per program and the last one resets its tile's counter."""
     _needs_interpreter()
     for pattern in ("full", "cols", "per_seq"):
-        _, inputs, outs, params = _inputs("f32", pattern)
-        L = rs._prepare(inputs["x"], outs["y"], params, TINY).L
-        assert L.chunks > 1 and L.stage2 is None, pattern
-        rs.run(inputs, outs, params, TINY)
-        assert not rs._counters(inputs["x"].device, 1).any(), f"{pattern}: a tile counter was left non-zero"
+        for cfg in (TINY, CONFIGS["rows"]):
+            _, inputs, outs, params = _inputs("f32", pattern)
+            L = rs._prepare(inputs["x"], outs["y"], params, cfg).L
+            assert L.chunks > 1 and L.stage2 is None, pattern
+            rs.run(inputs, outs, params, cfg)
+            assert not rs._counters(inputs["x"].device, 1).any(), f"{pattern}: a tile counter was left non-zero"
 
 
 def test_registered_impl():
@@ -403,7 +406,7 @@ def test_variants_register_and_run(monkeypatch):
 # ----------------------------------------------------------------------------- the planner on GPU shapes
 
 
-def _perf_plans(finish: str = "last"):
+def _perf_plans(finish: str = "rows"):
     from cases import select
 
     cfg = replace(rs.GPU_CONFIG, finish=finish)
@@ -446,6 +449,10 @@ def test_perf_case_plans():
         if L.kernel == "row" and L.chunks == 1:  # short rows: narrower blocks, so a step reads `unroll` whole ones
             assert L.ints["nblk"] >= rs.GPU_CONFIG.unroll, cid
         assert L.chunks == 1 or L.chunks * L.n_y * 4 <= 1 << 20, f"{cid}: partials over 1 MiB"
+        if L.chunks > 1:  # finish "rows" where a tile is wide (the column sums), "last" for the full sums
+            assert c["FINISH"] == (3 if L.kernel == "col" else 2), cid
+            if L.kernel == "col":  # a step's loads all in flight: 32 values a thread at most
+                assert c["BP"] * max(1, c["BN"] // (32 * L.num_warps)) <= 32 and c["BP"] >= min(L.chunks, 32), cid
 
 
 def test_stress_shapes_plan():
@@ -456,7 +463,7 @@ def test_stress_shapes_plan():
         shape = case.params["shape"]
         strides = [prod(shape[i + 1:]) for i in range(len(shape))]
         params = {k: v for k, v in case.params.items() if k in ("axes", "keepdim", "target")}
-        for finish in ("last", "kernel"):
+        for finish in ("rows", "last", "kernel"):
             L = rs.plan_request(shape, strides, 2, params, replace(rs.GPU_CONFIG, finish=finish), 132)
             assert 1 <= L.grid < 2**31, case.id
             assert L.chunks * L.n_y * 4 < 64 << 20, case.id

@@ -25,10 +25,13 @@ Every request (axes/keepdim or sum_to_shape target, any layout of x) becomes one
   the compiled kernel), the reduced extent is split into `chunks` of equal length (to one
   block): one full wave of equal programs, all resident at once.  Each program writes a
   float32 (float64) partial into a workspace, and the partials are added in a fixed order,
-  either by the last program of each output tile to finish (`finish="last"`, the default:
-  one atomic ticket per program on a per-tile counter, no second launch) or by
-  `_stage2_kernel` (`finish="kernel"`).  Never per-element atomics: the result is the same
-  bits every call.  GRADORACLE_TRITON_REDUCE_FINISH=kernel picks the second kernel on the GPU.
+  either by the last program of each output tile to finish (one atomic ticket per program on
+  a per-tile counter, no second launch: `finish="rows"`, the default, each thread adding its
+  outputs' partials row after row, or `finish="last"`, [BP, width] tiles of partials summed
+  across the threads, which goes through shared memory, so tiles narrower than
+  `rows_min_width` only) or by `_stage2_kernel` (`finish="kernel"`).  Never per-element
+  atomics: the result is the same bits every call.  GRADORACLE_TRITON_REDUCE_FINISH=last or
+  kernel picks another finish on the GPU.
 * Accumulation in float32 (float64 for float64), one rounding to the output dtype.  All
   offsets are int64.  Empty reductions write 0 (the loops run zero times).
 
@@ -39,8 +42,8 @@ took on the 22 us sums); no planning.  No autotuning: the sizing is a fixed heur
 (Config; GRADORACLE_TRITON_REDUCE pins a named preset, GRADORACLE_TRITON_REDUCE_VARIANTS
 registers them as `triton@<name>`, see PRESETS); the one compile outside a launch, of a split
 variant to read its occupancy, happens at planning, on the first (checked) call.  The workspace
-is allocated per call (torch's stream-aware allocator); the per-tile counters of
-`finish="last"` are kept per device and stream and every launch leaves them at zero, so the
+is allocated per call (torch's stream-aware allocator); the per-tile counters of finishes
+"rows" and "last" are kept per device and stream and every launch leaves them at zero, so the
 next kernel on that stream finds them so.
 """
 from __future__ import annotations
@@ -98,25 +101,38 @@ def _finish(s, yoff, ym, y_ptr, ws_ptr, cnt_ptr, tile, ch, chunks, n_y,
     FINISH 2: as 1, then take a ticket on the tile's counter; the program that takes the
     last one adds the tile's `chunks` partials in a fixed order (BP rows a step, a fixed tree
     inside a step) and writes y, then resets the counter to 0 for the next launch.
+    FINISH 3: as 2, but the last program adds the partials one row after another in the
+    layout of `s` (BP rows read a step, all in flight, then added in row order): every thread
+    adds its own outputs, so no step goes through shared memory.  (In FINISH 2 a step's
+    tl.sum over BP rows held by different warps is a shared-memory reduction whose stores hit
+    one bank from all 32 lanes, on sm_90 with triton 3.6 and 3.8: ~2 us a step on the one
+    program per tile that runs it, after every other program has finished.)
     """
     if FINISH == 0:
         tl.store(y_ptr + yoff, _to_out(s, y_ptr), mask=ym)
     else:
         tl.store(ws_ptr + ch * n_y + yoff, s, mask=ym)
-        if FINISH == 2:
+        if FINISH >= 2:
             # Every thread's partial is stored before one thread releases them with the
             # ticket (gpu-scope acq_rel); the broadcast of the ticket orders the reads after it.
             tl.debug_barrier()
             ticket = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
             if ticket == chunks - 1:
                 t = tl.zeros_like(s)
-                for c0 in range(0, chunks, BP):
-                    c = (c0 + tl.arange(0, BP)).to(tl.int64)
-                    m = (c < chunks)[:, None] & ym[None, :]
-                    # .cg: read the partials from L2, where the other programs wrote them
-                    part = tl.load(ws_ptr + (c[:, None] * n_y + yoff[None, :]), mask=m, other=0.0,
-                                   cache_modifier=".cg")
-                    t += tl.sum(part, axis=0)
+                if FINISH == 3:
+                    for c0 in range(0, chunks, BP):
+                        for u in tl.static_range(BP):
+                            c = c0 + u
+                            # .cg: read the partials from L2, where the other programs wrote them
+                            t += tl.load(ws_ptr + (c.to(tl.int64) * n_y + yoff), mask=ym & (c < chunks),
+                                         other=0.0, cache_modifier=".cg")
+                else:
+                    for c0 in range(0, chunks, BP):
+                        c = (c0 + tl.arange(0, BP)).to(tl.int64)
+                        m = (c < chunks)[:, None] & ym[None, :]
+                        part = tl.load(ws_ptr + (c[:, None] * n_y + yoff[None, :]), mask=m, other=0.0,
+                                       cache_modifier=".cg")
+                        t += tl.sum(part, axis=0)
                 tl.store(y_ptr + yoff, _to_out(t, y_ptr), mask=ym)
                 tl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")
 
@@ -319,7 +335,11 @@ class Config:
     query_occupancy: bool = True
     waves: int = 1
     partial_limit: int = 8     # chunks <= reduced extent / partial_limit
-    finish: str = "last"       # "last": the last program per tile adds the partials; "kernel": _stage2_kernel
+    finish: str = "rows"       # "last": the last program per tile adds the partials; "rows": the same, row by
+                               # row in registers (no shared memory; tiles of `rows_min_width` outputs
+                               # or more, else "last"); "kernel": _stage2_kernel
+    rows_min_width: int = 128  # narrower tiles (full sums, few rows) finish "last": its steps spread
+                               # the rows over every thread, where "rows" would leave most idle
     finish_bytes: int = 8192   # float32 bytes of partials per step of the last program's adding loop
     stage2_bytes: int = 16384
     prefetch: bool = False     # instead: read the next block before adding this one
@@ -327,24 +347,27 @@ class Config:
                                # through shared memory instead of registers (0: a plain loop)
 
 
-GPU_CONFIG = Config(finish=os.environ.get(FINISH_ENV, "last"))
-if GPU_CONFIG.finish not in ("last", "kernel"):
-    raise ValueError(f"triton {OP}: ${FINISH_ENV}: expected last or kernel, got {GPU_CONFIG.finish!r}")
+GPU_CONFIG = Config(finish=os.environ.get(FINISH_ENV, "rows"))
+if GPU_CONFIG.finish not in ("last", "rows", "kernel"):
+    raise ValueError(f"triton {OP}: ${FINISH_ENV}: expected last, rows or kernel, got {GPU_CONFIG.finish!r}")
 # The interpreter runs programs one after another: as few as the shapes allow, never split.
 INTERPRETER_CONFIG = replace(GPU_CONFIG, sms=1, occupancy=1, query_occupancy=False)
 # Named sizings: GRADORACLE_TRITON_REDUCE=<name> pins one on the GPU, and
 # GRADORACLE_TRITON_REDUCE_VARIANTS=<name>,... (or all) registers `triton@<name>` for each, so
-# # that one bench run lines them up beside the default.  "before" is the sizing of the first
-# H100 run (16 KiB blocks, one a step, 4 KiB finish steps, tall tiles for short column sums).
+# that one bench run lines them up beside the default.  "before" is the sizing of the first
+# H100 run (16 KiB blocks, one a step, 4 KiB finish steps, tall tiles for short column sums);
+# "finish_last" the default before finish "rows" (results/h100/triton/tune-2).
 PRESETS = {
     "default": GPU_CONFIG,
     "unroll8": replace(GPU_CONFIG, unroll=8),
     "wide_unroll2": replace(GPU_CONFIG, tile_bytes=8192, vectors=2, unroll=2),
     "prefetch": replace(GPU_CONFIG, tile_bytes=8192, vectors=2, prefetch=True, unroll=1),
     "kernel_finish": replace(GPU_CONFIG, finish="kernel"),
-    "finish32k": replace(GPU_CONFIG, finish_bytes=32768),
+    "finish_last": replace(GPU_CONFIG, finish="last"),
+    "finish32k": replace(GPU_CONFIG, finish="last", finish_bytes=32768),
     "wide_segments": replace(GPU_CONFIG, seg_bytes=1024),
-    "before": replace(GPU_CONFIG, tile_bytes=16384, vectors=4, unroll=1, finish_bytes=4096, short_red=0),
+    "before": replace(GPU_CONFIG, tile_bytes=16384, vectors=4, unroll=1, finish="last", finish_bytes=4096,
+                      short_red=0),
     # issue 13's bf16 column sums (54% of copy at 4 programs per SM, 54 registers): fewer registers
     # (unroll2: 40, 6 programs per SM), loads in flight through shared memory (stages), or twice
     # the programs of one wave, half as long each (waves2: SMs that finish early take more).
@@ -353,8 +376,6 @@ PRESETS = {
     "stages4": replace(GPU_CONFIG, unroll=2, stages=4),
     "stages6": replace(GPU_CONFIG, unroll=1, stages=6),
     "waves2": replace(GPU_CONFIG, waves=2),
-    # the tail: the last program of each tile adds its tile's partials, 4x the rows a step
-    "stages3_f32k": replace(GPU_CONFIG, stages=3, finish_bytes=32768),
 }
 PRESET_ENV = "GRADORACLE_TRITON_REDUCE"
 VARIANTS_ENV = "GRADORACLE_TRITON_REDUCE_VARIANTS"
@@ -450,7 +471,9 @@ def plan(lay: Layout, itemsize: int, cfg: Config, sms: int, occupancy=None) -> L
     if L.kernel == "col" and L.constexprs["BR"] == 1 and lay.n_red <= cfg.short_red:
         most = 1  # a short reduction: the outputs fill the GPU, each program runs whole rows
     if most > 1:
-        mode = 2 if cfg.finish == "last" else 1
+        mode = _FINISH_MODES[cfg.finish]
+        if mode == 3 and _width(L) < cfg.rows_min_width:
+            mode = 2  # few outputs a tile (a full sum: one): a step's rows spread over every thread instead
         L.constexprs.update(FINISH=mode, BP=_finish_rows(L, mode, most, cfg))
         occ = (occupancy(L) if occupancy else None) or cfg.occupancy
         chunks = min(most, (sms * min(occ, cfg.max_occupancy) * cfg.waves) // base)
@@ -466,12 +489,25 @@ def plan(lay: Layout, itemsize: int, cfg: Config, sms: int, occupancy=None) -> L
     return L
 
 
+_FINISH_MODES = {"kernel": 1, "last": 2, "rows": 3}  # Config.finish -> the kernels' FINISH
+ROWS_FINISH_VALUES = 32  # finish "rows": partial values a thread reads a step (all in flight)
+
+
+def _width(L: Launch) -> int:
+    """Outputs per program of a launch (its tile of y)."""
+    return L.constexprs["BM"] if L.kernel == "row" else L.constexprs["BN"]
+
+
 def _finish_rows(L: Launch, mode: int, chunks: int, cfg: Config) -> int:
-    """BP of the last program's adding loop: rows of partials per step (`finish_bytes` of
-    float32 a step, no more than `chunks` can need); 1 when no program adds them."""
-    if mode != 2:
+    """BP of the last program's adding loop: rows of partials per step; 1 when no program adds
+    them.  Mode 2: `finish_bytes` of float32 a step (a [BP, width] tile).  Mode 3: rows read
+    a step by every thread, ROWS_FINISH_VALUES values a thread (one to a few outputs each)."""
+    if mode < 2:
         return 1
-    width = L.constexprs["BM"] if L.kernel == "row" else L.constexprs["BN"]
+    width = _width(L)
+    if mode == 3:
+        per_thread = max(1, width // (32 * L.num_warps))
+        return max(1, min(p2(chunks), 32, ROWS_FINISH_VALUES // per_thread))
     return max(1, min(p2(chunks), cfg.finish_bytes // 4 // width))
 
 
@@ -569,7 +605,7 @@ def _ask_occupancy(L: Launch, x, y) -> int | None:
     import torch
 
     ws = torch.empty(16, dtype=torch.float64 if x.element_size() == 8 else torch.float32, device=x.device)
-    cnt = _counters(x.device, 1) if L.constexprs["FINISH"] == 2 else ws
+    cnt = _counters(x.device, 1) if L.constexprs["FINISH"] >= 2 else ws
     res = _resources(_KERNELS[L.kernel], (x, y, ws, cnt, _descriptor(L.desc, x.device)),
                      {**dict(L.ints, chunks=2), **L.constexprs}, L.num_warps)
     occ = _occupancy(res, L.num_warps, x.device)

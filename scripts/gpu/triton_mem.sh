@@ -5,9 +5,10 @@
 # Steps (STEPS="install asm host smoke bench variants profile"; any subset, in that order; "presets" is off
 # by default: it compiles every preset for every case and would take the variants' time):
 #   install   pip install -q -e . --no-deps --no-build-isolation
-#   asm       the bf16 column-sum kernel as the device's triton compiles it (default and the STAGES variant):
-#             ops of its TTGIR and PTX inside and outside the main loop (convert_layout, local_*,
-#             bar.sync, st/ld.shared), registers, shared memory          -> asm.txt, asm/*.ttgir, *.ptx
+#   asm       the bf16 column-sum kernel as the device's triton compiles it (default, finish_last,
+#             stages3, stages6): ops of its TTGIR and PTX in the main loop and after the tile ticket
+#             (convert_layout, local_*, bar.sync, st/ld.shared), registers, shared memory
+#                                                                      -> asm.txt, asm/*.ttgir, *.ptx
 #   host      host us per unchecked call (perf_counter over 200 calls queued behind a GPU spin, best of 5)
 #             of the small norms, the bf16 full and column sums, add bf16 B=4096, their device us, and the
 #             host us with the launches stubbed (the Python alone)          -> host.txt
@@ -29,9 +30,9 @@ export PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3} STEPS=${STEPS:-install asm host smoke bench variants profile}
 SMOKE_LIMIT=${SMOKE_LIMIT:-40} PRESETS_LIMIT=${PRESETS_LIMIT:-30} BENCH_LIMIT=${BENCH_LIMIT:-130}
 VARIANTS_LIMIT=${VARIANTS_LIMIT:-100} PROFILE_LIMIT=${PROFILE_LIMIT:-60} BUDGET=${BUDGET:-0.1}
-REDUCE_VARIANTS=${REDUCE_VARIANTS:-stages3,stages6,finish32k,stages3_f32k,waves2,before}
+REDUCE_VARIANTS=${REDUCE_VARIANTS:-finish_last,finish32k,kernel_finish,stages3,stages6,waves2,before}
 BINARY_VARIANTS=${BINARY_VARIANTS:-wide,wide4,lean_noprefetch}
-PROFILE_VARIANT=${PROFILE_VARIANT:-stages3}
+PROFILE_VARIANT=${PROFILE_VARIANT:-finish_last}
 R=$OUT/triton-mem
 WORK=$(mktemp -d /tmp/gradoracle-mem.XXXXXX)
 export GRADORACLE_CACHE=$WORK/cache  # one ceilings measurement for both benches
@@ -72,7 +73,7 @@ from backends.triton import reduce_sum as rs
 out = sys.argv[1]
 x = torch.randn(8, 2048, 4096, device="cuda", dtype=torch.bfloat16)
 y = torch.empty(4096, device="cuda", dtype=torch.bfloat16)
-for name in ["default"] + [n for n in ("stages3", "stages6", "stages3_f32k") if n in rs.PRESETS]:
+for name in ["default"] + [n for n in ("finish_last", "stages3", "stages6") if n in rs.PRESETS]:
     cfg = rs.PRESETS[name]
     rs.run({"x": x}, {"y": y}, {"target": [4096]}, cfg)
     P = rs._prepare(x, y, {"target": [4096]}, cfg)
@@ -87,8 +88,10 @@ for name in ["default"] + [n for n in ("stages3", "stages6", "stages3_f32k") if 
     print(f"  regs {k.n_regs} spills {k.n_spills} shared {k.metadata.shared}")
     for pat in ("ttg.convert_layout", "ttg.local_alloc", "ttg.local_load", "ttg.local_store", "async_copy", "scf.for"):
         print(f"  ttgir {pat}: {ttgir.count(pat)}")
+    fin = ptx[ptx.index("atom.global"):] if "atom.global" in ptx else ""
     for pat in ("bar.sync", "st.shared", "ld.shared", "cp.async", "ld.global"):
-        print(f"  ptx {pat}: {len(re.findall(re.escape(pat), ptx))} ({len(re.findall(re.escape(pat), loop))} in the first loop)")
+        print(f"  ptx {pat}: {len(re.findall(re.escape(pat), ptx))} ({len(re.findall(re.escape(pat), loop))} in the "
+              f"first loop, {len(re.findall(re.escape(pat), fin))} from the tile ticket on)")
 EOF
   echo "exit $?"; cat "$R/asm.txt" | head -40
 fi
@@ -165,7 +168,8 @@ if has smoke; then
   grep -E "^(FAIL|ERROR|CRASH)" "$R/smoke.log" | cut -c1-200 | head -12; tail -2 "$R/smoke.log"
   stamp "== smoke: reduce_sum through triton@stages3 (the pipelined loop; at most 25s)"
   GRADORACLE_TRITON_REDUCE_VARIANTS=stages3 timeout -s TERM 25 $PY -m harness run --op reduce_sum \
-    --backend triton@stages3 --device cuda --cases smoke --json "$R/smoke-stages3.json" > "$R/smoke-stages3.log" 2>&1
+    --backend triton@stages3 --device cuda --cases smoke --json "$R/smoke-stages3.json" \
+    > "$R/smoke-stages3.log" 2>&1
   echo "exit $? (124: cut)"
   grep -E "^(FAIL|ERROR|CRASH)" "$R/smoke-stages3.log" | cut -c1-200 | head -12; tail -2 "$R/smoke-stages3.log"
 fi
