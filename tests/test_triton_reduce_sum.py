@@ -80,13 +80,15 @@ KERNEL = {"rows": "row", "rows_keepdim": "row", "full": "row", "full_3d": "row",
 # Tiles of 16 float32, 8 "SMs" x 4 programs: even these shapes split into chunks and partials;
 # reductions of up to 4 run one row a step (BR = 1), and the next block is read ahead (prefetch);
 # "plain": blocks read 4 a step (unroll), tall tiles for all; "stages": 2 a step, software-pipelined;
-# "rows": the last program adds the partials row by row (finish "rows"), several rows a step.
+# "rows": the last program adds the partials row by row (finish "rows"), several rows a step;
+# "tiles": as "rows", the col kernel's programs storing their [BR, BN] sums as BR rows.
 TINY = rs.Config(tile_bytes=64, seg_bytes=16, short_red=4, vectors=1, sms=8, occupancy=4, query_occupancy=False,
                  partial_limit=1, finish="last", finish_bytes=32, stage2_bytes=64, prefetch=True)
 CONFIGS = {"auto": None, "last": TINY, "kernel": replace(TINY, finish="kernel"),
            "plain": replace(TINY, prefetch=False, unroll=4, short_red=0),
            "stages": replace(TINY, prefetch=False, unroll=2, stages=3),
-           "rows": replace(TINY, finish="rows", rows_min_width=1)}
+           "rows": replace(TINY, finish="rows", rows_min_width=1),
+           "tiles": replace(TINY, finish="tiles", rows_min_width=1, prefetch=False, short_red=0)}
 _EMPTY = ("empty_sum", "empty_keepdim", "empty_target", "empty_out", "scalar")
 
 
@@ -191,7 +193,7 @@ def random_requests(n: int, seed: int = 5) -> list:
                 [int(a) - rank * int(rng.integers(0, 2)) for a in range(rank) if rng.random() < 0.5]
             params = {"axes": axes, "keepdim": bool(rng.random() < 0.3)}
         dt = ("f32", "f32", "bf16", "f16", "f64")[k % 5]
-        out.append((dt, shape, params, layout, ("auto", "last", "kernel", "plain", "stages", "rows")[k % 6]))
+        out.append((dt, shape, params, layout, ("auto", "last", "kernel", "plain", "stages", "rows", "tiles")[k % 7]))
     return out
 
 
@@ -256,9 +258,10 @@ def test_every_path_is_forced():
                 seen.add(("col", "BR", c["BR"] == 1))
             if L.chunks > 1:
                 assert (L.stage2 is not None) == (name == "kernel")
-                assert c["FINISH"] == {"kernel": 1, "rows": 3}.get(name, 2)
+                tiles = 4 if L.kernel == "col" and c["BR"] > 1 else 3
+                assert c["FINISH"] == {"kernel": 1, "rows": 3, "tiles": tiles}.get(name, 2)
     for needed in [("row", "direct", 0), ("row", "split", 2), ("row", "split", 1), ("col", "direct", 0),
-                   ("col", "split", 2), ("col", "split", 1), ("row", "split", 3), ("col", "split", 3), ("row", "strided", True, False),
+                   ("col", "split", 2), ("col", "split", 1), ("row", "split", 3), ("col", "split", 3), ("col", "split", 4), ("row", "strided", True, False),
                    ("row", "unit", False, False), ("row", "unit", True, True), ("row", "unit", False, True),
                    ("col", "strided", "y unit"), ("col", "unit", "y strided"), ("col", "NKO", 0, "NR", 0),
                    ("col", "NKO", 2, "NR", 2), ("col", "NKO", 1, "NR", 1), ("row", "prefetch", True),
@@ -319,7 +322,7 @@ def test_plan_cache_hit(monkeypatch):
         rs.run(inputs2, {"y": torch.empty(3, 8, 1)}, {"shape": [3, 8, 12], "target": [3, 8, 1]}, TINY)
 
 
-@pytest.mark.parametrize("sizing", ["last", "kernel", "rows"])
+@pytest.mark.parametrize("sizing", ["last", "kernel", "rows", "tiles"])
 def test_deterministic(sizing):
     _needs_interpreter()
     _, inputs, outs1, params = _inputs("f32", "cols")
@@ -333,7 +336,7 @@ def test_counters_left_zero():
     """finish="last" (and "rows") takes one ticket per program and the last one resets its tile's counter."""
     _needs_interpreter()
     for pattern in ("full", "cols", "per_seq"):
-        for cfg in (TINY, CONFIGS["rows"]):
+        for cfg in (TINY, CONFIGS["rows"], CONFIGS["tiles"]):
             _, inputs, outs, params = _inputs("f32", pattern)
             L = rs._prepare(inputs["x"], outs["y"], params, cfg).L
             assert L.chunks > 1 and L.stage2 is None, pattern

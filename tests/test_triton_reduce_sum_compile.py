@@ -1,7 +1,7 @@
 """Compile the `triton` backend's reduce_sum kernels for sm_90 (H100) with no GPU.
 
 Each job is one perf case of reduce_sum (plus float64 versions of the main shapes) under one
-finish ("rows", "last", "kernel"; and the "stages3" preset), planned as the backend plans it on an H100: 132 SMs, and the
+finish ("rows", "last", "kernel"; and the presets "stages3", "tiles"), planned as the backend plans it on an H100: 132 SMs, and the
 programs per SM of each split variant from its register count, which here comes from
 ptxas -v on the variant's PTX (on the GPU, from the loaded kernel).  For each we check
 that a cubin comes out, that every pointer offset is int64 (tensors over 2**31 elements),
@@ -54,9 +54,9 @@ def _requests() -> dict:
     return out
 
 
-# A sizing the GPU batches weigh against the default (reduce_sum.PRESETS): the software-pipelined
-# loop "stages3"; every perf shape must compile for it too.
-PRESET_JOBS = ("stages3",)
+# Sizings the GPU batches weigh against the default (reduce_sum.PRESETS): the software-pipelined
+# loop "stages3" and finish "tiles"; every perf shape must compile for them too.
+PRESET_JOBS = ("stages3", "tiles")
 JOBS = [f"{finish}|{label}" for label in _requests() for finish in FINISHES + PRESET_JOBS]
 
 # ----------------------------------------------------------------------------- worker side

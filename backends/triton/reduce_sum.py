@@ -289,11 +289,43 @@ def _col_kernel(x_ptr, y_ptr, ws_ptr, cnt_ptr, desc_ptr,
     else:
         for b in range(b0, b1, UNROLL):
             acc += _col_step(b, b1, x_ptr, kx, fx, fm, desc_ptr, n_red, NKO, NR, BR, ALX, IS_F64, UNROLL)
-    if BR == 1:
-        s = tl.reshape(acc, [BN])  # no lanes to add across: the store keeps the loads' layout
+    if FINISH == 4:  # the tile's BR rows of sums stored as they are: nothing added across warps
+        r = (ch * BR + tl.arange(0, BR)).to(tl.int64)
+        tl.store(ws_ptr + (r[:, None] * n_y + (ky + fy)[None, :]), acc, mask=fm[None, :])
+        # the adding program reads the partials in a layout of its own (offsets made afresh)
+        f1 = fb * BN + tl.arange(0, BN)
+        if UNIT_Y:
+            fy1 = f1
+        else:
+            fy1 = f1 * fast_ys
+        _finish_rows_of(ky + fy1, f1 < n_fast, y_ptr, ws_ptr, cnt_ptr, ko * nfb + fb, chunks, chunks * BR, n_y, BN,
+                        BP, IS_F64)
     else:
-        s = tl.sum(acc, axis=0)
-    _finish(s, ky + fy, fm, y_ptr, ws_ptr, cnt_ptr, ko * nfb + fb, ch, chunks, n_y, FINISH, BP)
+        if BR == 1:
+            s = tl.reshape(acc, [BN])  # no lanes to add across: the store keeps the loads' layout
+        else:
+            s = tl.sum(acc, axis=0)
+        _finish(s, ky + fy, fm, y_ptr, ws_ptr, cnt_ptr, ko * nfb + fb, ch, chunks, n_y, FINISH, BP)
+
+
+@jit
+def _finish_rows_of(yoff, ym, y_ptr, ws_ptr, cnt_ptr, tile, chunks, rows, n_y, BN: tl.constexpr, BP: tl.constexpr,
+                    IS_F64: tl.constexpr):
+    """FINISH 4 (the col kernel's partial tiles): after its rows of partials are stored, a program
+    takes a ticket on its tile's counter; the one that takes the last of `chunks` adds the tile's
+    `rows` partial rows one after another (BP read a step, all in flight) and writes y, then
+    resets the counter."""
+    tl.debug_barrier()
+    ticket = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
+    if ticket == chunks - 1:
+        t = tl.zeros([BN], tl.float64 if IS_F64 else tl.float32)
+        for c0 in range(0, rows, BP):
+            for u in tl.static_range(BP):
+                c = c0 + u
+                t += tl.load(ws_ptr + (c.to(tl.int64) * n_y + yoff), mask=ym & (c < rows), other=0.0,
+                             cache_modifier=".cg")
+        tl.store(y_ptr + yoff, _to_out(t, y_ptr), mask=ym)
+        tl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")
 
 
 @jit(do_not_specialize=["parts"])
@@ -337,7 +369,9 @@ class Config:
     partial_limit: int = 8     # chunks <= reduced extent / partial_limit
     finish: str = "rows"       # "last": the last program per tile adds the partials; "rows": the same, row by
                                # row in registers (no shared memory; tiles of `rows_min_width` outputs
-                               # or more, else "last"); "kernel": _stage2_kernel
+                               # or more, else "last"); "tiles": as "rows", the col kernel's programs
+                               # storing their [BR, BN] sums as BR rows (no adding across warps);
+                               # "kernel": _stage2_kernel
     rows_min_width: int = 128  # narrower tiles (full sums, few rows) finish "last": its steps spread
                                # the rows over every thread, where "rows" would leave most idle
     finish_bytes: int = 8192   # float32 bytes of partials per step of the last program's adding loop
@@ -348,8 +382,8 @@ class Config:
 
 
 GPU_CONFIG = Config(finish=os.environ.get(FINISH_ENV, "rows"))
-if GPU_CONFIG.finish not in ("last", "rows", "kernel"):
-    raise ValueError(f"triton {OP}: ${FINISH_ENV}: expected last, rows or kernel, got {GPU_CONFIG.finish!r}")
+if GPU_CONFIG.finish not in ("last", "rows", "tiles", "kernel"):
+    raise ValueError(f"triton {OP}: ${FINISH_ENV}: expected last, rows, tiles or kernel, got {GPU_CONFIG.finish!r}")
 # The interpreter runs programs one after another: as few as the shapes allow, never split.
 INTERPRETER_CONFIG = replace(GPU_CONFIG, sms=1, occupancy=1, query_occupancy=False)
 # Named sizings: GRADORACLE_TRITON_REDUCE=<name> pins one on the GPU, and
@@ -376,6 +410,12 @@ PRESETS = {
     "stages4": replace(GPU_CONFIG, unroll=2, stages=4),
     "stages6": replace(GPU_CONFIG, unroll=1, stages=6),
     "waves2": replace(GPU_CONFIG, waves=2),
+    # every program's [BR, BN] sums go to the workspace as BR rows, not added across warps first:
+    # on sm_90 that adding is 8 + 8 shared accesses a thread that hit one bank from all 32 lanes
+    # (1.05M of the 1.21M conflicts ncu counted on the bf16 column sum), all programs at once at
+    # the end of the one wave; the price is BR x the partial rows (T=4096: 4.3 MB, 3% of the read)
+    "tiles": replace(GPU_CONFIG, finish="tiles"),
+    "stages3_tiles": replace(GPU_CONFIG, stages=3, finish="tiles"),
 }
 PRESET_ENV = "GRADORACLE_TRITON_REDUCE"
 VARIANTS_ENV = "GRADORACLE_TRITON_REDUCE_VARIANTS"
@@ -450,6 +490,7 @@ class Launch:
     tiles: int = 0              # output tiles (counters) of a split launch
     n_y: int = 0
     stage2: tuple | None = None  # (grid, BP, BN, num_warps) of _stage2_kernel
+    ws_rows: int = 1            # partial rows in the workspace: chunks, or chunks x BR (finish "tiles")
 
 
 def plan(lay: Layout, itemsize: int, cfg: Config, sms: int, occupancy=None) -> Launch:
@@ -472,7 +513,9 @@ def plan(lay: Layout, itemsize: int, cfg: Config, sms: int, occupancy=None) -> L
         most = 1  # a short reduction: the outputs fill the GPU, each program runs whole rows
     if most > 1:
         mode = _FINISH_MODES[cfg.finish]
-        if mode == 3 and _width(L) < cfg.rows_min_width:
+        if mode == 4 and (L.kernel != "col" or L.constexprs["BR"] == 1):
+            mode = 3  # partial tiles are the col kernel's [BR, BN] sums; elsewhere there is one row a program
+        if mode >= 3 and _width(L) < cfg.rows_min_width:
             mode = 2  # few outputs a tile (a full sum: one): a step's rows spread over every thread instead
         L.constexprs.update(FINISH=mode, BP=_finish_rows(L, mode, most, cfg))
         occ = (occupancy(L) if occupancy else None) or cfg.occupancy
@@ -480,6 +523,7 @@ def plan(lay: Layout, itemsize: int, cfg: Config, sms: int, occupancy=None) -> L
         if chunks > 1:  # chunks of nblk // chunks or one more blocks: the wave is full and even
             L.ints.update(chunks=chunks)
             L.grid, L.chunks, L.tiles = base * chunks, chunks, base
+            L.ws_rows = chunks * (L.constexprs["BR"] if mode == 4 else 1)
             if mode == 1:
                 bp = min(p2(chunks), 64)
                 bn = max(16, cfg.stage2_bytes // 4 // bp)
@@ -489,7 +533,7 @@ def plan(lay: Layout, itemsize: int, cfg: Config, sms: int, occupancy=None) -> L
     return L
 
 
-_FINISH_MODES = {"kernel": 1, "last": 2, "rows": 3}  # Config.finish -> the kernels' FINISH
+_FINISH_MODES = {"kernel": 1, "last": 2, "rows": 3, "tiles": 4}  # Config.finish -> the kernels' FINISH
 ROWS_FINISH_VALUES = 32  # finish "rows": partial values a thread reads a step (all in flight)
 
 
@@ -505,9 +549,10 @@ def _finish_rows(L: Launch, mode: int, chunks: int, cfg: Config) -> int:
     if mode < 2:
         return 1
     width = _width(L)
-    if mode == 3:
+    if mode >= 3:
+        rows = chunks * (L.constexprs["BR"] if mode == 4 else 1)
         per_thread = max(1, width // (32 * L.num_warps))
-        return max(1, min(p2(chunks), 32, ROWS_FINISH_VALUES // per_thread))
+        return max(1, min(p2(rows), 32, ROWS_FINISH_VALUES // per_thread))
     return max(1, min(p2(chunks), cfg.finish_bytes // 4 // width))
 
 
@@ -684,7 +729,7 @@ def _launch(x, y, params, cfg: Config | None) -> None:
     if L.chunks > 1:
         import torch
 
-        ws = torch.empty(L.chunks * L.n_y, dtype=P.acc, device=x.device)
+        ws = torch.empty(L.ws_rows * L.n_y, dtype=P.acc, device=x.device)
         cnt = _counters(x.device, L.tiles) if P.stage2 is None else ws
     P.main.launch(x, y, ws, cnt, P.desc)
     if P.stage2 is not None:

@@ -6,14 +6,14 @@
 # by default: it compiles every preset for every case and would take the variants' time):
 #   install   pip install -q -e . --no-deps --no-build-isolation
 #   asm       the bf16 column-sum kernel as the device's triton compiles it (default, finish_last,
-#             stages3, stages6): ops of its TTGIR and PTX in the main loop and after the tile ticket
+#             tiles, stages3_tiles): ops of its TTGIR and PTX in the main loop and after the tile ticket
 #             (convert_layout, local_*, bar.sync, st/ld.shared), registers, shared memory
 #                                                                      -> asm.txt, asm/*.ttgir, *.ptx
 #   host      host us per unchecked call (perf_counter over 200 calls queued behind a GPU spin, best of 5)
 #             of the small norms, the bf16 full and column sums, add bf16 B=4096, their device us, and the
 #             host us with the launches stubbed (the Python alone)          -> host.txt
 #   smoke     harness run --cases smoke of the four ops through triton, then reduce_sum through
-#             triton@stages3 (25 s)                                       -> smoke.log, smoke-stages3.log
+#             triton@stages3_tiles (25 s)                                       -> smoke.log, smoke-stages3.log
 #   presets   scripts/gpu/triton_tune_info.py --presets on the reduce_sum cases (quick event timings of
 #             every reduce_sum.PRESETS entry, registers)                 -> presets.json, presets.log
 #   bench     harness bench of the four ops' perf cases through triton (host column) -> bench/, bench.log
@@ -30,9 +30,9 @@ export PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3} STEPS=${STEPS:-install asm host smoke bench variants profile}
 SMOKE_LIMIT=${SMOKE_LIMIT:-40} PRESETS_LIMIT=${PRESETS_LIMIT:-30} BENCH_LIMIT=${BENCH_LIMIT:-130}
 VARIANTS_LIMIT=${VARIANTS_LIMIT:-100} PROFILE_LIMIT=${PROFILE_LIMIT:-60} BUDGET=${BUDGET:-0.1}
-REDUCE_VARIANTS=${REDUCE_VARIANTS:-finish_last,finish32k,kernel_finish,stages3,stages6,waves2,before}
+REDUCE_VARIANTS=${REDUCE_VARIANTS:-finish_last,tiles,stages3,stages3_tiles,stages6,waves2}
 BINARY_VARIANTS=${BINARY_VARIANTS:-wide,wide4,lean_noprefetch}
-PROFILE_VARIANT=${PROFILE_VARIANT:-finish_last}
+PROFILE_VARIANT=${PROFILE_VARIANT:-tiles}
 R=$OUT/triton-mem
 WORK=$(mktemp -d /tmp/gradoracle-mem.XXXXXX)
 export GRADORACLE_CACHE=$WORK/cache  # one ceilings measurement for both benches
@@ -73,7 +73,7 @@ from backends.triton import reduce_sum as rs
 out = sys.argv[1]
 x = torch.randn(8, 2048, 4096, device="cuda", dtype=torch.bfloat16)
 y = torch.empty(4096, device="cuda", dtype=torch.bfloat16)
-for name in ["default"] + [n for n in ("finish_last", "stages3", "stages6") if n in rs.PRESETS]:
+for name in ["default"] + [n for n in ("finish_last", "tiles", "stages3_tiles") if n in rs.PRESETS]:
     cfg = rs.PRESETS[name]
     rs.run({"x": x}, {"y": y}, {"target": [4096]}, cfg)
     P = rs._prepare(x, y, {"target": [4096]}, cfg)
@@ -166,9 +166,9 @@ if has smoke; then
     --json "$R/smoke.json" > "$R/smoke.log" 2>&1
   echo "exit $? (124: cut)"
   grep -E "^(FAIL|ERROR|CRASH)" "$R/smoke.log" | cut -c1-200 | head -12; tail -2 "$R/smoke.log"
-  stamp "== smoke: reduce_sum through triton@stages3 (the pipelined loop; at most 25s)"
-  GRADORACLE_TRITON_REDUCE_VARIANTS=stages3 timeout -s TERM 25 $PY -m harness run --op reduce_sum \
-    --backend triton@stages3 --device cuda --cases smoke --json "$R/smoke-stages3.json" \
+  stamp "== smoke: reduce_sum through triton@stages3_tiles (pipelined loop, finish tiles; at most 25s)"
+  GRADORACLE_TRITON_REDUCE_VARIANTS=stages3_tiles timeout -s TERM 25 $PY -m harness run --op reduce_sum \
+    --backend triton@stages3_tiles --device cuda --cases smoke --json "$R/smoke-stages3.json" \
     > "$R/smoke-stages3.log" 2>&1
   echo "exit $? (124: cut)"
   grep -E "^(FAIL|ERROR|CRASH)" "$R/smoke-stages3.log" | cut -c1-200 | head -12; tail -2 "$R/smoke-stages3.log"
