@@ -21,7 +21,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import test_triton_interpret as ti  # noqa: E402
 from backends._plans import binary_backward as _bcast_plan  # noqa: E402
-from backends.triton import _steps as _launch, common  # noqa: E402
 from backends.triton import binary_backward as tk  # noqa: E402
 from harness import argcheck  # noqa: E402
 from harness.registry import timed_callable  # noqa: E402
@@ -279,72 +278,6 @@ def test_every_candidate_matches_oracle(case_id):
     cfg = tk.candidates(tk.tune_class(bplan, inputs["a"].element_size(), fn))[int(i)]
     tk.run(inputs, outs, {"fn": fn}, cfg)
     ti.check_outputs(fn, dt, host, outs)
-
-
-# ----------------------------------------------------------------------------- direct launches
-
-
-class _FakeCompiled:
-    """Stands in for triton's CompiledKernel: `compiled[grid](*args)` records the launch."""
-
-    def __init__(self, log, n_signature, fail=False):
-        self.src = type("Src", (), {"signature": {f"p{i}": "x" for i in range(n_signature)}})()
-        self.log, self.fail = log, fail
-
-    def __getitem__(self, grid):
-        def runner(*args):
-            if self.fail:
-                raise TypeError("function takes exactly 3 arguments")
-            self.log.append(("direct", grid, args))
-        return runner
-
-
-class _FakeKernel:
-    """Stands in for a JITFunction: `kernel[grid](*args, num_warps=)` records the launch."""
-
-    arg_names = ["x_ptr", "y_ptr", "n", "BLOCK"]
-    __name__ = "fake"
-
-    def __init__(self, compiled_signature=4, fail=False):
-        self.log = []
-        self.compiled = _FakeCompiled(self.log, compiled_signature, fail)
-
-    def __getitem__(self, grid):
-        def jit(*args, num_warps):
-            self.log.append(("jit", grid, args, num_warps))
-            return self.compiled
-        return jit
-
-
-def test_direct_launch_passes_what_the_jit_got(monkeypatch):
-    monkeypatch.setattr(common, "interpreted", lambda: False)
-    kernel = _FakeKernel()
-    step = _launch.Step(kernel, 7, 2, {"BLOCK": 64, "n": 100}, 4)
-    step.launch("x1", "y1")
-    step.launch("x2", "y2")
-    step.launch("x3", "y3")
-    assert kernel.log == [("jit", (7,), ("x1", "y1", 100, 64), 4),
-                          ("direct", (7, 1, 1), ("x2", "y2", 100, 64)),
-                          ("direct", (7, 1, 1), ("x3", "y3", 100, 64))]
-
-
-@pytest.mark.parametrize("signature, fail", [(2, False), (4, True)], ids=["old-launcher", "launcher-rejects"])
-def test_direct_launch_falls_back_to_the_jit(monkeypatch, signature, fail):
-    monkeypatch.setattr(common, "interpreted", lambda: False)
-    kernel = _FakeKernel(signature, fail)
-    step = _launch.Step(kernel, 3, 2, {"BLOCK": 8, "n": 5}, 1)
-    for i in range(3):
-        step.launch(f"x{i}", f"y{i}")
-    assert [e[0] for e in kernel.log] == ["jit"] * 3
-    assert step.runner is False
-
-
-def test_interpreter_launches_through_the_jit():
-    kernel = _FakeKernel()
-    step = _launch.Step(kernel, 2, 2, {"BLOCK": 8, "n": 5}, 1)
-    step.launch("x", "y")
-    step.launch("x", "y")
-    assert [e[0] for e in kernel.log] == ["jit", "jit"]
 
 
 # ----------------------------------------------------------------------------- paths, presets, variants

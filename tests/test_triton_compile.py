@@ -58,6 +58,10 @@ def _jobs() -> list[str]:
     jobs += [f"stage2-{dt}-sum" for dt in DTYPES]
     jobs += [f"cand-{label}-{i}-{dt}-mul" for label in CANDIDATE_SHAPES for dt in ("bf16", "f32")
              for i in range(1, _candidate_count(label, _ITEM[dt]))]
+    # candidates only add and sub get (they read grad_out alone: wider tiles)
+    jobs += [f"cand-{label}-{i}-{dt}-{fn}" for label in CANDIDATE_SHAPES for dt in ("bf16", "f32")
+             for fn in ("add", "sub") for i in range(_candidate_count(label, _ITEM[dt]),
+                                                     _candidate_count(label, _ITEM[dt], fn))]
     return jobs
 
 
@@ -71,11 +75,11 @@ def _bplan(label: str):
     return _bcast_plan.make_plan(a_shape, b_shape, sa, sb, sg)
 
 
-def _candidate_count(label: str, item: int) -> int:
+def _candidate_count(label: str, item: int, fn: str = "mul") -> int:
     sys.path.insert(0, str(ROOT))
     from backends.triton import binary_backward as tk
 
-    return len(tk.candidates(tk.tune_class(_bplan(label), item, "mul")))
+    return len(tk.candidates(tk.tune_class(_bplan(label), item, fn)))
 
 
 JOBS = _jobs()

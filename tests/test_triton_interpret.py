@@ -12,9 +12,6 @@ subprocess that sets it, and each test reads its result.
 """
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -29,6 +26,9 @@ torch = pytest.importorskip("torch")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/: the shared interpreter helper
+
+from triton_interp import check_result, interpreting_here, report, worker_results  # noqa: E402
 from backends.triton import binary_backward as tk  # noqa: E402
 from harness import dtypes  # noqa: E402
 from oracle import binary_backward as bb  # noqa: E402
@@ -149,40 +149,23 @@ def check_outputs(fn: str, dt: str, host: dict, outs: dict) -> None:
 # ----------------------------------------------------------------------------- runner
 
 
-def _interpreting_here() -> bool:
-    return tk.interpreted() and os.environ.get("TRITON_INTERPRET") == "1"
+# Other triton test modules import _interpreting_here from here: it stays, as triton_interp's.
+_interpreting_here = interpreting_here
 
 
 @pytest.fixture(scope="module")
 def subprocess_results():
     """Results of every case from a worker that sets TRITON_INTERPRET=1 before importing triton."""
-    if _interpreting_here():
-        return None
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    proc = subprocess.run([sys.executable, __file__, "--worker"], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=900)
-    assert proc.returncode == 0, f"interpreter worker failed:\n{proc.stderr[-4000:]}"
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return worker_results(__file__)
 
 
 @pytest.mark.parametrize("case_id", CASES)
 def test_matches_oracle(subprocess_results, case_id):
-    if subprocess_results is None:
-        run_case(case_id)
-    else:
-        assert subprocess_results[case_id] == "ok", subprocess_results[case_id]
+    check_result(subprocess_results, case_id, run_case)
 
 
 def _worker() -> None:
-    out = {}
-    for case_id in CASES:
-        try:
-            run_case(case_id)
-            out[case_id] = "ok"
-        except Exception as exc:  # noqa: BLE001 - reported to the test side
-            out[case_id] = f"{type(exc).__name__}: {exc}"
-    print(json.dumps(out))
+    report(CASES, run_case)
 
 
 # ----------------------------------------------------------------------------- in-process checks

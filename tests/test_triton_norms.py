@@ -37,6 +37,9 @@ torch = pytest.importorskip("torch")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/: the shared interpreter helper
+
+from triton_interp import check_result, interpreting_here, report, worker_results  # noqa: E402
 from backends.triton import _norm  # noqa: E402
 from harness import dtypes  # noqa: E402
 from harness.compare import compare  # noqa: E402
@@ -155,42 +158,22 @@ def run_case(case_id: str) -> None:
 # ----------------------------------------------------------------------------- runner
 
 
-def _interpreting_here() -> bool:
-    from backends.triton.common import interpreted
-
-    return interpreted() and os.environ.get("TRITON_INTERPRET") == "1"
+_interpreting_here = interpreting_here
 
 
 @pytest.fixture(scope="module")
 def subprocess_results():
     """Results of every case from a worker that sets TRITON_INTERPRET=1 before importing triton."""
-    if _interpreting_here():
-        return None
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    proc = subprocess.run([sys.executable, __file__, "--interpret"], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=900)
-    assert proc.returncode == 0, f"interpreter worker failed:\n{proc.stderr[-4000:]}"
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return worker_results(__file__, "--interpret")
 
 
 @pytest.mark.parametrize("case_id", list(CASES))
 def test_matches_oracle(subprocess_results, case_id):
-    if subprocess_results is None:
-        run_case(case_id)
-    else:
-        assert subprocess_results[case_id] == "ok", subprocess_results[case_id]
+    check_result(subprocess_results, case_id, run_case)
 
 
 def _interpret_worker() -> None:
-    out = {}
-    for case_id in CASES:
-        try:
-            run_case(case_id)
-            out[case_id] = "ok"
-        except Exception as exc:  # noqa: BLE001 - reported to the test side
-            out[case_id] = f"{type(exc).__name__}: {exc}"
-    print(json.dumps(out))
+    report(CASES, run_case)
 
 
 def _plan_of(op, shape, dtype="f32", sizing=None, **params):

@@ -3,8 +3,8 @@ interpreter (TRITON_INTERPRET=1), and its planner on the perf and stress shapes.
 
 Every pattern runs with the backend's own interpreter sizing and with TINY sizing in both
 finishes, which splits even these shapes into many blocks, chunks and partials, so the
-two-stage paths run: the last program of a tile adding the partials (finish "last") and
-_stage2_kernel (finish "kernel").  Results are checked against the float64 oracle on the
+two-stage paths run: the last program of a tile adding the partials (finishes "rows" and
+"last") and _stage2_kernel (finish "kernel").  Results are checked against the float64 oracle on the
 exact rounded inputs with the classic (n + c) u sum|x| bound of a float32 sum.
 
 TRITON_INTERPRET must be set before triton is imported.  The test session sets it on
@@ -13,9 +13,6 @@ subprocess that sets it, and each test reads its result.
 """
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 from dataclasses import replace
 from math import prod
@@ -31,6 +28,9 @@ torch = pytest.importorskip("torch")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/: the shared interpreter helper
+
+from triton_interp import check_result, interpreting_here, needs_interpreter, report, worker_results  # noqa: E402
 from backends.triton import reduce_sum as rs  # noqa: E402
 from harness import dtypes  # noqa: E402
 from oracle import reduce_sum as spec  # noqa: E402
@@ -79,11 +79,16 @@ KERNEL = {"rows": "row", "rows_keepdim": "row", "full": "row", "full_3d": "row",
           "long_cols": "col", "empty_sum": "col", "empty_keepdim": "col", "empty_target": "col", "empty_out": ""}
 # Tiles of 16 float32, 8 "SMs" x 4 programs: even these shapes split into chunks and partials;
 # reductions of up to 4 run one row a step (BR = 1), and the next block is read ahead (prefetch);
-# "plain": blocks read 4 a step (unroll), tall tiles for all.
+# "plain": blocks read 4 a step (unroll), tall tiles for all; "stages": 2 a step, software-pipelined;
+# "rows": the last program adds the partials row by row (finish "rows"), several rows a step;
+# "tiles": as "rows", the col kernel's programs storing their [BR, BN] sums as BR rows.
 TINY = rs.Config(tile_bytes=64, seg_bytes=16, short_red=4, vectors=1, sms=8, occupancy=4, query_occupancy=False,
-                 partial_limit=1, finish_bytes=32, stage2_bytes=64, prefetch=True)
+                 partial_limit=1, finish="last", finish_bytes=32, stage2_bytes=64, prefetch=True)
 CONFIGS = {"auto": None, "last": TINY, "kernel": replace(TINY, finish="kernel"),
-           "plain": replace(TINY, prefetch=False, unroll=4, short_red=0)}
+           "plain": replace(TINY, prefetch=False, unroll=4, short_red=0),
+           "stages": replace(TINY, prefetch=False, unroll=2, stages=3),
+           "rows": replace(TINY, finish="rows", rows_min_width=1),
+           "tiles": replace(TINY, finish="tiles", rows_min_width=1, prefetch=False, short_red=0)}
 _EMPTY = ("empty_sum", "empty_keepdim", "empty_target", "empty_out", "scalar")
 
 
@@ -188,52 +193,30 @@ def random_requests(n: int, seed: int = 5) -> list:
                 [int(a) - rank * int(rng.integers(0, 2)) for a in range(rank) if rng.random() < 0.5]
             params = {"axes": axes, "keepdim": bool(rng.random() < 0.3)}
         dt = ("f32", "f32", "bf16", "f16", "f64")[k % 5]
-        out.append((dt, shape, params, layout, ("auto", "last", "kernel", "plain")[k % 4]))
+        out.append((dt, shape, params, layout, ("auto", "last", "kernel", "plain", "stages", "rows", "tiles")[k % 7]))
     return out
 
 
 # ----------------------------------------------------------------------------- runner
 
 
-def _interpreting_here() -> bool:
-    return rs.interpreted() and os.environ.get("TRITON_INTERPRET") == "1"
-
-
-def _needs_interpreter():
-    if not _interpreting_here():
-        pytest.skip("needs TRITON_INTERPRET=1 in this process (covered by the worker's cases)")
+_interpreting_here = interpreting_here
+_needs_interpreter = needs_interpreter
 
 
 @pytest.fixture(scope="module")
 def subprocess_results():
     """Results of every case from a worker that sets TRITON_INTERPRET=1 before importing triton."""
-    if _interpreting_here():
-        return None
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    proc = subprocess.run([sys.executable, __file__, "--worker"], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=900)
-    assert proc.returncode == 0, f"interpreter worker failed:\n{proc.stderr[-4000:]}"
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return worker_results(__file__)
 
 
 @pytest.mark.parametrize("case_id", CASES)
 def test_matches_oracle(subprocess_results, case_id):
-    if subprocess_results is None:
-        run_case(case_id)
-    else:
-        assert subprocess_results[case_id] == "ok", subprocess_results[case_id]
+    check_result(subprocess_results, case_id, run_case)
 
 
 def _worker() -> None:
-    out = {}
-    for case_id in CASES:
-        try:
-            run_case(case_id)
-            out[case_id] = "ok"
-        except Exception as exc:  # noqa: BLE001 - reported to the test side
-            out[case_id] = f"{type(exc).__name__}: {exc}"
-    print(json.dumps(out))
+    report(CASES, run_case)
 
 
 # ----------------------------------------------------------------------------- which path runs
@@ -266,6 +249,7 @@ def test_every_path_is_forced():
             c = L.constexprs
             seen.add((L.kernel, "split" if L.chunks > 1 else "direct", c["FINISH"]))
             seen.add((L.kernel, "prefetch", c["PREFETCH"]))
+            seen.add((L.kernel, "stages", c["STAGES"] > 1))
             if L.kernel == "row":
                 seen.add(("row", "unit" if c["UNIT"] else "strided", c["NK"] > 0, c["NRO"] > 0))
             else:
@@ -274,14 +258,15 @@ def test_every_path_is_forced():
                 seen.add(("col", "BR", c["BR"] == 1))
             if L.chunks > 1:
                 assert (L.stage2 is not None) == (name == "kernel")
-                assert c["FINISH"] == (1 if name == "kernel" else 2)
+                tiles = 4 if L.kernel == "col" and c["BR"] > 1 else 3
+                assert c["FINISH"] == {"kernel": 1, "rows": 3, "tiles": tiles}.get(name, 2)
     for needed in [("row", "direct", 0), ("row", "split", 2), ("row", "split", 1), ("col", "direct", 0),
-                   ("col", "split", 2), ("col", "split", 1), ("row", "strided", True, False),
+                   ("col", "split", 2), ("col", "split", 1), ("row", "split", 3), ("col", "split", 3), ("col", "split", 4), ("row", "strided", True, False),
                    ("row", "unit", False, False), ("row", "unit", True, True), ("row", "unit", False, True),
                    ("col", "strided", "y unit"), ("col", "unit", "y strided"), ("col", "NKO", 0, "NR", 0),
                    ("col", "NKO", 2, "NR", 2), ("col", "NKO", 1, "NR", 1), ("row", "prefetch", True),
                    ("row", "prefetch", False), ("col", "prefetch", True), ("col", "prefetch", False),
-                   ("col", "BR", True), ("col", "BR", False)]:
+                   ("col", "BR", True), ("col", "BR", False), ("row", "stages", True), ("col", "stages", True)]:
         assert needed in seen, f"no pattern takes path {needed}"
 
 
@@ -337,7 +322,7 @@ def test_plan_cache_hit(monkeypatch):
         rs.run(inputs2, {"y": torch.empty(3, 8, 1)}, {"shape": [3, 8, 12], "target": [3, 8, 1]}, TINY)
 
 
-@pytest.mark.parametrize("sizing", ["last", "kernel"])
+@pytest.mark.parametrize("sizing", ["last", "kernel", "rows", "tiles"])
 def test_deterministic(sizing):
     _needs_interpreter()
     _, inputs, outs1, params = _inputs("f32", "cols")
@@ -348,14 +333,15 @@ def test_deterministic(sizing):
 
 
 def test_counters_left_zero():
-    """finish="last" takes one ticket per program and the last one resets its tile's counter."""
+    """finish="last" (and "rows") takes one ticket per program and the last one resets its tile's counter."""
     _needs_interpreter()
     for pattern in ("full", "cols", "per_seq"):
-        _, inputs, outs, params = _inputs("f32", pattern)
-        L = rs._prepare(inputs["x"], outs["y"], params, TINY).L
-        assert L.chunks > 1 and L.stage2 is None, pattern
-        rs.run(inputs, outs, params, TINY)
-        assert not rs._counters(inputs["x"].device, 1).any(), f"{pattern}: a tile counter was left non-zero"
+        for cfg in (TINY, CONFIGS["rows"], CONFIGS["tiles"]):
+            _, inputs, outs, params = _inputs("f32", pattern)
+            L = rs._prepare(inputs["x"], outs["y"], params, cfg).L
+            assert L.chunks > 1 and L.stage2 is None, pattern
+            rs.run(inputs, outs, params, cfg)
+            assert not rs._counters(inputs["x"].device, 1).any(), f"{pattern}: a tile counter was left non-zero"
 
 
 def test_registered_impl():
@@ -423,7 +409,7 @@ def test_variants_register_and_run(monkeypatch):
 # ----------------------------------------------------------------------------- the planner on GPU shapes
 
 
-def _perf_plans(finish: str = "last"):
+def _perf_plans(finish: str = "rows"):
     from cases import select
 
     cfg = replace(rs.GPU_CONFIG, finish=finish)
@@ -466,6 +452,10 @@ def test_perf_case_plans():
         if L.kernel == "row" and L.chunks == 1:  # short rows: narrower blocks, so a step reads `unroll` whole ones
             assert L.ints["nblk"] >= rs.GPU_CONFIG.unroll, cid
         assert L.chunks == 1 or L.chunks * L.n_y * 4 <= 1 << 20, f"{cid}: partials over 1 MiB"
+        if L.chunks > 1:  # finish "rows" where a tile is wide (the column sums), "last" for the full sums
+            assert c["FINISH"] == (3 if L.kernel == "col" else 2), cid
+            if L.kernel == "col":  # a step's loads all in flight: 32 values a thread at most
+                assert c["BP"] * max(1, c["BN"] // (32 * L.num_warps)) <= 32 and c["BP"] >= min(L.chunks, 32), cid
 
 
 def test_stress_shapes_plan():
@@ -476,7 +466,7 @@ def test_stress_shapes_plan():
         shape = case.params["shape"]
         strides = [prod(shape[i + 1:]) for i in range(len(shape))]
         params = {k: v for k, v in case.params.items() if k in ("axes", "keepdim", "target")}
-        for finish in ("last", "kernel"):
+        for finish in ("rows", "last", "kernel"):
             L = rs.plan_request(shape, strides, 2, params, replace(rs.GPU_CONFIG, finish=finish), 132)
             assert 1 <= L.grid < 2**31, case.id
             assert L.chunks * L.n_y * 4 < 64 << 20, case.id

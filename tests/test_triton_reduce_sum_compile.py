@@ -1,7 +1,7 @@
 """Compile the `triton` backend's reduce_sum kernels for sm_90 (H100) with no GPU.
 
 Each job is one perf case of reduce_sum (plus float64 versions of the main shapes) under one
-finish ("last", "kernel"), planned as the backend plans it on an H100: 132 SMs, and the
+finish ("rows", "last", "kernel"; and the presets "stages3", "tiles"), planned as the backend plans it on an H100: 132 SMs, and the
 programs per SM of each split variant from its register count, which here comes from
 ptxas -v on the variant's PTX (on the GPU, from the loaded kernel).  For each we check
 that a cubin comes out, that every pointer offset is int64 (tensors over 2**31 elements),
@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SMS = 132
 _TRITON_TY = {"f32": "fp32", "f16": "fp16", "bf16": "bf16", "f64": "fp64"}
 _ITEM = {"f32": 4, "f16": 2, "bf16": 2, "f64": 8}
-FINISHES = ("last", "kernel")
+FINISHES = ("rows", "last", "kernel")
 # float64 versions of the main shapes (no perf case is float64): full, column and row sums.
 F64 = [("f64", [1 << 24], {"axes": None}), ("f64", [8192, 4096], {"axes": [0]}), ("f64", [8192, 4096], {"axes": [1]})]
 
@@ -54,7 +54,10 @@ def _requests() -> dict:
     return out
 
 
-JOBS = [f"{finish}|{label}" for label in _requests() for finish in FINISHES]
+# Sizings the GPU batches weigh against the default (reduce_sum.PRESETS): the software-pipelined
+# loop "stages3" and finish "tiles"; every perf shape must compile for them too.
+PRESET_JOBS = ("stages3", "tiles")
+JOBS = [f"{finish}|{label}" for label in _requests() for finish in FINISHES + PRESET_JOBS]
 
 # ----------------------------------------------------------------------------- worker side
 
@@ -99,6 +102,8 @@ def _compile(kernel, ptrs: dict, ints: dict, constexprs: dict, warps: int) -> di
         "addptrs": len(addptrs),
         # the loads of x: plain ld.global (the partials are read with .cg)
         "x_loads": sorted(set(re.findall(r"ld\.global\.(?:v\d\.)?[bf]\d+", ptx))),
+        # the pipelined loop (STAGES) reads x with asynchronous copies to shared memory: their byte counts
+        "async_copies": sorted(set(re.findall(r"cp\.async\.c[ag]\.shared\.global[^;]*\], (0x[0-9a-f]+|\d+)", ptx))),
         "regs": int(regs[0]) if regs else None,
         "spills": int(spills[0]) if spills else 0,
         "shared": int(compiled.metadata.shared),
@@ -111,7 +116,7 @@ def _pointers(L, dt: str) -> dict:
     ty, acc = _TRITON_TY[dt], "fp64" if dt == "f64" else "fp32"
     finish = L.constexprs["FINISH"]
     return {"x_ptr": ty, "y_ptr": ty, "ws_ptr": acc if finish else ty,
-            "cnt_ptr": "i32" if finish == 2 else (acc if finish else ty), "desc_ptr": "i64"}
+            "cnt_ptr": "i32" if finish >= 2 else (acc if finish else ty), "desc_ptr": "i64"}
 
 
 def _job(job: str) -> dict:
@@ -119,7 +124,7 @@ def _job(job: str) -> dict:
 
     finish, label = job.split("|", 1)
     dt, shape, strides, params = _requests()[label]
-    cfg = replace(rs.GPU_CONFIG, finish=finish)
+    cfg = rs.PRESETS[finish] if finish in PRESET_JOBS else replace(rs.GPU_CONFIG, finish=finish)
     kernels = rs._KERNELS
 
     def occupancy(L):  # as the GPU planner asks it: the split variant's registers and shared memory
@@ -156,13 +161,14 @@ def _worker(jobs: list[str]) -> None:
 
 @pytest.fixture(scope="module")
 def compiled() -> dict:
-    """Compile all jobs in two worker processes (this machine has two cores); a finish each,
-    so each worker's cache serves the shapes that share a variant."""
+    """Compile all jobs in two worker processes (this machine has two cores): finish "kernel" in one,
+    the rest in the other, so each worker's cache serves the shapes that share a variant."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    workers = [subprocess.Popen([sys.executable, __file__, "--worker", *[j for j in JOBS if j.startswith(f + "|")]],
+    groups = [[j for j in JOBS if j.startswith("kernel|")], [j for j in JOBS if not j.startswith("kernel|")]]
+    workers = [subprocess.Popen([sys.executable, __file__, "--worker", *jobs],
                                 cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-               for f in FINISHES]
+               for jobs in groups]
     results = {}
     for w in workers:
         stdout, stderr = w.communicate(timeout=900)
@@ -183,7 +189,7 @@ def test_compiles_for_sm90(compiled, job):
     assert r["cubin"] > 0, f"{job}: no cubin"
     if "stage2" in r:
         assert r["stage2"]["cubin"] > 0, f"{job}: no cubin for the stage-2 kernel"
-    assert job.startswith("last") or r["chunks"] == 1 or "stage2" in r
+    assert not job.startswith("kernel") or r["chunks"] == 1 or "stage2" in r
 
 
 @pytest.mark.parametrize("job", JOBS)
@@ -199,7 +205,9 @@ def test_offsets_are_int64(compiled, job):
 def test_loads_are_16_byte_vectors(compiled, job):
     r = _ok(compiled, job)
     wide = [ld for ld in r["x_loads"] if ld in ("ld.global.v4.b32", "ld.global.v2.b64")]
-    assert wide, f"{job}: x is not read in 16-byte vectors: {r['x_loads']}"
+    if job.split("|")[0] == "stages3":
+        wide = [n for n in r["async_copies"] if int(n, 0) == 16]
+    assert wide, f"{job}: x is not read in 16-byte vectors: {r['x_loads']}, async copies {r['async_copies']}"
 
 
 @pytest.mark.parametrize("job", JOBS)

@@ -31,7 +31,7 @@ Design (memory bound: read dy and x once, write dx once):
 * Plans are cached per (op, shape, strides, dtype, device, which tensors exist, sizing) as a
   `Call`, so a repeated call only checks that no output overlaps another tensor (the checked
   entry), allocates its workspace and launches, straight through the compiled kernels'
-  launchers after the first call (backends/triton/_launch.py).
+  launchers after the first call (backends/triton/_steps.py).
 * Sizing: `Config`; $GRADORACLE_TRITON_NORM ("finish=kernel,stages=4") overrides the GPU
   defaults, so a candidate runs through the harness without a code change.
 
@@ -42,7 +42,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, replace
 
-from backends.triton import _launch
+from backends.triton import _steps
 from backends.triton.common import INTERPRETER, IMPORT_ERROR, cdiv, interpreted, jit, on_device, p2, tl
 from backends.triton.common import to_out as _to_out
 from backends.triton.common import up as _up
@@ -331,7 +331,7 @@ class Config:
     pdl: finish "kernel": launch it as a programmatic dependent launch (sm_90, when triton
       supports it), so it is resident and waiting when the main kernel ends.
     stream: x and dy loads evict first from L2, dx stores streamed (.cs): the partials stay in L2.
-    launch: how calls reach the compiled kernels (backends/triton/_launch.py: direct, tensors, jit).
+    launch: how calls reach the compiled kernels (backends/triton/_steps.py: direct, tensors, jit).
     """
 
     sms: int = 0              # 0: the device's SM count (132 on an H100; 132 when there is no device)
@@ -411,7 +411,7 @@ class Plan:
     stage2: dict | None = None  # _partials_kernel launch: grid, constexprs, num_warps
     spans: tuple = ()           # (index, bytes) of each non-empty tensor, for the overlap check
     device_index: int | None = None
-    launch: str = "direct"      # launch mode of the plan's kernels (_launch.MODES)
+    launch: str = "direct"      # launch mode of the plan's kernels (_steps.MODES)
 
 
 _SM_COUNT: dict = {}
@@ -542,9 +542,9 @@ def make_plan(op: str, t: dict, cfg: Config) -> Plan:
         if y is not None and y.numel():
             spans.append((i, y.element_size() * (1 + sum((s - 1) * st for s, st in zip(y.shape, y.stride())))))
     device_index = x.device.index if x.device.type == "cuda" else None
-    launch = _launch.default_mode() if not cfg.launch else cfg.launch
-    if launch not in _launch.MODES:
-        _fail(op, ValueError, "Config.launch", " or ".join(_launch.MODES), repr(launch))
+    launch = _steps.default_mode() if not cfg.launch else cfg.launch
+    if launch not in _steps.MODES:
+        _fail(op, ValueError, "Config.launch", " or ".join(_steps.MODES), repr(launch))
     if m == 0:
         return Plan(empty=True, spans=tuple(spans), device_index=device_index, launch=launch)
 
@@ -612,7 +612,7 @@ NAMES = ("x", "dy", "weight", "mean", "rstd", "dx", "dweight", "dbias")
 class Call:
     """A planned layout, ready to launch: `call(x, dy, w, mean, rstd, dx, dw, db)` (absent ones None).
 
-    Holds the plan, its kernels' Launches (backends/triton/_launch.py: after the first call they
+    Holds the plan, its kernels' Steps (backends/triton/_steps.py: after the first call they
     go straight to the compiled kernels) and what a call allocates.  Per call: the device
     check, the workspace and row-sum buffers (torch.empty: the caching allocator orders them
     on the stream, so calls on other streams or in CUDA graphs never share one), the ticket
@@ -621,7 +621,7 @@ class Call:
     """
 
     __slots__ = ("plan", "main", "split", "stage2", "acc", "device", "index", "torch", "counters", "sums_numel",
-                 "current_device", "current_stream")
+                 "current_device", "current_stream", "ws_numel", "finish_last")
 
     def __init__(self, plan: Plan, device, dtype):
         import torch
@@ -634,21 +634,23 @@ class Call:
         self.main = self.split = self.stage2 = None
         self.counters = {}
         self.sums_numel = 0
+        self.ws_numel = plan.ws_numel
+        self.finish_last = bool(plan.constexprs.get("FINISH") == 2)
         if plan.empty:
             return
         mode = plan.launch
-        self.main = _launch.Launch(_rows_kernel, plan.grid, 12, {**plan.ints, **plan.constexprs}, plan.num_warps,
-                                   mode)
+        self.main = _steps.Step(_rows_kernel, plan.grid, 12, {**plan.ints, **plan.constexprs}, plan.num_warps,
+                                mode)
         if plan.split is not None:
             s = plan.split
             self.sums_numel = s["sums_numel"]
-            self.split = _launch.Launch(_chunk_sums_kernel, s["grid"], 7, {**s["ints"], **s["constexprs"]},
-                                        s["num_warps"], mode)
+            self.split = _steps.Step(_chunk_sums_kernel, s["grid"], 7, {**s["ints"], **s["constexprs"]},
+                                     s["num_warps"], mode)
         if plan.stage2 is not None:
             s = plan.stage2
             extra = {"launch_pdl": True} if s["constexprs"]["PDL"] else {}
-            self.stage2 = _launch.Launch(_partials_kernel, s["grid"], 3, {**s["ints"], **s["constexprs"]},
-                                         s["num_warps"], mode, **extra)
+            self.stage2 = _steps.Step(_partials_kernel, s["grid"], 3, {**s["ints"], **s["constexprs"]},
+                                      s["num_warps"], mode, **extra)
 
     def __call__(self, x, dy, w, mean, rstd, dx, dw, db) -> None:
         # triton launches on the current device: switch only when needed (it costs microseconds)
@@ -658,19 +660,30 @@ class Call:
         self.launch(x, dy, w, mean, rstd, dx, dw, db)
 
     def launch(self, x, dy, w, mean, rstd, dx, dw, db) -> None:
-        plan = self.plan
-        if plan.empty:
+        main = self.main
+        if main is None:  # no rows
             for y in (dw, db):
                 if y is not None:
                     y.zero_()
             return
         stream = None if self.index is None else self.current_stream(self.index)
-        main, split = self.operands(x, dy, w, mean, rstd, dx, dw, db, stream)
-        if split is not None:
-            self.split(*split, stream=stream)
-        self.main(*main, stream=stream)
-        if self.stage2 is not None:
-            self.stage2(main[6], main[7], main[8], stream=stream)
+        if self.split is not None or self.stage2 is not None or self.plan.table is not None:
+            main_args, split = self.operands(x, dy, w, mean, rstd, dx, dw, db, stream)
+            if split is not None:
+                self.split(*split, stream=stream)
+            main(*main_args, stream=stream)
+            if self.stage2 is not None:
+                self.stage2(main_args[6], main_args[7], main_args[8], stream=stream)
+            return
+        # the common plan (one launch, contiguous rows): the operands inline, nothing looked up twice
+        ws = self.torch.empty(self.ws_numel, dtype=self.acc, device=self.device) if self.ws_numel else dx
+        cnt = x
+        if self.finish_last:
+            cnt = self.counters.get(stream)
+            if cnt is None:
+                cnt = self.counters[stream] = _counters(self.device, stream)
+        main(x, dy, x if w is None else w, rstd if mean is None else mean, rstd, dx, ws, dx if dw is None else dw,
+             dx if db is None else db, x, x, cnt, stream=stream)
 
     def operands(self, x, dy, w, mean, rstd, dx, dw, db, stream):
         """The tensor arguments of the main kernel and of _chunk_sums_kernel (None: not launched):
@@ -725,10 +738,6 @@ def _counters(device, stream):
     return c
 
 
-def _stride(y):
-    return None if y is None else y.stride()
-
-
 def _check_overlap(op: str, plan: Plan, tensors: tuple) -> None:
     """No output may share memory with an input or another output (they are written while read)."""
     spans = [(i, tensors[i].data_ptr(), length) for i, length in plan.spans]
@@ -741,12 +750,18 @@ def _check_overlap(op: str, plan: Plan, tensors: tuple) -> None:
                       f"memory shared with {NAMES[j]}")
 
 
+def _key(op: str, tensors: tuple, cfg) -> tuple:
+    """The plan cache key of a call: the layout of every tensor (None for absent ones), dtype, device."""
+    x, dy, w, mean, rstd, dx, dw, db = tensors
+    return (op, x.shape, x.stride(), dy.stride(), None if w is None else w.stride(),
+            None if mean is None else mean.stride(), rstd.stride(), dx.stride(), None if dw is None else dw.stride(),
+            None if db is None else db.stride(), x.dtype, x.device, cfg)
+
+
 def prepare(op: str, tensors: tuple, cfg: Config | None = None) -> Call:
     """The Call of these tensors' layout (x, dy, weight, mean, rstd, dx, dweight, dbias), planned
     on its first call."""
-    x, dy, w, mean, rstd, dx, dw, db = tensors
-    key = (op, x.shape, x.stride(), dy.stride(), _stride(w), _stride(mean), rstd.stride(), dx.stride(),
-           _stride(dw), _stride(db), x.dtype, x.device, cfg)
+    key = _key(op, tensors, cfg)
     call = _PLANS.get(key)
     if call is None:
         call = _new_call(key, op, tensors, cfg)
@@ -775,7 +790,9 @@ def run(op: str, inputs, outs, params=None, cfg: Config | None = None, check: bo
     check=False skips the per-call overlap check (the timed path, after a checked call)."""
     tensors = (inputs["x"], inputs["dy"], inputs.get("weight"), inputs.get("mean"), inputs["rstd"],
                outs["dx"], outs.get("dweight"), outs.get("dbias"))
-    call = prepare(op, tensors, cfg)
+    call = _PLANS.get(_key(op, tensors, cfg))
+    if call is None:
+        call = prepare(op, tensors, cfg)
     if check:
         _check_overlap(op, call.plan, tensors)
     call(*tensors)

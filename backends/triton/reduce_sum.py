@@ -15,7 +15,9 @@ Every request (axes/keepdim or sum_to_shape target, any layout of x) becomes one
   contiguous segments a step and no adding across lanes.
 * Memory-bound, so sized for reads in flight with few registers: small blocks (one 16-byte
   vector a thread: the float32 accumulator stays small for 16-bit data), read `unroll` at a
-  time before they are added (or, `prefetch`, the next block read before this one is added).
+  time before they are added (or, `prefetch`, the next block read before this one is added;
+  or, `stages` > 1, the loop software-pipelined by triton: `stages` - 1 steps of reads in
+  flight as asynchronous copies into shared memory, not registers).
 * A fast dim of stride != 1 (sliced views, odd layouts) runs through the same kernels with
   the stride as an argument: the general strided path.  Other dims are unravelled from a
   small int64 descriptor (size, x stride, y stride per dim), so any rank works.
@@ -23,22 +25,25 @@ Every request (axes/keepdim or sum_to_shape target, any layout of x) becomes one
   the compiled kernel), the reduced extent is split into `chunks` of equal length (to one
   block): one full wave of equal programs, all resident at once.  Each program writes a
   float32 (float64) partial into a workspace, and the partials are added in a fixed order,
-  either by the last program of each output tile to finish (`finish="last"`, the default:
-  one atomic ticket per program on a per-tile counter, no second launch) or by
-  `_stage2_kernel` (`finish="kernel"`).  Never per-element atomics: the result is the same
-  bits every call.  GRADORACLE_TRITON_REDUCE_FINISH=kernel picks the second kernel on the GPU.
+  either by the last program of each output tile to finish (one atomic ticket per program on
+  a per-tile counter, no second launch: `finish="rows"`, the default, each thread adding its
+  outputs' partials row after row, or `finish="last"`, [BP, width] tiles of partials summed
+  across the threads, which goes through shared memory, so tiles narrower than
+  `rows_min_width` only) or by `_stage2_kernel` (`finish="kernel"`).  Never per-element
+  atomics: the result is the same bits every call.  GRADORACLE_TRITON_REDUCE_FINISH=last or
+  kernel picks another finish on the GPU.
 * Accumulation in float32 (float64 for float64), one rounding to the output dtype.  All
   offsets are int64.  Empty reductions write 0 (the loops run zero times).
 
 Plans are cached per (shape, strides, dtype, params form, device, config): a repeated call
 allocates the workspace, takes the tile counters and launches through the compiled kernels'
-own launchers (`_launch.Step`: not the JIT's per-call binding, which cost more than the kernel
+own launchers (`_steps.Step`: not the JIT's per-call binding, which cost more than the kernel
 took on the 22 us sums); no planning.  No autotuning: the sizing is a fixed heuristic
 (Config; GRADORACLE_TRITON_REDUCE pins a named preset, GRADORACLE_TRITON_REDUCE_VARIANTS
 registers them as `triton@<name>`, see PRESETS); the one compile outside a launch, of a split
 variant to read its occupancy, happens at planning, on the first (checked) call.  The workspace
-is allocated per call (torch's stream-aware allocator); the per-tile counters of
-`finish="last"` are kept per device and stream and every launch leaves them at zero, so the
+is allocated per call (torch's stream-aware allocator); the per-tile counters of finishes
+"rows" and "last" are kept per device and stream and every launch leaves them at zero, so the
 next kernel on that stream finds them so.
 """
 from __future__ import annotations
@@ -96,25 +101,38 @@ def _finish(s, yoff, ym, y_ptr, ws_ptr, cnt_ptr, tile, ch, chunks, n_y,
     FINISH 2: as 1, then take a ticket on the tile's counter; the program that takes the
     last one adds the tile's `chunks` partials in a fixed order (BP rows a step, a fixed tree
     inside a step) and writes y, then resets the counter to 0 for the next launch.
+    FINISH 3: as 2, but the last program adds the partials one row after another in the
+    layout of `s` (BP rows read a step, all in flight, then added in row order): every thread
+    adds its own outputs, so no step goes through shared memory.  (In FINISH 2 a step's
+    tl.sum over BP rows held by different warps is a shared-memory reduction whose stores hit
+    one bank from all 32 lanes, on sm_90 with triton 3.6 and 3.8: ~2 us a step on the one
+    program per tile that runs it, after every other program has finished.)
     """
     if FINISH == 0:
         tl.store(y_ptr + yoff, _to_out(s, y_ptr), mask=ym)
     else:
         tl.store(ws_ptr + ch * n_y + yoff, s, mask=ym)
-        if FINISH == 2:
+        if FINISH >= 2:
             # Every thread's partial is stored before one thread releases them with the
             # ticket (gpu-scope acq_rel); the broadcast of the ticket orders the reads after it.
             tl.debug_barrier()
             ticket = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
             if ticket == chunks - 1:
                 t = tl.zeros_like(s)
-                for c0 in range(0, chunks, BP):
-                    c = (c0 + tl.arange(0, BP)).to(tl.int64)
-                    m = (c < chunks)[:, None] & ym[None, :]
-                    # .cg: read the partials from L2, where the other programs wrote them
-                    part = tl.load(ws_ptr + (c[:, None] * n_y + yoff[None, :]), mask=m, other=0.0,
-                                   cache_modifier=".cg")
-                    t += tl.sum(part, axis=0)
+                if FINISH == 3:
+                    for c0 in range(0, chunks, BP):
+                        for u in tl.static_range(BP):
+                            c = c0 + u
+                            # .cg: read the partials from L2, where the other programs wrote them
+                            t += tl.load(ws_ptr + (c.to(tl.int64) * n_y + yoff), mask=ym & (c < chunks),
+                                         other=0.0, cache_modifier=".cg")
+                else:
+                    for c0 in range(0, chunks, BP):
+                        c = (c0 + tl.arange(0, BP)).to(tl.int64)
+                        m = (c < chunks)[:, None] & ym[None, :]
+                        part = tl.load(ws_ptr + (c[:, None] * n_y + yoff[None, :]), mask=m, other=0.0,
+                                       cache_modifier=".cg")
+                        t += tl.sum(part, axis=0)
                 tl.store(y_ptr + yoff, _to_out(t, y_ptr), mask=ym)
                 tl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")
 
@@ -141,6 +159,18 @@ def _row_block(b, b1, x_ptr, xrow, rm, desc_ptr, n_cols, col_stride, ncb,
     return _up(tl.load(x_ptr + ((xrow + ro)[:, None] + coff[None, :]), mask=m, other=0.0), IS_F64)
 
 
+@jit
+def _row_step(b, b1, x_ptr, xrow, rm, desc_ptr, n_cols, col_stride, ncb,
+              NK: tl.constexpr, NRO: tl.constexpr, BC: tl.constexpr, UNIT: tl.constexpr, ALX: tl.constexpr,
+              IS_F64: tl.constexpr, UNROLL: tl.constexpr):
+    """Blocks b .. b + UNROLL - 1 of the row kernel, read and then added: one loop step."""
+    x = _row_block(b, b1, x_ptr, xrow, rm, desc_ptr, n_cols, col_stride, ncb, NK, NRO, BC, UNIT, ALX, IS_F64)
+    for u in tl.static_range(1, UNROLL):
+        x += _row_block(b + u, b1, x_ptr, xrow, rm, desc_ptr, n_cols, col_stride, ncb, NK, NRO, BC, UNIT, ALX,
+                        IS_F64)
+    return x
+
+
 # Counts that only bound loops and masks are not specialised (fewer recompiles across shapes);
 # n_cols / n_fast are: their divisibility by 16 lets the masked loads along the fast dim vectorise.
 @jit(do_not_specialize=["n_rows", "n_outer", "ncb", "nblk", "chunks", "n_y"])
@@ -148,7 +178,8 @@ def _row_kernel(x_ptr, y_ptr, ws_ptr, cnt_ptr, desc_ptr,
                 n_rows, n_cols, col_stride, n_outer, ncb, nblk, chunks, n_y,
                 NK: tl.constexpr, NRO: tl.constexpr, BM: tl.constexpr, BC: tl.constexpr,
                 UNIT: tl.constexpr, ALX: tl.constexpr, IS_F64: tl.constexpr,
-                FINISH: tl.constexpr, BP: tl.constexpr, PREFETCH: tl.constexpr, UNROLL: tl.constexpr):
+                FINISH: tl.constexpr, BP: tl.constexpr, PREFETCH: tl.constexpr, UNROLL: tl.constexpr,
+                STAGES: tl.constexpr):
     """Rows = the outputs (flat y index; x offset from the NK kept dims of the descriptor).
 
     Row r sums n_outer x n_cols elements: the NRO outer reduced dims (descriptor rows NK..)
@@ -176,14 +207,14 @@ def _row_kernel(x_ptr, y_ptr, ws_ptr, cnt_ptr, desc_ptr,
             x_n = _row_block(b + 1, b1, x_ptr, xrow, rm, desc_ptr, n_cols, col_stride, ncb, NK, NRO, BC, UNIT,
                              ALX, IS_F64)
             acc += x
+    elif STAGES > 1:  # triton's pipeliner keeps STAGES - 1 steps of loads in flight (async copies)
+        for b in tl.range(b0, b1, UNROLL, num_stages=STAGES):
+            acc += _row_step(b, b1, x_ptr, xrow, rm, desc_ptr, n_cols, col_stride, ncb, NK, NRO, BC, UNIT, ALX,
+                             IS_F64, UNROLL)
     else:
         for b in range(b0, b1, UNROLL):
-            x = _row_block(b, b1, x_ptr, xrow, rm, desc_ptr, n_cols, col_stride, ncb, NK, NRO, BC, UNIT, ALX,
-                           IS_F64)
-            for u in tl.static_range(1, UNROLL):
-                x += _row_block(b + u, b1, x_ptr, xrow, rm, desc_ptr, n_cols, col_stride, ncb, NK, NRO, BC, UNIT,
-                                ALX, IS_F64)
-            acc += x
+            acc += _row_step(b, b1, x_ptr, xrow, rm, desc_ptr, n_cols, col_stride, ncb, NK, NRO, BC, UNIT, ALX,
+                             IS_F64, UNROLL)
     s = tl.sum(acc, axis=1)
     _finish(s, rows, rm, y_ptr, ws_ptr, cnt_ptr, rb, ch, chunks, n_y, FINISH, BP)
 
@@ -198,13 +229,24 @@ def _col_block(b, b1, x_ptr, kx, fx, fm, desc_ptr, n_red,
     return _up(tl.load(x_ptr + ((kx + rx)[:, None] + fx[None, :]), mask=m, other=0.0), IS_F64)
 
 
+@jit
+def _col_step(b, b1, x_ptr, kx, fx, fm, desc_ptr, n_red,
+              NKO: tl.constexpr, NR: tl.constexpr, BR: tl.constexpr, ALX: tl.constexpr, IS_F64: tl.constexpr,
+              UNROLL: tl.constexpr):
+    """Blocks b .. b + UNROLL - 1 of the col kernel, read and then added: one loop step."""
+    x = _col_block(b, b1, x_ptr, kx, fx, fm, desc_ptr, n_red, NKO, NR, BR, ALX, IS_F64)
+    for u in tl.static_range(1, UNROLL):
+        x += _col_block(b + u, b1, x_ptr, kx, fx, fm, desc_ptr, n_red, NKO, NR, BR, ALX, IS_F64)
+    return x
+
+
 @jit(do_not_specialize=["nfb", "n_red", "nblk", "chunks", "n_y"])
 def _col_kernel(x_ptr, y_ptr, ws_ptr, cnt_ptr, desc_ptr,
                 n_fast, fast_xs, fast_ys, nfb, n_red, nblk, chunks, n_y,
                 NKO: tl.constexpr, NR: tl.constexpr, BR: tl.constexpr, BN: tl.constexpr,
                 UNIT_X: tl.constexpr, UNIT_Y: tl.constexpr, ALX: tl.constexpr, ALY: tl.constexpr,
                 IS_F64: tl.constexpr, FINISH: tl.constexpr, BP: tl.constexpr, PREFETCH: tl.constexpr,
-                UNROLL: tl.constexpr):
+                UNROLL: tl.constexpr, STAGES: tl.constexpr):
     """Outputs = (ko, f): ko over the NKO other kept dims (descriptor rows 0..), f along the
     fast kept dim (n_fast, x stride fast_xs, y stride fast_ys; 1 when UNIT_X / UNIT_Y).
 
@@ -241,17 +283,49 @@ def _col_kernel(x_ptr, y_ptr, ws_ptr, cnt_ptr, desc_ptr,
             x = x_n
             x_n = _col_block(b + 1, b1, x_ptr, kx, fx, fm, desc_ptr, n_red, NKO, NR, BR, ALX, IS_F64)
             acc += x
+    elif STAGES > 1:  # as in _row_kernel
+        for b in tl.range(b0, b1, UNROLL, num_stages=STAGES):
+            acc += _col_step(b, b1, x_ptr, kx, fx, fm, desc_ptr, n_red, NKO, NR, BR, ALX, IS_F64, UNROLL)
     else:
         for b in range(b0, b1, UNROLL):
-            x = _col_block(b, b1, x_ptr, kx, fx, fm, desc_ptr, n_red, NKO, NR, BR, ALX, IS_F64)
-            for u in tl.static_range(1, UNROLL):
-                x += _col_block(b + u, b1, x_ptr, kx, fx, fm, desc_ptr, n_red, NKO, NR, BR, ALX, IS_F64)
-            acc += x
-    if BR == 1:
-        s = tl.reshape(acc, [BN])  # no lanes to add across: the store keeps the loads' layout
+            acc += _col_step(b, b1, x_ptr, kx, fx, fm, desc_ptr, n_red, NKO, NR, BR, ALX, IS_F64, UNROLL)
+    if FINISH == 4:  # the tile's BR rows of sums stored as they are: nothing added across warps
+        r = (ch * BR + tl.arange(0, BR)).to(tl.int64)
+        tl.store(ws_ptr + (r[:, None] * n_y + (ky + fy)[None, :]), acc, mask=fm[None, :])
+        # the adding program reads the partials in a layout of its own (offsets made afresh)
+        f1 = fb * BN + tl.arange(0, BN)
+        if UNIT_Y:
+            fy1 = f1
+        else:
+            fy1 = f1 * fast_ys
+        _finish_rows_of(ky + fy1, f1 < n_fast, y_ptr, ws_ptr, cnt_ptr, ko * nfb + fb, chunks, chunks * BR, n_y, BN,
+                        BP, IS_F64)
     else:
-        s = tl.sum(acc, axis=0)
-    _finish(s, ky + fy, fm, y_ptr, ws_ptr, cnt_ptr, ko * nfb + fb, ch, chunks, n_y, FINISH, BP)
+        if BR == 1:
+            s = tl.reshape(acc, [BN])  # no lanes to add across: the store keeps the loads' layout
+        else:
+            s = tl.sum(acc, axis=0)
+        _finish(s, ky + fy, fm, y_ptr, ws_ptr, cnt_ptr, ko * nfb + fb, ch, chunks, n_y, FINISH, BP)
+
+
+@jit
+def _finish_rows_of(yoff, ym, y_ptr, ws_ptr, cnt_ptr, tile, chunks, rows, n_y, BN: tl.constexpr, BP: tl.constexpr,
+                    IS_F64: tl.constexpr):
+    """FINISH 4 (the col kernel's partial tiles): after its rows of partials are stored, a program
+    takes a ticket on its tile's counter; the one that takes the last of `chunks` adds the tile's
+    `rows` partial rows one after another (BP read a step, all in flight) and writes y, then
+    resets the counter."""
+    tl.debug_barrier()
+    ticket = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
+    if ticket == chunks - 1:
+        t = tl.zeros([BN], tl.float64 if IS_F64 else tl.float32)
+        for c0 in range(0, rows, BP):
+            for u in tl.static_range(BP):
+                c = c0 + u
+                t += tl.load(ws_ptr + (c.to(tl.int64) * n_y + yoff), mask=ym & (c < rows), other=0.0,
+                             cache_modifier=".cg")
+        tl.store(y_ptr + yoff, _to_out(t, y_ptr), mask=ym)
+        tl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")
 
 
 @jit(do_not_specialize=["parts"])
@@ -293,30 +367,55 @@ class Config:
     query_occupancy: bool = True
     waves: int = 1
     partial_limit: int = 8     # chunks <= reduced extent / partial_limit
-    finish: str = "last"       # "last": the last program per tile adds the partials; "kernel": _stage2_kernel
+    finish: str = "rows"       # "last": the last program per tile adds the partials; "rows": the same, row by
+                               # row in registers (no shared memory; tiles of `rows_min_width` outputs
+                               # or more, else "last"); "tiles": as "rows", the col kernel's programs
+                               # storing their [BR, BN] sums as BR rows (no adding across warps);
+                               # "kernel": _stage2_kernel
+    rows_min_width: int = 128  # narrower tiles (full sums, few rows) finish "last": its steps spread
+                               # the rows over every thread, where "rows" would leave most idle
     finish_bytes: int = 8192   # float32 bytes of partials per step of the last program's adding loop
     stage2_bytes: int = 16384
     prefetch: bool = False     # instead: read the next block before adding this one
+    stages: int = 0            # > 1: the loop software-pipelined by triton (num_stages), loads in flight
+                               # through shared memory instead of registers (0: a plain loop)
 
 
-GPU_CONFIG = Config(finish=os.environ.get(FINISH_ENV, "last"))
-if GPU_CONFIG.finish not in ("last", "kernel"):
-    raise ValueError(f"triton {OP}: ${FINISH_ENV}: expected last or kernel, got {GPU_CONFIG.finish!r}")
+GPU_CONFIG = Config(finish=os.environ.get(FINISH_ENV, "rows"))
+if GPU_CONFIG.finish not in ("last", "rows", "tiles", "kernel"):
+    raise ValueError(f"triton {OP}: ${FINISH_ENV}: expected last, rows, tiles or kernel, got {GPU_CONFIG.finish!r}")
 # The interpreter runs programs one after another: as few as the shapes allow, never split.
 INTERPRETER_CONFIG = replace(GPU_CONFIG, sms=1, occupancy=1, query_occupancy=False)
 # Named sizings: GRADORACLE_TRITON_REDUCE=<name> pins one on the GPU, and
 # GRADORACLE_TRITON_REDUCE_VARIANTS=<name>,... (or all) registers `triton@<name>` for each, so
-# # that one bench run lines them up beside the default.  "before" is the sizing of the first
-# H100 run (16 KiB blocks, one a step, 4 KiB finish steps, tall tiles for short column sums).
+# that one bench run lines them up beside the default.  "before" is the sizing of the first
+# H100 run (16 KiB blocks, one a step, 4 KiB finish steps, tall tiles for short column sums);
+# "finish_last" the default before finish "rows" (results/h100/triton/tune-2).
 PRESETS = {
     "default": GPU_CONFIG,
     "unroll8": replace(GPU_CONFIG, unroll=8),
     "wide_unroll2": replace(GPU_CONFIG, tile_bytes=8192, vectors=2, unroll=2),
     "prefetch": replace(GPU_CONFIG, tile_bytes=8192, vectors=2, prefetch=True, unroll=1),
     "kernel_finish": replace(GPU_CONFIG, finish="kernel"),
-    "finish32k": replace(GPU_CONFIG, finish_bytes=32768),
+    "finish_last": replace(GPU_CONFIG, finish="last"),
+    "finish32k": replace(GPU_CONFIG, finish="last", finish_bytes=32768),
     "wide_segments": replace(GPU_CONFIG, seg_bytes=1024),
-    "before": replace(GPU_CONFIG, tile_bytes=16384, vectors=4, unroll=1, finish_bytes=4096, short_red=0),
+    "before": replace(GPU_CONFIG, tile_bytes=16384, vectors=4, unroll=1, finish="last", finish_bytes=4096,
+                      short_red=0),
+    # issue 13's bf16 column sums (54% of copy at 4 programs per SM, 54 registers): fewer registers
+    # (unroll2: 40, 6 programs per SM), loads in flight through shared memory (stages), or twice
+    # the programs of one wave, half as long each (waves2: SMs that finish early take more).
+    "unroll2": replace(GPU_CONFIG, unroll=2),
+    "stages3": replace(GPU_CONFIG, stages=3),
+    "stages4": replace(GPU_CONFIG, unroll=2, stages=4),
+    "stages6": replace(GPU_CONFIG, unroll=1, stages=6),
+    "waves2": replace(GPU_CONFIG, waves=2),
+    # every program's [BR, BN] sums go to the workspace as BR rows, not added across warps first:
+    # on sm_90 that adding is 8 + 8 shared accesses a thread that hit one bank from all 32 lanes
+    # (1.05M of the 1.21M conflicts ncu counted on the bf16 column sum), all programs at once at
+    # the end of the one wave; the price is BR x the partial rows (T=4096: 4.3 MB, 3% of the read)
+    "tiles": replace(GPU_CONFIG, finish="tiles"),
+    "stages3_tiles": replace(GPU_CONFIG, stages=3, finish="tiles"),
 }
 PRESET_ENV = "GRADORACLE_TRITON_REDUCE"
 VARIANTS_ENV = "GRADORACLE_TRITON_REDUCE_VARIANTS"
@@ -391,6 +490,7 @@ class Launch:
     tiles: int = 0              # output tiles (counters) of a split launch
     n_y: int = 0
     stage2: tuple | None = None  # (grid, BP, BN, num_warps) of _stage2_kernel
+    ws_rows: int = 1            # partial rows in the workspace: chunks, or chunks x BR (finish "tiles")
 
 
 def plan(lay: Layout, itemsize: int, cfg: Config, sms: int, occupancy=None) -> Launch:
@@ -412,13 +512,18 @@ def plan(lay: Layout, itemsize: int, cfg: Config, sms: int, occupancy=None) -> L
     if L.kernel == "col" and L.constexprs["BR"] == 1 and lay.n_red <= cfg.short_red:
         most = 1  # a short reduction: the outputs fill the GPU, each program runs whole rows
     if most > 1:
-        mode = 2 if cfg.finish == "last" else 1
+        mode = _FINISH_MODES[cfg.finish]
+        if mode == 4 and (L.kernel != "col" or L.constexprs["BR"] == 1):
+            mode = 3  # partial tiles are the col kernel's [BR, BN] sums; elsewhere there is one row a program
+        if mode >= 3 and _width(L) < cfg.rows_min_width:
+            mode = 2  # few outputs a tile (a full sum: one): a step's rows spread over every thread instead
         L.constexprs.update(FINISH=mode, BP=_finish_rows(L, mode, most, cfg))
         occ = (occupancy(L) if occupancy else None) or cfg.occupancy
         chunks = min(most, (sms * min(occ, cfg.max_occupancy) * cfg.waves) // base)
         if chunks > 1:  # chunks of nblk // chunks or one more blocks: the wave is full and even
             L.ints.update(chunks=chunks)
             L.grid, L.chunks, L.tiles = base * chunks, chunks, base
+            L.ws_rows = chunks * (L.constexprs["BR"] if mode == 4 else 1)
             if mode == 1:
                 bp = min(p2(chunks), 64)
                 bn = max(16, cfg.stage2_bytes // 4 // bp)
@@ -428,12 +533,26 @@ def plan(lay: Layout, itemsize: int, cfg: Config, sms: int, occupancy=None) -> L
     return L
 
 
+_FINISH_MODES = {"kernel": 1, "last": 2, "rows": 3, "tiles": 4}  # Config.finish -> the kernels' FINISH
+ROWS_FINISH_VALUES = 32  # finish "rows": partial values a thread reads a step (all in flight)
+
+
+def _width(L: Launch) -> int:
+    """Outputs per program of a launch (its tile of y)."""
+    return L.constexprs["BM"] if L.kernel == "row" else L.constexprs["BN"]
+
+
 def _finish_rows(L: Launch, mode: int, chunks: int, cfg: Config) -> int:
-    """BP of the last program's adding loop: rows of partials per step (`finish_bytes` of
-    float32 a step, no more than `chunks` can need); 1 when no program adds them."""
-    if mode != 2:
+    """BP of the last program's adding loop: rows of partials per step; 1 when no program adds
+    them.  Mode 2: `finish_bytes` of float32 a step (a [BP, width] tile).  Mode 3: rows read
+    a step by every thread, ROWS_FINISH_VALUES values a thread (one to a few outputs each)."""
+    if mode < 2:
         return 1
-    width = L.constexprs["BM"] if L.kernel == "row" else L.constexprs["BN"]
+    width = _width(L)
+    if mode >= 3:
+        rows = chunks * (L.constexprs["BR"] if mode == 4 else 1)
+        per_thread = max(1, width // (32 * L.num_warps))
+        return max(1, min(p2(rows), 32, ROWS_FINISH_VALUES // per_thread))
     return max(1, min(p2(chunks), cfg.finish_bytes // 4 // width))
 
 
@@ -455,7 +574,7 @@ def _plan_row(lay: Layout, fast: int, tile: int, itemsize: int, cfg: Config) -> 
                   nblk=n_outer * ncb, chunks=1, n_y=lay.n_y),
         constexprs=dict(NK=len(lay.kept), NRO=len(outer), BM=bm, BC=bc, UNIT=col_stride == 1,
                         ALX=_align([s for _, s in lay.kept + outer]), IS_F64=itemsize == 8,
-                        PREFETCH=cfg.prefetch, UNROLL=1 if cfg.prefetch else cfg.unroll))
+                        PREFETCH=cfg.prefetch, UNROLL=1 if cfg.prefetch else cfg.unroll, STAGES=cfg.stages))
 
 
 def _plan_col(lay: Layout, fast, tile: int, itemsize: int, cfg: Config) -> Launch:
@@ -485,7 +604,7 @@ def _plan_col(lay: Layout, fast, tile: int, itemsize: int, cfg: Config) -> Launc
                   n_y=lay.n_y),
         constexprs=dict(NKO=len(others), NR=len(lay.red), BR=br, BN=bn, UNIT_X=fxs == 1, UNIT_Y=fys == 1,
                         ALX=_align([s for _, s in others + lay.red]), ALY=_align(others_ys), IS_F64=itemsize == 8,
-                        PREFETCH=cfg.prefetch, UNROLL=1 if cfg.prefetch else cfg.unroll))
+                        PREFETCH=cfg.prefetch, UNROLL=1 if cfg.prefetch else cfg.unroll, STAGES=cfg.stages))
 
 
 def plan_request(shape, strides, itemsize: int, params, cfg: Config = GPU_CONFIG, sms: int = 132,
@@ -531,7 +650,7 @@ def _ask_occupancy(L: Launch, x, y) -> int | None:
     import torch
 
     ws = torch.empty(16, dtype=torch.float64 if x.element_size() == 8 else torch.float32, device=x.device)
-    cnt = _counters(x.device, 1) if L.constexprs["FINISH"] == 2 else ws
+    cnt = _counters(x.device, 1) if L.constexprs["FINISH"] >= 2 else ws
     res = _resources(_KERNELS[L.kernel], (x, y, ws, cnt, _descriptor(L.desc, x.device)),
                      {**dict(L.ints, chunks=2), **L.constexprs}, L.num_warps)
     occ = _occupancy(res, L.num_warps, x.device)
@@ -610,7 +729,7 @@ def _launch(x, y, params, cfg: Config | None) -> None:
     if L.chunks > 1:
         import torch
 
-        ws = torch.empty(L.chunks * L.n_y, dtype=P.acc, device=x.device)
+        ws = torch.empty(L.ws_rows * L.n_y, dtype=P.acc, device=x.device)
         cnt = _counters(x.device, L.tiles) if P.stage2 is None else ws
     P.main.launch(x, y, ws, cnt, P.desc)
     if P.stage2 is not None:
@@ -652,8 +771,21 @@ def _run(inputs, outs, params, cfg: Config | None = None) -> None:
     if IMPORT_ERROR is not None:
         raise RuntimeError(f"triton {OP}: triton is not importable ({IMPORT_ERROR})")
     x, y = inputs["x"], outs["y"]
-    with on_device(x):
+    dev = x.device
+    # triton launches on the current device: switch only when needed (the switch costs microseconds)
+    if dev.type == "cuda" and _current_device() != dev.index:
+        with on_device(x):
+            _launch(x, y, params, cfg)
+    else:
         _launch(x, y, params, cfg)
+
+
+def _current_device() -> int:
+    global _current_device
+    import torch
+
+    _current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
+    return _current_device()
 
 
 def run(inputs, outs, params, cfg: Config | None = None) -> None:
