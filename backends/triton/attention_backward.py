@@ -25,7 +25,7 @@ Kernels (backends/triton/_attn_kernels.py):
                      (recomputing p and dp): no float atomics, the same bits every call.
 
 Host side: a plan per (variant, layout, dtype, params, device, sizing) caches the launches
-(`_launch.Launch`: the compiled kernels' own launchers after the first call) and its float32
+(`_steps.Step`: the compiled kernels' own launchers after the first call) and its float32
 workspace (delta, lse * log2 e, the dq accumulator, split partials; one per CUDA stream), so
 a repeated call is a dict lookup and three or four launches.  The checked entry checks the
 arguments and, on CUDA for a call of TUNE_MIN_FLOPS or more, settles the sizing of its
@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 from backends.triton import triton_backend
 from backends.triton import _attn_kernels as K
-from backends.triton._launch import Launch
+from backends.triton._steps import Step
 from backends.triton.common import byte_span, cdiv, interpreted, on_device, overlap, p2
 from harness import argcheck
 
@@ -175,7 +175,7 @@ class _Plan:
         s = lambda x: tuple(int(t) for t in x.stride())  # noqa: E731
         (so_b, so_s, so_h, so_d), (sd_b, sd_s, sd_h, sd_d) = s(o), s(do)
         sl_b, sl_h, sl_s = s(lse)
-        self.pre = Launch(K._attn_pre_kernel, (cdiv(sq, cfg.pre_bm), b * hq), 7, dict(
+        self.pre = Step(K._attn_pre_kernel, (cdiv(sq, cfg.pre_bm), b * hq), 7, dict(
             common, so_b=so_b, so_s=so_s, so_h=so_h, so_d=so_d, sd_b=sd_b, sd_s=sd_s, sd_h=sd_h, sd_d=sd_d,
             sl_b=sl_b, sl_h=sl_h, sl_s=sl_s, ZERO_DQ=self.atomic, BM=cfg.pre_bm), 4)
         qs, ks, vs = s(q), s(k), s(v)
@@ -193,22 +193,22 @@ class _Plan:
             (sdk_b, sdk_s, sdk_h), sdk_p = (sk * hkv * d, hkv * d, d), n_kv
             (sdv_b, sdv_s, sdv_h), sdv_p = (sdk_b, sdk_s, sdk_h), n_kv
             self.ws_len += 2 * split * n_kv
-            self.sum = Launch(K._attn_sum_kernel, (cdiv(n_kv, 1024),), 4, dict(n=n_kv, SPLIT=split, BLOCK=1024), 4)
+            self.sum = Step(K._attn_sum_kernel, (cdiv(n_kv, 1024),), 4, dict(n=n_kv, SPLIT=split, BLOCK=1024), 4)
         else:
             (sdk_b, sdk_s, sdk_h, _), (sdv_b, sdv_s, sdv_h, _) = s(dk), s(dv)
             sdk_p = sdv_p = 0
         self.n_kv = n_kv
-        self.main = Launch(K._attn_dkdv_kernel, (cdiv(sk, cfg.bn), b * hkv * split), 10, dict(
+        self.main = Step(K._attn_dkdv_kernel, (cdiv(sk, cfg.bn), b * hkv * split), 10, dict(
             common, **strides, **flags, Hkv=hkv, SPLIT=split, sdk_p=sdk_p, sdk_b=sdk_b, sdk_s=sdk_s,
             sdk_h=sdk_h, sdv_p=sdv_p, sdv_b=sdv_b, sdv_s=sdv_s, sdv_h=sdv_h, ATOMIC_DQ=self.atomic, BM=cfg.bm,
             BN=cfg.bn), cfg.warps, num_stages=cfg.stages)
         if self.atomic:
             n = b * sq * hq * d
             self.n_dq = n
-            self.last = Launch(K._attn_cast_kernel, (cdiv(n, 1024),), 3, dict(n=n, BLOCK=1024), 4)
+            self.last = Step(K._attn_cast_kernel, (cdiv(n, 1024),), 3, dict(n=n, BLOCK=1024), 4)
         else:
             sdq_b, sdq_s, sdq_h, _ = s(dq)
-            self.last = Launch(K._attn_dq_kernel, (cdiv(sq, cfg.bm2), b * hq), 8, dict(
+            self.last = Step(K._attn_dq_kernel, (cdiv(sq, cfg.bm2), b * hq), 8, dict(
                 common, **strides, **flags, sdq_b=sdq_b, sdq_s=sdq_s, sdq_h=sdq_h, BM=cfg.bm2, BN=cfg.bn2),
                 cfg.warps2, num_stages=cfg.stages2)
 

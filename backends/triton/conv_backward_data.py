@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from math import prod
 
-from backends.triton import _conv, _launch, triton_backend
+from backends.triton import _conv, _steps, triton_backend
 from backends.triton.common import IMPORT_ERROR, byte_span, cdiv, jit, on_device, overlap, tl
 from backends.triton.common import to_out as _to_out
 from harness import argcheck
@@ -236,7 +236,7 @@ def _plan(dy, w, dx, params, channels_last: bool, tune: bool, force: int | None 
                       sxn=sx[0], sxc=sx[1], sxd=sx[2], sxh=sx[3], sxw=sx[4],
                       BM=tile.bm, BN=tile.bn, BK=tile.bk, EW=_ew(g), IS_F64=item == 8)
         grid = (phases * nrb, ncb if _ew(g) else g.groups * ncb)
-        launch = _Launch(_launch.Launch(_dgrad_kernel, grid, 4, values, tile.warps, num_stages=tile.stages), taps)
+        launch = _Launch(_steps.Step(_dgrad_kernel, grid, 4, values, tile.warps, num_stages=tile.stages), taps)
         runner = lambda: launch(dy, w, dx)  # noqa: E731 - the tuner times the plan on this call's tensors
         runner.launch = launch
         return runner

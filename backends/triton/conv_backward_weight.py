@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from math import prod
 
-from backends.triton import _conv, _launch, triton_backend
+from backends.triton import _conv, _steps, triton_backend
 from backends.triton.common import IMPORT_ERROR, cdiv, jit, on_device, tl
 from backends.triton.common import to_out as _to_out
 from backends.triton.conv_backward_data import EW_MAX, check_kernel_args, lookup, store
@@ -239,12 +239,12 @@ def _plan(dy, x, dw, params, channels_last: bool, tune: bool, force: int | None 
                       syn=sy[0], syc=sy[1], syd=sy[2], syh=sy[3], syw=sy[4],
                       sxn=sx[0], sxc=sx[1], sxd=sx[2], sxh=sx[3], sxw=sx[4], **ostr,
                       BM=tile.bm, BN=tile.bn, BK=tile.bk, EW=_ew(g), IS_F64=item == 8)
-        main = _launch.Launch(_wgrad_kernel, (taps * tiles, s), 3, values, tile.warps, num_stages=tile.stages)
+        main = _steps.Step(_wgrad_kernel, (taps * tiles, s), 3, values, tile.warps, num_stages=tile.stages)
         finish = None
         if s > 1:
             fv = dict(E=E, S=s, cout=g.cout, cig=g.cig, KH=g.k[1], KW=g.k[2], so_co=so[0], so_ci=so[1],
                       so_kd=so[2], so_kh=so[3], so_kw=so[4], BLOCK=FINISH_BLOCK, IS_F64=item == 8)
-            finish = _launch.Launch(_finish_kernel, cdiv(E, FINISH_BLOCK), 2, fv, 4)
+            finish = _steps.Step(_finish_kernel, cdiv(E, FINISH_BLOCK), 2, fv, 4)
         plan = _Plan(main, finish, s * E, ws_dtype)
         runner = lambda: plan(dy, x, dw)  # noqa: E731 - the tuner times the plan on this call's tensors
         runner.plan = plan

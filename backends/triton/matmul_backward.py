@@ -20,7 +20,7 @@ launch of `_gemm_kernel`, a batched GEMM with a folded batch:
 * Size-0 dims: an empty output launches nothing; an empty reduction (L = 0 or R = 0) writes 0.
 
 Host side: plans are cached per (shapes, strides, dtype, device); a repeated call is a dict
-lookup and two launches through the compiled kernels' own launchers (_launch.Launch).  On
+lookup and two launches through the compiled kernels' own launchers (_steps.Step).  On
 CUDA the tile of each product is autotuned per shape class on the first checked call
 (_conv.Tuner); `matmul_backward.unchecked`, what the harness times, never tunes.
 Nothing is unsupported: every case the oracle defines runs.
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from math import prod
 
-from backends.triton import _conv, _launch, triton_backend
+from backends.triton import _conv, _steps, triton_backend
 from backends.triton.common import IMPORT_ERROR, byte_span, cdiv, jit, on_device, overlap, tl
 from backends.triton.common import to_out as _to_out
 from harness import argcheck
@@ -123,7 +123,7 @@ def _batch_tables(out_batch, x_batch, x_strides, y_batch, y_strides, full):
 
 
 class _Product:
-    """One launch of `_gemm_kernel` for one gradient: the Launch, and which tensors it takes."""
+    """One launch of `_gemm_kernel` for one gradient: the Step, and which tensors it takes."""
 
     __slots__ = ("launch", "xi", "yi", "ci", "xoff", "yoff")
 
@@ -163,7 +163,7 @@ def _product(which, a, b, dy, out, tune, force=None):
         values = dict(P=p, Q=q, L=ln, R=r, sxp=sxp, sxl=sxl, syl=syl, syq=syq, BM=tile.bm, BN=tile.bn,
                       BK=tile.bk, GROUP=tile.group, EVEN_L=ln % tile.bk == 0, IS_F64=item == 8)
         grid = z * cdiv(p, tile.bm) * cdiv(q, tile.bn)
-        launch = _launch.Launch(_gemm_kernel, grid, 5, values, tile.warps, num_stages=tile.stages)
+        launch = _steps.Step(_gemm_kernel, grid, 5, values, tile.warps, num_stages=tile.stages)
         prod_ = _Product(launch, xi, yi, ci, xoff, yoff)
         tensors = (a, b, dy, out if which == "da" else None, out if which == "db" else None)
         runner = lambda: prod_(tensors)  # noqa: E731 - the tuner times the plan on this call's tensors
