@@ -16,6 +16,6 @@ GRADORACLE_TRITON_REDUCE_VARIANTS=finish_last,tiles timeout 150 python3 -m harne
   > "$W/reduce.log" 2>&1
 echo "reduce bench exit $?"; grep -E "^reduce_sum" "$W/reduce.log" | tail -40
 timeout 150 python3 -m harness bench "${common[@]}" --op attention_backward --backend triton --backend triton@det \
-  --backend sdpa --time-limit 100 --report "$W/attn" > "$W/attn.log" 2>&1
+  --backend sdpa_flash --backend sdpa_cudnn --time-limit 100 --report "$W/attn" > "$W/attn.log" 2>&1
 echo "attn bench exit $?"; grep -E "^attention" "$W/attn.log" | tail -60
 tar -czf "$OUT/bench.tgz" -C "$(dirname "$W")" bench
