@@ -79,7 +79,7 @@ def _row_offsets(rows, tab_ptr, M, K: tl.constexpr, stride, TABLE: tl.constexpr)
 def _tile(x_ptr, dy_ptr, w_ptr, mean_ptr, rstd_ptr, tab_ptr, rows, rmask, cols, cmask, M,
           sx, sdy, smean, srstd, cx, cdy, w,
           LN: tl.constexpr, HAS_W: tl.constexpr, IS_F64: tl.constexpr, TABLE: tl.constexpr,
-          EVICT: tl.constexpr = ""):
+          EVICT: tl.constexpr):
     """Load a BM x BN tile: (dy, g, xhat, rstd) in the compute dtype, 0 outside the mask.
 
     `rows` (int64) and `cols` (int64) index the tile; `w` is the weight at `cols` (unused
@@ -270,7 +270,7 @@ def _chunk_sums_kernel(x_ptr, dy_ptr, w_ptr, mean_ptr, rstd_ptr, tab_ptr, sums_p
     else:
         w = cols  # unused
     dy, g, xhat, rstd = _tile(x_ptr, dy_ptr, w_ptr, mean_ptr, rstd_ptr, tab_ptr, rows, rmask, cols, cmask, M,
-                              sx, sdy, smean, srstd, cx, cdy, w, LN, HAS_W, IS_F64, TABLE)
+                              sx, sdy, smean, srstd, cx, cdy, w, LN, HAS_W, IS_F64, TABLE, "")
     out = sums_ptr + (chunk * M + rows) * 2
     if LN:
         tl.store(out, tl.sum(g, axis=1), mask=rmask)
