@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import functools
 import random
+import signal
 import sys
 import time
 
@@ -241,6 +242,9 @@ def _versions() -> dict:
 
 
 def _sigterm_as_interrupt(signum, frame):
+    # One-shot: `timeout` signals the whole process group, so a second TERM can arrive while the
+    # interrupted run prints and saves what it finished; ignore it rather than lose the save.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise KeyboardInterrupt
 
 

@@ -301,3 +301,21 @@ def test_gpus_workers_whose_shards_were_all_skipped_are_complete():
     out = harness("--gpus", "2", "--backend", "cupy@opt", "--cases", TWO_CASES)
     assert out.returncode == 5, out.stdout + out.stderr
     assert "incomplete" not in out.stdout + out.stderr and "nothing ran: all 2 selected cases were skipped" in out.stdout
+
+
+def test_a_second_sigterm_cannot_interrupt_the_save_of_an_interrupted_run():
+    """`timeout` signals the whole process group: the first TERM interrupts the run, a second one
+    (seen on the H100 while the interrupted run printed its summary) must not kill the save."""
+    import signal
+
+    from harness import cli
+
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        signal.signal(signal.SIGTERM, cli._sigterm_as_interrupt)
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGTERM)
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+        os.kill(os.getpid(), signal.SIGTERM)  # ignored: no KeyboardInterrupt, the process lives
+    finally:
+        signal.signal(signal.SIGTERM, before)
