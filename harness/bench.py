@@ -52,6 +52,16 @@ class BenchOptions:
     time_limit_s: float | None = None
     progress: bool = True
 
+    def to_json(self) -> dict:
+        """What an isolate worker needs to time a pair as this process would (`in_worker`)."""
+        return {"device": self.device, "timing": self.timing.to_json(), "seed": self.seed, "oracle": self.oracle,
+                "sample_above": self.sample_above}
+
+    @classmethod
+    def from_json(cls, obj: dict) -> "BenchOptions":
+        return cls(obj["device"], timing.TimingConfig(**obj["timing"]), obj["seed"], obj["oracle"],
+                   obj["sample_above"], prefetch=0, progress=False)
+
 
 def default_prefetch() -> int:
     """Threads preparing later cases: a quarter of the cores, at most 4 (none on small machines)."""
@@ -225,6 +235,7 @@ def base_row(impl: Impl, case, opts: BenchOptions) -> CaseResult:
 
 
 _UNKNOWN = object()
+STOPPED = "stopped"  # how `interrupted` begins when the run could not go on (bench_cli exits non-zero)
 
 
 def bench_pair(impl: Impl, case, inputs: CaseInputs, opts: BenchOptions, clock=None, uploads: dict | None = None,
@@ -255,6 +266,64 @@ def bench_pair(impl: Impl, case, inputs: CaseInputs, opts: BenchOptions, clock=N
     return row.to_json()
 
 
+def prepare_failed(impl: Impl, case, opts: BenchOptions, exc: Exception, skip: str | None) -> dict:
+    """The row of a pair whose case could not be prepared: its SKIP if it declines the case, else an ERROR."""
+    row = base_row(impl, case, opts)
+    row.status, row.reason = (status.SKIP, skip) if skip else \
+        (status.ERROR, f"preparing the case failed: {type(exc).__name__}: {exc}")
+    return row.to_json()
+
+
+# ----------------------------------------------------------------------------- in a worker process
+
+_WORKER: dict = {}  # an isolate worker's state: the case being timed (inputs, uploads) and its clocks
+
+
+def in_worker(impl: Impl, case, spec: dict):
+    """In a `harness.isolate` worker: prepare `case` (once, for all its implementations, which come one
+    after another) and return the call that times `impl` on it: {"result": row JSON, "clock_mhz": ...},
+    the row exactly as `run` builds it in process."""
+    opts = BenchOptions.from_json(spec)
+    key = (id(case), opts.seed, opts.oracle, opts.device)  # isolate keeps one Case object per case
+    if _WORKER.get("key") != key:
+        _WORKER.pop("inputs", None)
+        _WORKER.pop("uploads", None)
+        _release(opts.device)
+        try:
+            inputs = finish(case, case_inputs(case, opts.seed, opts.oracle, opts.device))
+        except Exception as exc:  # every implementation of the case gets the ERROR row
+            inputs = exc
+        _WORKER.update(key=key, inputs=inputs, uploads={})
+    clocks = _WORKER.setdefault("clocks", {})
+    clock = clocks.get(opts.device) or clocks.setdefault(opts.device, timing.ClockMonitor.for_device(opts.device))
+
+    def call() -> dict:
+        inputs = _WORKER["inputs"]
+        if isinstance(inputs, Exception):
+            row = prepare_failed(impl, case, opts, inputs, None)
+        else:
+            if impl.backend.before_timing:
+                impl.backend.before_timing()
+            row = bench_pair(impl, case, inputs, opts, clock, _WORKER["uploads"].setdefault(impl.backend.framework, {}),
+                             None)
+        return {"result": row, "clock_mhz": clock.max_seen}
+
+    return call
+
+
+def isolated_pair(runner, impl: Impl, case, opts: BenchOptions, clock) -> dict:
+    """Time `impl` on `case` in the runner's worker (harness/isolate.py); a worker that died, overran or
+    raised gives this process's CRASH, TIMEOUT or ERROR row, with the bench's keys and repro line."""
+    reply = runner.call(impl, case, {"bench": opts.to_json()})
+    if isinstance(reply, CaseResult):
+        row = base_row(impl, case, opts)
+        row.status, row.reason = reply.status, reply.reason
+        row.extra.update(reply.extra)
+        return row.to_json()
+    clock.max_seen = max(clock.max_seen, reply.get("clock_mhz") or 0.0)  # the session's top clock, for the JSON
+    return reply["result"]
+
+
 # ----------------------------------------------------------------------------- the run
 
 
@@ -281,8 +350,12 @@ def plan(cases, ops=None, wanted=None, dtypes=None, per_op: int | None = None, i
     return out
 
 
-def run(pairs: list, opts: BenchOptions, ceilings: dict | None, command: str = "") -> dict:
-    """Measure every (case, impl) of `pairs`; the results document (see harness/report/files.py)."""
+def run(pairs: list, opts: BenchOptions, ceilings: dict | None, command: str = "", runner=None) -> dict:
+    """Measure every (case, impl) of `pairs`; the results document (see harness/report/files.py).
+
+    runner: an isolate.IsolatedRunner: each pair is timed in its worker process (`isolated_pair`), which
+    prepares the inputs itself; a crash costs that pair (a CRASH row) and the next starts a fresh worker.
+    None: every pair in this process, with `opts.prefetch` threads preparing later cases."""
     clock = timing.ClockMonitor.for_device(opts.device)
     total = sum(len(impls) for _, impls in pairs)
     progress = Progress(total, enabled=opts.progress)
@@ -301,13 +374,17 @@ def run(pairs: list, opts: BenchOptions, ceilings: dict | None, command: str = "
     def over_time() -> bool:
         return limit is not None and time.monotonic() - started > limit
 
-    fetch = Prefetch(runnable, lambda item: case_inputs(item[0], opts.seed, opts.oracle, opts.device), opts.prefetch)
+    if runner is None:
+        fetch = Prefetch(runnable, lambda item: case_inputs(item[0], opts.seed, opts.oracle, opts.device),
+                         opts.prefetch)
+    else:  # the worker prepares each case
+        fetch = Prefetch(runnable, lambda item: None, 0)
     try:
         for (case, impls), prepared in fetch:
             if over_time():
                 interrupted = f"time limit of {limit:g} s reached"
                 break
-            if not isinstance(prepared, Exception):
+            if runner is None and not isinstance(prepared, Exception):
                 try:
                     prepared = finish(case, prepared)
                 except Exception as exc:
@@ -316,12 +393,18 @@ def run(pairs: list, opts: BenchOptions, ceilings: dict | None, command: str = "
             for impl in impls:
                 if interrupted:
                     break
-                if isinstance(prepared, Exception):
-                    row = base_row(impl, case, opts)
-                    reason = skips[(id(case), impl.id)]
-                    row.status, row.reason = (status.SKIP, reason) if reason else \
-                        (status.ERROR, f"preparing the case failed: {type(prepared).__name__}: {prepared}")
-                    row = row.to_json()
+                if runner is not None:
+                    skip = skips[(id(case), impl.id)]
+                    try:
+                        row = bench_pair(impl, case, None, opts, skip=skip) if skip else \
+                            isolated_pair(runner, impl, case, opts, clock)
+                    except Exception as exc:  # no worker could start (isolate.RunStopped): nothing more runs
+                        interrupted = f"{STOPPED}: {exc}"
+                        break
+                    if over_time():
+                        interrupted = f"time limit of {limit:g} s reached"
+                elif isinstance(prepared, Exception):
+                    row = prepare_failed(impl, case, opts, prepared, skips[(id(case), impl.id)])
                 else:
                     if impl.backend.before_timing and skips[(id(case), impl.id)] is None:
                         impl.backend.before_timing()
@@ -334,7 +417,8 @@ def run(pairs: list, opts: BenchOptions, ceilings: dict | None, command: str = "
                 t = row["timing"]["median"] if row.get("timing") else None
                 progress.update(f"{row['status']} {row['impl']} {row['case']}" + (f" {t:.4g} ms" if t else ""))
             del uploads, prepared
-            _release(opts.device)
+            if runner is None:
+                _release(opts.device)
             if interrupted:
                 break
     except KeyboardInterrupt:
