@@ -21,6 +21,7 @@ footprint_bytes); the results document holds their JSON, to which harness/report
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
 import threading
@@ -55,12 +56,12 @@ class BenchOptions:
     def to_json(self) -> dict:
         """What an isolate worker needs to time a pair as this process would (`in_worker`)."""
         return {"device": self.device, "timing": self.timing.to_json(), "seed": self.seed, "oracle": self.oracle,
-                "sample_above": self.sample_above}
+                "sample_above": self.sample_above, "prefetch": self.prefetch}
 
     @classmethod
     def from_json(cls, obj: dict) -> "BenchOptions":
         return cls(obj["device"], timing.TimingConfig(**obj["timing"]), obj["seed"], obj["oracle"],
-                   obj["sample_above"], prefetch=0, progress=False)
+                   obj["sample_above"], prefetch=obj.get("prefetch", 0), progress=False)
 
 
 def default_prefetch() -> int:
@@ -179,6 +180,13 @@ class Prefetch:
                 self._quiet = False
                 self._cond.notify_all()
 
+    def submit(self, item):
+        """Start preparing `item` in a thread now, outside iteration (an isolate worker's lookahead):
+        its future.  `quiet()` holds it back like the others."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max(self.depth, 1), thread_name_prefix="gradoracle-prep")
+        return self._pool.submit(self._safe, item)
+
     def __iter__(self):
         if self.depth <= 0:
             for item in self.items:
@@ -276,21 +284,53 @@ def prepare_failed(impl: Impl, case, opts: BenchOptions, exc: Exception, skip: s
 
 # ----------------------------------------------------------------------------- in a worker process
 
-_WORKER: dict = {}  # an isolate worker's state: the case being timed (inputs, uploads) and its clocks
+_WORKER: dict = {}  # an isolate worker's state: the case being timed (inputs, uploads), its clocks, lookahead
+
+
+def _ahead(opts: BenchOptions, upcoming: list) -> Prefetch:
+    """The worker's lookahead: the next cases the parent named (`upcoming`, their JSON), prepared in
+    `opts.prefetch` threads while this one is timed, as the in-process bench's Prefetch does."""
+    from cases.registry import from_json
+
+    ahead = _WORKER.get("ahead")
+    if ahead is None or ahead.depth != opts.prefetch:
+        ahead = _WORKER["ahead"] = Prefetch([], lambda case: case_inputs(case, opts.seed, opts.oracle, opts.device),
+                                            opts.prefetch)
+        _WORKER["futures"] = {}
+    futures = _WORKER["futures"]
+    wanted = [_key(spec, opts) for spec in upcoming[:opts.prefetch]]
+    for key in set(futures) - set(wanted):
+        futures.pop(key).cancel()  # no longer next (the parent moved on): its memory goes
+    for key, spec in zip(wanted, upcoming):
+        if key not in futures:
+            futures[key] = ahead.submit(from_json(spec, "bench lookahead"))
+    return ahead
+
+
+def _key(spec: dict, opts: BenchOptions) -> tuple:
+    return json.dumps(spec, sort_keys=True), opts.seed, opts.oracle, opts.device
 
 
 def in_worker(impl: Impl, case, spec: dict):
     """In a `harness.isolate` worker: prepare `case` (once, for all its implementations, which come one
-    after another) and return the call that times `impl` on it: {"result": row JSON, "clock_mhz": ...},
-    the row exactly as `run` builds it in process."""
+    after another; in a lookahead thread when an earlier job named it) and return the call that times
+    `impl` on it: {"result": row JSON, "clock_mhz": ...}, the row exactly as `run` builds it in process."""
     opts = BenchOptions.from_json(spec)
-    key = (id(case), opts.seed, opts.oracle, opts.device)  # isolate keeps one Case object per case
-    if _WORKER.get("key") != key:
+    key = _key(case.to_json(), opts)
+    fresh = _WORKER.get("key") != key
+    if fresh:
         _WORKER.pop("inputs", None)
         _WORKER.pop("uploads", None)
         _release(opts.device)
+        future = _WORKER.get("futures", {}).pop(key, None)
+    ahead = _ahead(opts, spec.get("upcoming", []))  # the next cases start preparing now
+    if fresh:
         try:
-            inputs = finish(case, case_inputs(case, opts.seed, opts.oracle, opts.device))
+            inputs = future.result() if future is not None and not future.cancelled() else \
+                case_inputs(case, opts.seed, opts.oracle, opts.device)
+            if isinstance(inputs, Exception):  # Prefetch keeps a preparation's exception as its result
+                raise inputs
+            inputs = finish(case, inputs)
         except Exception as exc:  # every implementation of the case gets the ERROR row
             inputs = exc
         _WORKER.update(key=key, inputs=inputs, uploads={})
@@ -304,17 +344,19 @@ def in_worker(impl: Impl, case, spec: dict):
         else:
             if impl.backend.before_timing:
                 impl.backend.before_timing()
-            row = bench_pair(impl, case, inputs, opts, clock, _WORKER["uploads"].setdefault(impl.backend.framework, {}),
-                             None)
+            with ahead.quiet() if impl.backend.framework == "jax" else nullcontext():
+                row = bench_pair(impl, case, inputs, opts, clock,
+                                 _WORKER["uploads"].setdefault(impl.backend.framework, {}), None)
         return {"result": row, "clock_mhz": clock.max_seen}
 
     return call
 
 
-def isolated_pair(runner, impl: Impl, case, opts: BenchOptions, clock) -> dict:
-    """Time `impl` on `case` in the runner's worker (harness/isolate.py); a worker that died, overran or
-    raised gives this process's CRASH, TIMEOUT or ERROR row, with the bench's keys and repro line."""
-    reply = runner.call(impl, case, {"bench": opts.to_json()})
+def isolated_pair(runner, impl: Impl, case, opts: BenchOptions, clock, upcoming: list = ()) -> dict:
+    """Time `impl` on `case` in the runner's worker (harness/isolate.py), which prepares the cases of
+    `upcoming` meanwhile; a worker that died, overran or raised gives this process's CRASH, TIMEOUT or
+    ERROR row, with the bench's keys and repro line."""
+    reply = runner.call(impl, case, {"bench": {**opts.to_json(), "upcoming": [c.to_json() for c in upcoming]}})
     if isinstance(reply, CaseResult):
         row = base_row(impl, case, opts)
         row.status, row.reason = reply.status, reply.reason
@@ -379,6 +421,7 @@ def run(pairs: list, opts: BenchOptions, ceilings: dict | None, command: str = "
                          opts.prefetch)
     else:  # the worker prepares each case
         fetch = Prefetch(runnable, lambda item: None, 0)
+    later = {id(c): [d for d, _ in runnable[k + 1:k + 1 + opts.prefetch]] for k, (c, _) in enumerate(runnable)}
     try:
         for (case, impls), prepared in fetch:
             if over_time():
@@ -397,7 +440,7 @@ def run(pairs: list, opts: BenchOptions, ceilings: dict | None, command: str = "
                     skip = skips[(id(case), impl.id)]
                     try:
                         row = bench_pair(impl, case, None, opts, skip=skip) if skip else \
-                            isolated_pair(runner, impl, case, opts, clock)
+                            isolated_pair(runner, impl, case, opts, clock, later[id(case)])
                     except Exception as exc:  # no worker could start (isolate.RunStopped): nothing more runs
                         interrupted = f"{STOPPED}: {exc}"
                         break

@@ -122,3 +122,28 @@ def test_bench_calls_the_shared_decision(tmp_path, cache, capsys, monkeypatch):
     assert main(["bench", "--cases", TWO_CASES, "--backend", "torch_ext", *QUICK, "--report", str(tmp_path / "r")]) == 0
     assert asked == [("bench", ["torch_ext", "torch_ext"])]
     assert "isolate=" not in capsys.readouterr().err
+
+
+def test_the_worker_prepares_the_next_cases_ahead(monkeypatch):
+    """bench.in_worker, as a worker runs it: the cases named `upcoming` are prepared in lookahead threads
+    while this one is timed, and used (not prepared again) when their turn comes."""
+    from cases.registry import from_json
+    from harness import bench, timing
+    from harness.registry import BACKENDS, discover
+
+    discover()
+    prepared = []
+    real = bench.case_inputs
+    monkeypatch.setattr(bench, "case_inputs", lambda case, *a: prepared.append(case.id) or real(case, *a))
+    monkeypatch.setattr(bench, "_WORKER", {})
+    first, second = (from_json(c, "test") for c in json.loads(TWO_CASES))
+    impl = BACKENDS["torch"].impls[("binary_backward", "default")]
+    opts = bench.BenchOptions("cpu", timing.TimingConfig(mode="hot", budget_s=0.01, min_samples=3, loop=False),
+                              prefetch=1)
+    spec = opts.to_json()
+    rows = [bench.in_worker(impl, first, {**spec, "upcoming": [second.to_json()]})()["result"]]
+    bench._WORKER["futures"][bench._key(second.to_json(), opts)].result()  # prepared meanwhile
+    rows.append(bench.in_worker(impl, from_json(second.to_json(), "again"), {**spec, "upcoming": []})()["result"])
+    assert sorted(prepared) == sorted([first.id, second.id])  # each once: the second by the lookahead
+    assert [(r["case"], r["status"]) for r in rows] == [(first.id, "PASS"), (second.id, "PASS")]
+    assert bench._WORKER["futures"] == {}
