@@ -419,8 +419,9 @@ def run(pairs: list, opts: BenchOptions, ceilings: dict | None, command: str = "
     if runner is None:
         fetch = Prefetch(runnable, lambda item: case_inputs(item[0], opts.seed, opts.oracle, opts.device),
                          opts.prefetch)
-    else:  # the worker prepares each case
+    else:  # the worker prepares each case; what this process cached (a ceilings measurement) goes back
         fetch = Prefetch(runnable, lambda item: None, 0)
+        _release(opts.device)
     later = {id(c): [d for d, _ in runnable[k + 1:k + 1 + opts.prefetch]] for k, (c, _) in enumerate(runnable)}
     try:
         for (case, impls), prepared in fetch:
