@@ -28,7 +28,7 @@ one implementation with bench.bench_pair; the reply's row is the one the in-proc
 
 Protocol: the parent writes one JSON job per line on the worker's stdin; the worker answers
 on its original stdout, one JSON message per line: {"ready": pid} once, then per job
-{"started": true} and {"result": row} or {"error": text, "sticky": name|null}.  The worker
+{"started": true} and {"result": row} (bench adds "clock_mhz") or {"error": text, "sticky": name|null}.  The worker
 points its fd 1 at stderr first, so prints (and C printf) from backends never reach the
 protocol.  Its stderr goes to a log file the parent reads back after a crash.
 
