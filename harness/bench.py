@@ -21,6 +21,7 @@ footprint_bytes); the results document holds their JSON, to which harness/report
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
 import threading
@@ -51,6 +52,16 @@ class BenchOptions:
     prefetch: int = 0
     time_limit_s: float | None = None
     progress: bool = True
+
+    def to_json(self) -> dict:
+        """What an isolate worker needs to time a pair as this process would (`in_worker`)."""
+        return {"device": self.device, "timing": self.timing.to_json(), "seed": self.seed, "oracle": self.oracle,
+                "sample_above": self.sample_above, "prefetch": self.prefetch}
+
+    @classmethod
+    def from_json(cls, obj: dict) -> "BenchOptions":
+        return cls(obj["device"], timing.TimingConfig(**obj["timing"]), obj["seed"], obj["oracle"],
+                   obj["sample_above"], prefetch=obj.get("prefetch", 0), progress=False)
 
 
 def default_prefetch() -> int:
@@ -169,6 +180,13 @@ class Prefetch:
                 self._quiet = False
                 self._cond.notify_all()
 
+    def submit(self, item):
+        """Start preparing `item` in a thread now, outside iteration (an isolate worker's lookahead):
+        its future.  `quiet()` holds it back like the others."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max(self.depth, 1), thread_name_prefix="gradoracle-prep")
+        return self._pool.submit(self._safe, item)
+
     def __iter__(self):
         if self.depth <= 0:
             for item in self.items:
@@ -225,6 +243,7 @@ def base_row(impl: Impl, case, opts: BenchOptions) -> CaseResult:
 
 
 _UNKNOWN = object()
+STOPPED = "stopped"  # how `interrupted` begins when the run could not go on (bench_cli exits non-zero)
 
 
 def bench_pair(impl: Impl, case, inputs: CaseInputs, opts: BenchOptions, clock=None, uploads: dict | None = None,
@@ -255,6 +274,98 @@ def bench_pair(impl: Impl, case, inputs: CaseInputs, opts: BenchOptions, clock=N
     return row.to_json()
 
 
+def prepare_failed(impl: Impl, case, opts: BenchOptions, exc: Exception, skip: str | None) -> dict:
+    """The row of a pair whose case could not be prepared: its SKIP if it declines the case, else an ERROR."""
+    row = base_row(impl, case, opts)
+    row.status, row.reason = (status.SKIP, skip) if skip else \
+        (status.ERROR, f"preparing the case failed: {type(exc).__name__}: {exc}")
+    return row.to_json()
+
+
+# ----------------------------------------------------------------------------- in a worker process
+
+_WORKER: dict = {}  # an isolate worker's state: the case being timed (inputs, uploads), its clocks, lookahead
+
+
+def _ahead(opts: BenchOptions, upcoming: list) -> Prefetch:
+    """The worker's lookahead: the next cases the parent named (`upcoming`, their JSON), prepared in
+    `opts.prefetch` threads while this one is timed, as the in-process bench's Prefetch does."""
+    from cases.registry import from_json
+
+    ahead = _WORKER.get("ahead")
+    if ahead is None or ahead.depth != opts.prefetch:
+        ahead = _WORKER["ahead"] = Prefetch([], lambda case: case_inputs(case, opts.seed, opts.oracle, opts.device),
+                                            opts.prefetch)
+        _WORKER["futures"] = {}
+    futures = _WORKER["futures"]
+    wanted = [_key(spec, opts) for spec in upcoming[:opts.prefetch]]
+    for key in set(futures) - set(wanted):
+        futures.pop(key).cancel()  # no longer next (the parent moved on): its memory goes
+    for key, spec in zip(wanted, upcoming):
+        if key not in futures:
+            futures[key] = ahead.submit(from_json(spec, "bench lookahead"))
+    return ahead
+
+
+def _key(spec: dict, opts: BenchOptions) -> tuple:
+    return json.dumps(spec, sort_keys=True), opts.seed, opts.oracle, opts.device
+
+
+def in_worker(impl: Impl, case, spec: dict):
+    """In a `harness.isolate` worker: prepare `case` (once, for all its implementations, which come one
+    after another; in a lookahead thread when an earlier job named it) and return the call that times
+    `impl` on it: {"result": row JSON, "clock_mhz": ...}, the row exactly as `run` builds it in process."""
+    opts = BenchOptions.from_json(spec)
+    key = _key(case.to_json(), opts)
+    fresh = _WORKER.get("key") != key
+    if fresh:
+        _WORKER.pop("inputs", None)
+        _WORKER.pop("uploads", None)
+        _release(opts.device)
+        future = _WORKER.get("futures", {}).pop(key, None)
+    ahead = _ahead(opts, spec.get("upcoming", []))  # the next cases start preparing now
+    if fresh:
+        try:
+            inputs = future.result() if future is not None and not future.cancelled() else \
+                case_inputs(case, opts.seed, opts.oracle, opts.device)
+            if isinstance(inputs, Exception):  # Prefetch keeps a preparation's exception as its result
+                raise inputs
+            inputs = finish(case, inputs)
+        except Exception as exc:  # every implementation of the case gets the ERROR row
+            inputs = exc
+        _WORKER.update(key=key, inputs=inputs, uploads={})
+    clocks = _WORKER.setdefault("clocks", {})
+    clock = clocks.get(opts.device) or clocks.setdefault(opts.device, timing.ClockMonitor.for_device(opts.device))
+
+    def call() -> dict:
+        inputs = _WORKER["inputs"]
+        if isinstance(inputs, Exception):
+            row = prepare_failed(impl, case, opts, inputs, None)
+        else:
+            if impl.backend.before_timing:
+                impl.backend.before_timing()
+            with ahead.quiet() if impl.backend.framework == "jax" else nullcontext():
+                row = bench_pair(impl, case, inputs, opts, clock,
+                                 _WORKER["uploads"].setdefault(impl.backend.framework, {}), None)
+        return {"result": row, "clock_mhz": clock.max_seen}
+
+    return call
+
+
+def isolated_pair(runner, impl: Impl, case, opts: BenchOptions, clock, upcoming: list = ()) -> dict:
+    """Time `impl` on `case` in the runner's worker (harness/isolate.py), which prepares the cases of
+    `upcoming` meanwhile; a worker that died, overran or raised gives this process's CRASH, TIMEOUT or
+    ERROR row, with the bench's keys and repro line."""
+    reply = runner.call(impl, case, {"bench": {**opts.to_json(), "upcoming": [c.to_json() for c in upcoming]}})
+    if isinstance(reply, CaseResult):
+        row = base_row(impl, case, opts)
+        row.status, row.reason = reply.status, reply.reason
+        row.extra.update(reply.extra)
+        return row.to_json()
+    clock.max_seen = max(clock.max_seen, reply.get("clock_mhz") or 0.0)  # the session's top clock, for the JSON
+    return reply["result"]
+
+
 # ----------------------------------------------------------------------------- the run
 
 
@@ -281,8 +392,12 @@ def plan(cases, ops=None, wanted=None, dtypes=None, per_op: int | None = None, i
     return out
 
 
-def run(pairs: list, opts: BenchOptions, ceilings: dict | None, command: str = "") -> dict:
-    """Measure every (case, impl) of `pairs`; the results document (see harness/report/files.py)."""
+def run(pairs: list, opts: BenchOptions, ceilings: dict | None, command: str = "", runner=None) -> dict:
+    """Measure every (case, impl) of `pairs`; the results document (see harness/report/files.py).
+
+    runner: an isolate.IsolatedRunner: each pair is timed in its worker process (`isolated_pair`), which
+    prepares the inputs itself; a crash costs that pair (a CRASH row) and the next starts a fresh worker.
+    None: every pair in this process, with `opts.prefetch` threads preparing later cases."""
     clock = timing.ClockMonitor.for_device(opts.device)
     total = sum(len(impls) for _, impls in pairs)
     progress = Progress(total, enabled=opts.progress)
@@ -301,13 +416,19 @@ def run(pairs: list, opts: BenchOptions, ceilings: dict | None, command: str = "
     def over_time() -> bool:
         return limit is not None and time.monotonic() - started > limit
 
-    fetch = Prefetch(runnable, lambda item: case_inputs(item[0], opts.seed, opts.oracle, opts.device), opts.prefetch)
+    if runner is None:
+        fetch = Prefetch(runnable, lambda item: case_inputs(item[0], opts.seed, opts.oracle, opts.device),
+                         opts.prefetch)
+    else:  # the worker prepares each case; what this process cached (a ceilings measurement) goes back
+        fetch = Prefetch(runnable, lambda item: None, 0)
+        _release(opts.device)
+    later = {id(c): [d for d, _ in runnable[k + 1:k + 1 + opts.prefetch]] for k, (c, _) in enumerate(runnable)}
     try:
         for (case, impls), prepared in fetch:
             if over_time():
                 interrupted = f"time limit of {limit:g} s reached"
                 break
-            if not isinstance(prepared, Exception):
+            if runner is None and not isinstance(prepared, Exception):
                 try:
                     prepared = finish(case, prepared)
                 except Exception as exc:
@@ -316,12 +437,18 @@ def run(pairs: list, opts: BenchOptions, ceilings: dict | None, command: str = "
             for impl in impls:
                 if interrupted:
                     break
-                if isinstance(prepared, Exception):
-                    row = base_row(impl, case, opts)
-                    reason = skips[(id(case), impl.id)]
-                    row.status, row.reason = (status.SKIP, reason) if reason else \
-                        (status.ERROR, f"preparing the case failed: {type(prepared).__name__}: {prepared}")
-                    row = row.to_json()
+                if runner is not None:
+                    skip = skips[(id(case), impl.id)]
+                    try:
+                        row = bench_pair(impl, case, None, opts, skip=skip) if skip else \
+                            isolated_pair(runner, impl, case, opts, clock, later[id(case)])
+                    except Exception as exc:  # no worker could start (isolate.RunStopped): nothing more runs
+                        interrupted = f"{STOPPED}: {exc}"
+                        break
+                    if over_time():
+                        interrupted = f"time limit of {limit:g} s reached"
+                elif isinstance(prepared, Exception):
+                    row = prepare_failed(impl, case, opts, prepared, skips[(id(case), impl.id)])
                 else:
                     if impl.backend.before_timing and skips[(id(case), impl.id)] is None:
                         impl.backend.before_timing()
@@ -334,7 +461,8 @@ def run(pairs: list, opts: BenchOptions, ceilings: dict | None, command: str = "
                 t = row["timing"]["median"] if row.get("timing") else None
                 progress.update(f"{row['status']} {row['impl']} {row['case']}" + (f" {t:.4g} ms" if t else ""))
             del uploads, prepared
-            _release(opts.device)
+            if runner is None:
+                _release(opts.device)
             if interrupted:
                 break
     except KeyboardInterrupt:

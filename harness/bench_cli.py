@@ -50,6 +50,14 @@ def add_parsers(sub) -> None:
                    help="take the ops in turn (one case of each, then the next), so a time-limited run covers all")
     b.add_argument("--time-limit", type=float, default=None,
                    help="seconds; pairs not started by then are recorded as not run")
+    b.add_argument("--isolate", action="store_true",
+                   help="time each pair in a worker subprocess (reused, replaced when it dies): a crash or hang "
+                        "is that pair's CRASH or TIMEOUT row and the run goes on (the default whenever an "
+                        "implementation other than the baselines of backends/baselines/ is selected, as for run)")
+    b.add_argument("--no-isolate", action="store_true",
+                   help="time every pair in this process, with --prefetch threads (a crash ends the run)")
+    b.add_argument("--case-timeout", type=float, default=None, metavar="S",
+                   help="isolated: seconds a pair may run, after its case is prepared, before it is TIMEOUT (300)")
     b.add_argument("--report", help="write DIR/results.json, DIR/report.md, DIR/plots/*.png")
     b.add_argument("--benchmarks-md", help="regenerate this BENCHMARKS.md from the results")
     b.add_argument("--plots-link", help="with --benchmarks-md: link the PNGs in this folder from it")
@@ -104,8 +112,13 @@ def cmd_bench(args, argv=None) -> int:
     else:
         if not args.report and not args.benchmarks_md:
             raise SystemExit("error: bench needs --report DIR and/or --benchmarks-md FILE")
+        from harness import isolate, run_report
         from harness.registry import discover
 
+        if args.isolate and args.no_isolate:
+            raise SystemExit("error: --isolate and --no-isolate contradict each other")
+        if not args.no_isolate:
+            isolate.prestart()  # likely isolated: the worker starts while this process discovers and plans
         discover()
         device = frameworks.default_device() if args.device == "auto" else args.device
         cfg = timing.TimingConfig(mode=args.mode, rel_ci=args.rel_ci, min_samples=args.min_samples,
@@ -120,10 +133,19 @@ def cmd_bench(args, argv=None) -> int:
         pairs = bench.plan(args.cases, args.op, args.backend, args.dtype, args.per_op, args.interleave)
         if args.backend and not pairs:
             raise SystemExit(f"error: no implementation named {', '.join(args.backend)} runs the selected cases")
-        ceil = ceilings.get(device, refresh=args.refresh_ceilings)
+        args.isolate = run_report.isolate_by_default(args, pairs)  # the decision `run` makes
+        if not args.isolate:
+            isolate.discard_prestarted()
+        ceil = ceilings.get(device, refresh=args.refresh_ceilings)  # once, here: the rows' figures read it
         print(f"bench: device={device} ({ceil['device']['name']}) cases={args.cases} mode={args.mode} "
-              f"pairs={sum(len(i) for _, i in pairs)} seed={args.seed}", file=sys.stderr)
-        results = bench.run(pairs, opts, ceil, _command(argv))
+              f"pairs={sum(len(i) for _, i in pairs)} seed={args.seed}"
+              + (" isolate=worker process" if args.isolate else ""), file=sys.stderr)
+        runner = isolate.make_runner(args, device) if args.isolate else None
+        try:
+            results = bench.run(pairs, opts, ceil, _command(argv), runner)
+        finally:
+            if runner is not None:
+                runner.close()
     written = []
     if args.report:
         out = files.write(results, args.report, plots=not args.no_plots)
@@ -146,13 +168,17 @@ def cmd_bench(args, argv=None) -> int:
     if flagged:
         known += f", {len(flagged)} impossible (not results)"
     failed = sum(counts[s] for s in status.FAILED)
-    print(f"{counts[status.PASS] + counts[status.XPASS]} timed, {failed} failed, {counts[status.SKIP]} skipped"
+    crashed = counts[status.CRASH] + counts[status.TIMEOUT]
+    print(f"{counts[status.PASS] + counts[status.XPASS]} timed, {failed} failed"
+          + (f" ({counts[status.CRASH]} crashed, {counts[status.TIMEOUT]} timed out)" if crashed else "")
+          + f", {counts[status.SKIP]} skipped"
           + known
           + (f" in {results.get('elapsed_s')}s" if results.get("elapsed_s") is not None else "")
           + (f" ({results['interrupted']})" if results.get("interrupted") else ""))
     for w in written:
         print(f"wrote {w}")
-    return 1 if failed else 0
+    stopped = str(results.get("interrupted") or "").startswith(bench.STOPPED) if not docs else False
+    return 1 if failed or stopped else 0
 
 
 def cmd_compare(args) -> int:

@@ -22,9 +22,13 @@ the worker replaced, so the run goes on:
 Both count as failures; their rows carry the one-line repro command.  An ordinary
 exception in the worker (not sticky) is an ERROR row and the worker lives on.
 
+`harness bench` uses the same worker through `IsolatedRunner.call`: a job with a "bench" key has
+the worker prepare the case's inputs (once for all its implementations: bench.in_worker) and time
+one implementation with bench.bench_pair; the reply's row is the one the in-process bench builds.
+
 Protocol: the parent writes one JSON job per line on the worker's stdin; the worker answers
 on its original stdout, one JSON message per line: {"ready": pid} once, then per job
-{"started": true} and {"result": row} or {"error": text, "sticky": name|null}.  The worker
+{"started": true} and {"result": row} (bench adds "clock_mhz") or {"error": text, "sticky": name|null}.  The worker
 points its fd 1 at stderr first, so prints (and C printf) from backends never reach the
 protocol.  Its stderr goes to a log file the parent reads back after a crash.
 
@@ -313,6 +317,17 @@ class IsolatedRunner:
     # -- one case
 
     def run(self, impl, case) -> CaseResult:
+        reply = self.call(impl, case, {"timed": self.timed})
+        if isinstance(reply, CaseResult):
+            return reply
+        row = CaseResult.from_json(reply["result"])
+        row.repro = named(impl, row.repro)  # the worker cannot tell a hand-registered backend
+        return row
+
+    def call(self, impl, case, task: dict) -> dict | CaseResult:
+        """Send one job (`task`: {"timed": bool} for run_case, {"bench": options} for bench.in_worker)
+        and return the worker's reply ({"result": row JSON, ...}), or this process's CRASH, TIMEOUT or
+        ERROR row when the worker died, overran or raised."""
         module = backend_module(impl)
         root = module_root(module)
         if root and root not in self.roots:
@@ -326,8 +341,7 @@ class IsolatedRunner:
         worker = self.worker
         offset = worker.stderr_size()
         job = {"module": module, "backend": impl.backend.name, "op": impl.op, "variant": impl.variant,
-               "case": case.to_json(), "device": self.device, "seed": self.seed, "oracle": self.oracle,
-               "timed": self.timed}
+               "case": case.to_json(), "device": self.device, "seed": self.seed, "oracle": self.oracle, **task}
         started = time.monotonic()
         deadline = started + self.setup_timeout
         try:
@@ -340,9 +354,7 @@ class IsolatedRunner:
                     started = time.monotonic()
                     deadline = started + self.case_timeout
                 elif "result" in message:
-                    row = CaseResult.from_json(message["result"])
-                    row.repro = named(impl, row.repro)  # the worker cannot tell a hand-registered backend
-                    return row
+                    return message
                 elif "error" in message:
                     return self._error(impl, case, worker, offset, message)
         except _Died:
@@ -420,10 +432,11 @@ def discard_prestarted() -> None:
 
 
 def make_runner(args, device: str):
-    """The runner `harness run` asked for: IsolatedRunner with --isolate, else InProcessRunner."""
+    """The runner `harness run` or `harness bench` asked for: IsolatedRunner with --isolate (decided by
+    run_report.isolate_by_default), else InProcessRunner (`bench` then times in this process instead)."""
     if getattr(args, "isolate", False):
         timeout = args.case_timeout if getattr(args, "case_timeout", None) else DEFAULT_CASE_TIMEOUT_S
-        return IsolatedRunner(device, args.seed, args.oracle, args.time, case_timeout=timeout)
+        return IsolatedRunner(device, args.seed, args.oracle, getattr(args, "time", False), case_timeout=timeout)
     return InProcessRunner(device, args.seed, args.oracle, args.time)
 
 
@@ -500,9 +513,22 @@ def worker_main() -> int:
         try:
             impl, case = _resolve(job), _case(job["case"])
             impl.backend.unavailable_reason(job["device"])  # import and build before the case's clock starts
+            if "bench" in job:  # `harness bench`: the case's inputs and oracle are prepared here, before the clock
+                from harness import bench
+
+                call = bench.in_worker(impl, case, job["bench"])
+            else:
+                def call(impl=impl, case=case, job=job):
+                    return {"result": run_case(impl, case, job["device"], job["seed"], job["oracle"],
+                                               timed=job["timed"]).to_json()}
             _send(protocol, {"started": True})
-            result = run_case(impl, case, job["device"], job["seed"], job["oracle"], timed=job["timed"])
-            _send(protocol, {"result": result.to_json()})
+            reply = call()
+            row = reply["result"]
+            sticky = row.get("status") == status.ERROR and sticky_cuda_error(row.get("reason") or "")
+            if sticky:  # bench_pair keeps every exception as the row's reason: the context is gone all the same
+                _send(protocol, {"error": row["reason"], "sticky": sticky})
+                os._exit(STICKY_EXIT)
+            _send(protocol, reply)
         except Exception as exc:  # noqa: BLE001 - reported as the case's ERROR (or CRASH when sticky)
             sticky = sticky_cuda_error(exc)
             _send(protocol, {"error": f"{type(exc).__name__}: {exc}", "sticky": sticky,
