@@ -48,6 +48,8 @@
 //       dbias partials stay in registers across the block's rows; then, with nparts == 1, the
 //       block writes dw / db (T) itself, else row b of part (A, [2][nparts][N]: dweight's
 //       partial rows, then dbias's; only those wanted are read later) for nb_colsum.
+//   nb_rows2<Norm,T,VEC,VPT,BLOCK,PF>(p, x, dy, w, mean, rstd, dx, part, dw, db)   [v6, candidate]
+//       nb_rows' contract in blocks of BLOCK threads capped at 64 registers: see its section below.
 //   nb_chunked<Norm,T,VEC,VPT>(p, x, dy, w, mean, rstd, dx, part)           [best, large N]
 //       blockDim = NB_CHUNK_BLOCK; grid = nparts.  Block b takes the same row range as above, in
 //       tiles of tile_rows rows: row sums over column chunks of NB_CHUNK_BLOCK * VPT * VEC

@@ -12,16 +12,19 @@
 #                                                                         -> full.json, full.log
 #  5. the perf cases: cupy@best (today's default), cupy@v6, triton, ops interleaved, new cases
 #     stopped after PERF_LIMIT s                                          -> bench_perf/{results.json,report.md}
-#  6. knobs of v6 on two bf16 shapes: minrows=8 / 32 (rows per block when partial rows are
-#     written), prefetch=2 (two rows in flight: spills in ptxas, measured anyway) -> knobs/<k>/report.md
-#  7. ncu through `harness profile` of cupy@v6 and cupy@best on two bf16 shapes -> profile/*.{txt,json}
-# About 7 minutes on an H100 with the defaults.  Knobs: PERF_LIMIT=150 (s) BUDGET=0.2 (s per pair)
-# SKIP_KNOBS=1 SKIP_PROFILE=1 DEVICE=cuda.
+#  6. knobs of v6 on two bf16 shapes: minrows=8 (rows per block at least when partial rows are
+#     written; default 16), prefetch=2 (two rows in flight: ptxas spills it, measured anyway)
+#                                                                         -> knobs/<k>/{ln,rms}/report.md
+#  7. ncu through `harness profile` of cupy@v6 (and cupy@best with PROFILE_BEST=1) on two bf16
+#     shapes                                                              -> profile/*.{txt,json}
+# About 7-8 minutes on an H100 with the defaults.  Knobs: PERF_LIMIT=150 (s) BUDGET=0.2 (s per
+# pair) KNOBS="minrows=8 prefetch=2" SKIP_KNOBS=1 SKIP_PROFILE=1 PROFILE_BEST=1 DEVICE=cuda.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 : "${OUT:?set OUT to a folder for the results}"
 PERF_LIMIT=${PERF_LIMIT:-150} BUDGET=${BUDGET:-0.2} DEVICE=${DEVICE:-cuda}
-SKIP_KNOBS=${SKIP_KNOBS:-0} SKIP_PROFILE=${SKIP_PROFILE:-0}
+SKIP_KNOBS=${SKIP_KNOBS:-0} SKIP_PROFILE=${SKIP_PROFILE:-0} PROFILE_BEST=${PROFILE_BEST:-0}
+KNOBS=${KNOBS:-minrows=8 prefetch=2}
 OPS=(--op layernorm_backward --op rmsnorm_backward)
 mkdir -p "$OUT"
 unset GRADORACLE_CUPY_NORMS
@@ -84,7 +87,7 @@ grep -E "^\|" "$OUT/bench_perf/report.md" 2>/dev/null | head -60 | cut -c1-220
 LN_BF16='{"op": "layernorm_backward", "dtype": "bf16", "params": {"shape": [2048, 4096]}}'
 RMS_BF16='{"op": "rmsnorm_backward", "dtype": "bf16", "params": {"shape": [8192, 4096], "eps": 1e-05}}'
 if [ "$SKIP_KNOBS" != 1 ]; then
-  for knobs in minrows=8 minrows=32 prefetch=2; do
+  for knobs in $KNOBS; do
     stamp "== cupy@v6 with GRADORACLE_CUPY_NORMS=$knobs"
     GRADORACLE_CUPY_NORMS=$knobs timeout 60 python3 -m harness bench --op layernorm_backward --backend cupy@v6 \
       --cases "$LN_BF16" "${bench_args[@]}" --report "$OUT/knobs/$knobs/ln" > "$WORK/knobs-$knobs-ln.log" 2>&1
@@ -98,7 +101,8 @@ fi
 
 if [ "$SKIP_PROFILE" != 1 ]; then
   mkdir -p "$OUT/profile"
-  for impl in cupy@v6 cupy@best; do
+  impls=(cupy@v6); [ "$PROFILE_BEST" = 1 ] && impls+=(cupy@best)
+  for impl in "${impls[@]}"; do
     for spec in "layernorm_backward|$LN_BF16" "rmsnorm_backward|$RMS_BF16"; do
       op=${spec%%|*} case=${spec#*|}
       name="$op-${impl//@/-}"
