@@ -49,7 +49,7 @@ def _types(expr: str) -> tuple[str, str]:
     """(T, A) of a kernel name expression."""
     name, targs = expr.split("<", 1)
     args = [a.strip() for a in targs.rstrip(">").split(",")]
-    t = args[1] if name in ("nb_rows", "nb_chunked", "nb_stage") else args[0]
+    t = args[1] if name in ("nb_rows", "nb_rows2", "nb_chunked", "nb_stage") else args[0]
     return t, f"{'bb' if name.startswith('bb_') else 'nb'}_acc_t<{t}>"
 
 
@@ -77,7 +77,7 @@ def _signature(expr: str) -> list[str]:
     if name.startswith("bb_"):
         return _bb_signature(name, t, a)
     main = ["NBParams", f"const {t}*", f"const {t}*", f"const {t}*", f"const {a}*", f"const {a}*", f"{t}*", f"{a}*"]
-    if name == "nb_rows":
+    if name in ("nb_rows", "nb_rows2"):
         return main + [f"{t}*", f"{t}*"]
     if name == "nb_stage":
         return main + [f"{t}*", f"{t}*", "unsigned int*"]

@@ -16,6 +16,7 @@ rmsnorm_backward.cuh) and the cupy backend's host side (backends/cupy/_norm_plan
 from __future__ import annotations
 
 import math
+import re
 import shutil
 import subprocess
 import sys
@@ -111,7 +112,7 @@ def _nvcc_instantiations(op: str, dt: str) -> str:
     t = plan.CUDA_TYPE[dt]
     a = f"nb_acc_t<{t}>"
     main = f"const __grid_constant__ NBParams, const {t}*, const {t}*, const {t}*, const {a}*, const {a}*, {t}*, {a}*"
-    sigs = {"nb_rows": f"{main}, {t}*, {t}*", "nb_stage": f"{main}, {t}*, {t}*, unsigned int*", "nb_chunked": main,
+    sigs = {"nb_rows": f"{main}, {t}*, {t}*", "nb_rows2": f"{main}, {t}*, {t}*", "nb_stage": f"{main}, {t}*, {t}*, unsigned int*", "nb_chunked": main,
             "nb_colsum": f"const {a}*, long long, long long, long long, {t}*, long long, {t}*, long long"}
     lines = [f'#include "{_nvrtc.CUDA_DIR / plan.SOURCES[op]}"']
     for expr in plan.all_kernel_exprs(op, dt):
@@ -130,13 +131,30 @@ def test_nvcc_compiles_every_instantiation(tmp_path):
         for dt in plan.DTYPES:  # one nvcc per (op, dtype), side by side
             src, out = tmp_path / f"{op}_{dt}.cu", tmp_path / f"{op}_{dt}.cubin"
             src.write_text(_nvcc_instantiations(op, dt))
-            procs[(op, dt)] = (out, subprocess.Popen(["nvcc", "-std=c++17", "-arch=sm_90", "-cubin", *defines, "-o",
+            procs[(op, dt)] = (out, subprocess.Popen(["nvcc", "-std=c++17", "-arch=sm_90", "-cubin", "-Xptxas", "-v",
+                                                      *defines, "-o",
                                                       str(out), str(src)], stdout=subprocess.PIPE,
                                                      stderr=subprocess.STDOUT, text=True))
     for key, (out, proc) in procs.items():
         log, _ = proc.communicate(timeout=1800)
         assert proc.returncode == 0, f"nvcc failed for {key}:\n{log[-5000:]}"
         assert out.stat().st_size > 0
+        # nb_rows2 exists to stay within 64 registers (1024 threads per SM) without spilling.
+        rows2 = [r for r in ptxas_usage(log) if "nb_rows2" in r[0]]
+        assert len(rows2) == sum("nb_rows2<" in e for e in plan.all_kernel_exprs(*key)), key
+        for name, regs, spill_st, spill_ld in rows2:
+            assert regs <= 64 and spill_st == spill_ld == 0, (key, name, regs, spill_st, spill_ld)
+
+
+def ptxas_usage(log: str) -> list[tuple[str, int, int, int]]:
+    """(mangled name, registers, spill store bytes, spill load bytes) per entry in a ptxas -v log."""
+    out = []
+    for part in log.split("Compiling entry function '")[1:]:
+        name = part.split("'", 1)[0]
+        regs = re.search(r"Used (\d+) registers", part)
+        spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", part)
+        out.append((name, int(regs.group(1)), int(spill.group(1)), int(spill.group(2))))
+    return out
 
 
 def test_compile_options_name_the_header_and_its_checksum():
@@ -258,7 +276,7 @@ class RowMath:
 
 
 def emu_rows(mean_sub, vec, vpt, wide, grid, block, p, x, dy, w, mean, rstd, dx, part, dw, db):
-    assert block == plan.ROWS_BLOCK and wide == (p.gw > 32) and p.gw <= block
+    assert block in (plan.ROWS_BLOCK, *plan.ROWS2_BLOCKS) and wide == (p.gw > 32) and p.gw <= block
     n, gw = p.n, p.gw
     ngrp = block // gw
     has_w, has_b = p.flags & plan.HAS_W, p.flags & plan.HAS_B
@@ -419,6 +437,11 @@ class EmuDevice:
             mean_sub = targs[0] == "NBLayerNorm"
             assert source == plan.SOURCES[LN if mean_sub else RMS]
             emu_rows(mean_sub, int(targs[2]), int(targs[3]), targs[4] == "true", grid, block, p, *args[1:])
+        elif name == "nb_rows2":  # nb_rows' work split and sums in its own block size
+            mean_sub = targs[0] == "NBLayerNorm"
+            assert source == plan.SOURCES[LN if mean_sub else RMS]
+            assert block == int(targs[4]) and int(targs[5]) in (1, 2) and block % p.gw == 0
+            emu_rows(mean_sub, int(targs[2]), int(targs[3]), p.gw > 32, grid, block, p, *args[1:])
         elif name == "nb_stage":
             mean_sub = targs[0] == "NBLayerNorm"
             assert source == plan.SOURCES[LN if mean_sub else RMS]
@@ -809,11 +832,12 @@ def test_variants_registered_in_ladder_order():
     from backends.cupy import cupy_backend, layernorm_backward, rmsnorm_backward  # noqa: F401
 
     ln = [v for (op, v) in cupy_backend.impls if op == LN]
-    assert ln == ["v1", "v2", "v3", "v4", "v5", "best"]
-    assert [v for (op, v) in cupy_backend.impls if op == RMS] == ["best"]
+    assert ln == ["v1", "v2", "v3", "v4", "v5", "v6", "best"]
+    assert [v for (op, v) in cupy_backend.impls if op == RMS] == ["v6", "best"]
     for op in (LN, RMS):
-        best = cupy_backend.impls[(op, "best")]
-        assert best.deterministic and set(best.dtypes) == {"f32", "f16", "bf16", "f64"}
+        for v in ("v6", "best"):
+            impl = cupy_backend.impls[(op, v)]
+            assert impl.deterministic and set(impl.dtypes) == {"f32", "f16", "bf16", "f64"}
     assert not any(cupy_backend.impls[(LN, r)].deterministic for r in plan.RUNGS)
     assert hasattr(cupy_backend.impls[(LN, "best")].fn, "unchecked")
 
@@ -945,3 +969,45 @@ def test_cooperative_launch_through_cupy_packs_the_arguments():
     dev.launch(entry.source, k.expr, k.grid, k.block, args, smem=k.smem, coop=True)
     (got,) = dev.driver.launches
     assert got == (exprs[k.expr], (k.grid, 1), k.block, k.smem, 0x5100, True, [_value(a) for a in args])
+
+
+# ============================================================================= nb_rows2 (cupy@v6)
+
+
+@pytest.mark.parametrize("op", [LN, RMS])
+@pytest.mark.parametrize("dt", plan.DTYPES)
+@pytest.mark.parametrize("shape", [(37, 64), (300, 24), (5, 1000), (1, 2048), (40, 2048)])
+def test_emulated_v6_matches_oracle(op, dt, shape):
+    entry, dev = emulate(op, shape, dt, variant="v6", num_sms=3)
+    la = entry.launch
+    assert la.kind == "rows2" and dev.launches[0] == la.expr and la.expr in plan.all_kernel_exprs(op, dt)
+    assert la.block in plan.ROWS2_BLOCKS and la.block % la.gw == 0
+
+
+def test_rows2_plan_of_the_perf_shapes():
+    # bf16 N = 4096: 512 vectors, one per thread, 512-thread rows; 1024-thread blocks of 2 rows a
+    # step keep the most threads resident; at least ROWS2_MIN_ROWS rows per block.
+    lay = _layout_for((2048, 4096))
+    la = plan.plan_best(LN, "bf16", lay, True, True, 8, 132, knobs=plan.settings("kernel=rows2"))
+    assert (la.kind, la.vpt, la.gw, la.block) == ("rows2", 1, 512, 1024)
+    assert la.rows_per_block == 16 and la.grid == 128 and la.colsum
+    # f32 N = 4096: 1024 vectors, a whole block per row.
+    la = plan.plan_best(RMS, "f32", lay, True, False, 4, 132, knobs=plan.settings("kernel=rows2"))
+    assert (la.kind, la.gw, la.block, la.rows_per_block) == ("rows2", 1024, 1024, 16)
+    # No sums wanted: no partial rows, so no floor on rows per block.
+    lay = _layout_for((1000, 4096))
+    la = plan.plan_best(LN, "bf16", lay, True, True, 8, 132, knobs=plan.settings("kernel=rows2"))
+    assert la.rows_per_block == 16 and la.grid == 63
+    la = plan.plan_best(LN, "bf16", lay, False, False, 8, 132, knobs=plan.settings("kernel=rows2"))
+    assert la.rows_per_block == 8 and la.grid == 125 and not la.colsum
+    # Rows longer than 1024 vectors fall back to the default kernels' plan.
+    la = plan.plan_best(LN, "f32", _layout_for((8, 8192)), True, True, 4, 132, knobs=plan.settings("kernel=rows2"))
+    assert la.kind != "rows2"
+
+
+@pytest.mark.parametrize("shape", [(3, 1), (1, 7), (2, 4100), (64, 33)])
+def test_emulated_v6_forms_and_layouts(shape):
+    for has_w, has_b in [(True, True), (True, False), (False, True), (False, False)]:
+        emulate(LN, shape, "f32", has_w, has_b, variant="v6", num_sms=2)
+    emulate(LN, shape, "bf16", layouts=("sliced", "transposed") if len(shape) == 2 and shape[0] > 1 else
+            ("contig", "contig"), variant="v6", num_sms=2)

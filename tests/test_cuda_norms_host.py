@@ -50,10 +50,13 @@ cupyhost = Backend("cupyhost", framework="numpy", devices=("cpu",), register=Fal
                    description="the cupy norm kernels' CUDA source run on the CPU (tests/cuda_host)")
 
 
-KNOBS = {"best": "", "best_rows": "kernel=rows", "best_coop": "finish=coop", "best_s2": "stages=2,elems=8"}
+KNOBS = {"best": "", "best_rows": "kernel=rows", "best_coop": "finish=coop", "best_s2": "stages=2,elems=8",
+         "best_rows2": "kernel=rows2", "best_rows2_pf2": "kernel=rows2,prefetch=2,minrows=1"}
 for _op in (LN, RMS):
-    for _dt in plan.DTYPES:  # nb_stage instantiations beyond the defaults' (built into the stand-in's library)
-        cuda_host.EXTRA_EXPRS[(_op, _dt)] = plan.all_kernel_exprs(_op, _dt, plan.settings(KNOBS["best_s2"]))
+    for _dt in plan.DTYPES:  # instantiations beyond the defaults' (built into the stand-in's library)
+        cuda_host.EXTRA_EXPRS[(_op, _dt)] = sorted(
+            set(plan.all_kernel_exprs(_op, _dt, plan.settings(KNOBS["best_s2"])))
+            | set(plan.all_kernel_exprs(_op, _dt, plan.settings(KNOBS["best_rows2_pf2"]))))
 
 
 def _impl(op: str, variant: str, num_sms: int = NUM_SMS, knobs: str = ""):
@@ -89,6 +92,10 @@ for _op in (LN, RMS):
     # 40 SMs: 16 or more partial rows, every row slice of nb_colsum in use
     cupyhost.impl(_op, variant="best_40sm", dtypes=plan.DTYPES)(_impl(_op, "best", 40))
     cupyhost.impl(_op, variant="best_40sm_coop", dtypes=plan.DTYPES)(_impl(_op, "best", 40, KNOBS["best_coop"]))
+    # cupy@v6 as the backend registers it (nb_rows2 whatever the variable says), and with one row
+    # per block at least: 40 SMs give it many partial rows.
+    cupyhost.impl(_op, variant="v6", dtypes=plan.DTYPES)(_impl(_op, "v6"))
+    cupyhost.impl(_op, variant="v6_40sm", dtypes=plan.DTYPES)(_impl(_op, "v6", 40, "minrows=1"))
 
 
 def _case(op, dtype, shape, **params):
@@ -165,7 +172,7 @@ def test_rmsnorm_smoke_on_host(variant, case):
 
 @pytest.mark.parametrize("case", EXTRA, ids=_ids(EXTRA))
 def test_long_rows_and_partial_rows_on_host(case):
-    for variant in ("best", "best_rows", "best_coop"):
+    for variant in ("best", "best_rows", "best_coop", "best_rows2", "best_rows2_pf2", "v6"):
         _check(variant, case)
     shape = case.params["shape"]
     if case.op == LN and shape[-1] <= 8200 and np.prod(shape[:-1]) <= 64:  # long rows through two rungs too
@@ -177,6 +184,7 @@ def test_long_rows_and_partial_rows_on_host(case):
 def test_many_partial_rows_on_host(case):
     _check("best_40sm", case)
     _check("best_40sm_coop", case)
+    _check("v6_40sm", case)
 
 
 def test_the_extra_cases_reach_their_paths():
@@ -192,12 +200,25 @@ def test_the_extra_cases_reach_their_paths():
         for knobs in KNOBS.values():
             entry = plan.build_entry(case.op, "best", case.dtype, arrays, True, sms, knobs=plan.settings(knobs))
             seen.add((entry.launch.kind, entry.launch.vec > 1, entry.launch.nparts > 1, entry.launch.coop))
-            if sms == 40 and entry.launch.kind != "chunked":
+            if sms == 40 and entry.launch.kind not in ("chunked", "rows2"):  # rows2: ROWS2_MIN_ROWS a block
                 assert entry.launch.nparts >= 2 * (plan.COLSUM_BLOCK // 32), entry.launch
             la = entry.launch
             if la.kind == "stage" and knobs == KNOBS["best_s2"] and la.rows_per_block * la.gw > 4 * plan.STAGE_BLOCK:
                 seen.add("several trips round two stages")
-    assert {("chunked", True, True, False), ("chunked", False, True, False), ("rows", True, True, False),
+    for case in MANY_PARTS:  # v6_40sm: every row slice of nb_colsum in use there too
+        x = np.zeros(case.params["shape"], dtypes.numpy_dtype(case.dtype))
+        n = x.shape[-1]
+        st = np.float64 if case.dtype == "f64" else np.float32
+        arrays = {"x": x, "dy": x, "weight": np.zeros(n, x.dtype), "mean": None if case.op == RMS else
+                  np.zeros(x.shape[:-1], st), "rstd": np.zeros(x.shape[:-1], st), "dx": x.copy(),
+                  "dweight": np.zeros(n, x.dtype), "dbias": None}
+        entry = plan.build_entry(case.op, "v6", case.dtype, arrays, True, 40, knobs=plan.settings("minrows=1"))
+        if entry.launch.kind != "rows2":  # N = 4100 f32: 1025 vectors, longer than nb_rows2 holds
+            assert plan.rows2_config(n, entry.launch.vec, x.dtype.itemsize) is None
+            continue
+        assert entry.launch.kind == "rows2" and entry.launch.nparts >= 2 * (plan.COLSUM_BLOCK // 32), entry.launch
+        seen.add(("rows2", entry.launch.vec > 1, True, False))
+    assert {("rows2", True, True, False), ("rows2", False, True, False), ("chunked", True, True, False), ("chunked", False, True, False), ("rows", True, True, False),
             ("stage", True, True, False), ("stage", True, True, True), ("rows", False, True, False),
             "several trips round two stages"} <= seen
 

@@ -48,6 +48,8 @@
 //       dbias partials stay in registers across the block's rows; then, with nparts == 1, the
 //       block writes dw / db (T) itself, else row b of part (A, [2][nparts][N]: dweight's
 //       partial rows, then dbias's; only those wanted are read later) for nb_colsum.
+//   nb_rows2<Norm,T,VEC,VPT,BLOCK,PF>(p, x, dy, w, mean, rstd, dx, part, dw, db)   [v6, candidate]
+//       nb_rows' contract in blocks of BLOCK threads capped at 64 registers: see its section below.
 //   nb_chunked<Norm,T,VEC,VPT>(p, x, dy, w, mean, rstd, dx, part)           [best, large N]
 //       blockDim = NB_CHUNK_BLOCK; grid = nparts.  Block b takes the same row range as above, in
 //       tiles of tile_rows rows: row sums over column chunks of NB_CHUNK_BLOCK * VPT * VEC
@@ -880,4 +882,233 @@ nb_stage(const __grid_constant__ NBParams p, const T* __restrict__ x, const T* _
     nb_stage_rows<Norm, T, VPT, STAGES>(p, x, dy, w, mean, rstd, dx, part, dw, db, smem, red);
   if (phases == (NB_PHASE_ROWS | NB_PHASE_COLS)) nb_grid_sync(bar);
   if (phases & NB_PHASE_COLS) nb_stage_colsum<T>(p, part, dw, db, cred);
+}
+
+// ============================================================================ best (candidate): rows2
+//
+// Why: nb_rows' 16-bit N = 4096 instantiation takes 127 registers (one 512-thread block per SM)
+// and has one row step of loads in flight when it starts a row.  nb_rows2 holds few elements per
+// thread (one 16-byte vector of x and of dy per row in the vector layouts) so that the launch
+// bounds cap it at NB_ROWS2_REGS registers: 1024 threads resident per SM, and each thread keeps
+// the loads of the next PF rows it will work on in flight in registers (a ring of PF + 1 row
+// sets, indexed at compile time: no register copies wait on loads still in flight).
+//
+//   nb_rows2<Norm,T,VEC,VPT,BLOCK,PF>(p, x, dy, w, mean, rstd, dx, part, dw, db)   [rows2]
+//       nb_rows' contract (work split, gw groups, partial rows, VEC > 1 requirements, dw / db
+//       final when nparts == 1, else row b of part) with blockDim = BLOCK (256, 512 or 1024, a
+//       multiple of gw) and PF (1 or 2) rows prefetched per thread.  gw > 32: row sums through
+//       shared memory, one barrier per step; else shuffles.
+#define NB_ROWS2_REGS 64  // registers per thread the launch bounds allow (65536 per SM / 1024 threads)
+
+template <typename T, int VEC, int VPT>
+struct NBRows2Regs {  // one row as one thread holds it: its x and dy vectors and the statistics
+  NBVec<T, VEC> x[VPT], d[VPT];
+  nb_acc_t<T> mean, rstd;
+};
+
+// VEC accumulators to part[q .. q + VEC): 16-byte stores where they line up (q is a multiple of
+// VEC, and part rows hold n % VEC == 0 elements when VEC > 1), else one at a time.
+template <typename A, int VEC>
+__device__ __forceinline__ void nb_store_acc(A* q, const A* v) {
+  constexpr int PER = 16 / (int)sizeof(A);
+  if (VEC % PER == 0) {
+#pragma unroll
+    for (int i = 0; i < VEC; i += PER) {
+      NBVec<A, PER> t;
+#pragma unroll
+      for (int e = 0; e < PER; ++e) t.v[e] = v[i + e];
+      *reinterpret_cast<NBVec<A, PER>*>(q + i) = t;
+    }
+  } else {
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) q[e] = v[e];
+  }
+}
+
+// An opaque copy of a vector's registers: what is computed from it after this point is computed
+// again, not kept from before (the row's converted elements would hold twice the registers of its
+// packed 16-bit vectors across the row sums' shuffles and barrier; the weight's would stay live
+// across the whole loop).  The CPU stand-in has nothing to hide.
+template <typename T, int VEC>
+__device__ __forceinline__ void nb_launder(NBVec<T, VEC>& v) {
+#ifndef CUHOST_RUNTIME
+  if (sizeof(v) % 4 == 0) {
+    unsigned int* u = reinterpret_cast<unsigned int*>(&v);
+#pragma unroll
+    for (int i = 0; i < (int)(sizeof(v) / 4); ++i) asm volatile("" : "+r"(u[i]));
+  }
+#endif
+}
+
+template <class Norm, typename T, int VEC, int VPT, int BLOCK, int PF>
+__global__ void __launch_bounds__(BLOCK, (65536 / NB_ROWS2_REGS) / BLOCK)
+nb_rows2(const __grid_constant__ NBParams p, const T* __restrict__ x, const T* __restrict__ dy,
+         const T* __restrict__ w, const nb_acc_t<T>* __restrict__ mean, const nb_acc_t<T>* __restrict__ rstd,
+         T* __restrict__ dx, nb_acc_t<T>* __restrict__ part, T* __restrict__ dw, T* __restrict__ db) {
+  typedef nb_acc_t<T> A;
+  typedef NBVec<T, VEC> V;
+  typedef NBRows2Regs<T, VEC, VPT> R;
+  static_assert(BLOCK % 32 == 0 && BLOCK <= 1024 && (PF == 1 || PF == 2), "nb_rows2: bad block or prefetch");
+  __shared__ A red[2][BLOCK / 32][2];  // gw > 32: per-warp row sums, double-buffered by step
+  __shared__ A fin[2][BLOCK];          // the groups' dweight / dbias partials, one element at a time
+
+  const int tid = threadIdx.x;
+  const int gw = (int)p.gw, glog = (int)p.gw_log2;
+  const int lane = tid & (gw - 1), grp = tid >> glog, ngrp = BLOCK >> glog;
+  const int n = (int)p.n;
+  const bool has_w = (p.flags & NB_HAS_W) != 0, has_b = Norm::kBias && (p.flags & NB_HAS_B) != 0;
+  const A inv_n = A(1) / A(n);
+
+  bool cok[VPT];
+  int col[VPT];
+  V wv[VPT];
+  A accw[VPT][VEC], accb[VPT][VEC];
+#pragma unroll
+  for (int k = 0; k < VPT; ++k) {
+    col[k] = (k * gw + lane) * VEC;
+    cok[k] = col[k] < n;
+    if (has_w && cok[k]) wv[k] = nb_load_vec<T, VEC>(w, col[k], p.col_stride[NB_W]);
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) accw[k][e] = accb[k][e] = A(0);
+  }
+
+  const long long r_lo = (long long)blockIdx.x * p.rows_per_block;
+  const long long r_hi = nb_min(p.rows, r_lo + p.rows_per_block);
+  const int nsteps = r_hi > r_lo ? (int)((r_hi - r_lo + ngrp - 1) / ngrp) : 0;  // block-uniform
+
+  // Issue the loads of step i's row (none past the block's rows).
+  auto fetch = [&](int i, R& r) {
+    const long long row = r_lo + (long long)i * ngrp + grp;
+    if (row >= r_hi) return;
+    long long off[NB_NT];
+    nb_row_offsets(p, row, off);
+    r.rstd = rstd[off[NB_RSTD]];
+    r.mean = Norm::kMean ? mean[off[NB_MEAN]] : A(0);
+#pragma unroll
+    for (int k = 0; k < VPT; ++k) {
+      if (cok[k]) {
+        r.x[k] = nb_load_vec<T, VEC>(x + off[NB_X], col[k], p.col_stride[NB_X]);
+        r.d[k] = nb_load_vec<T, VEC>(dy + off[NB_DY], col[k], p.col_stride[NB_DY]);
+      }
+    }
+  };
+
+  // Step i on its row's registers: row sums, dx, the dweight / dbias terms.  Every thread of the
+  // block calls it (the barrier), rows past the block's end do nothing else.
+  int buf = 0;
+  auto step = [&](int i, R& c) {
+    const long long row = r_lo + (long long)i * ngrp + grp;
+    const bool rok = row < r_hi;
+    A s1 = A(0), s2 = A(0);
+    if (rok) {
+#pragma unroll
+      for (int k = 0; k < VPT; ++k) {
+        if (!cok[k]) continue;
+        nb_launder(wv[k]);
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+          const A xh = nb_xhat<Norm, A>(nb_to_acc(c.x[k].v[e]), c.mean, c.rstd);
+          const A d = nb_to_acc(c.d[k].v[e]);
+          const A g = has_w ? nb_to_acc(wv[k].v[e]) * d : d;
+          s1 += g;
+          s2 += g * xh;
+        }
+      }
+    }
+    if (gw > 32) {  // block-uniform
+      s1 = nb_warp_sum(s1);
+      s2 = nb_warp_sum(s2);
+      if ((tid & 31) == 0) {
+        red[buf][tid >> 5][0] = s1;
+        red[buf][tid >> 5][1] = s2;
+      }
+      // One barrier per step: a buffer is rewritten two steps later, after every thread has
+      // passed the next step's barrier, so after it has read this one.
+      __syncthreads();
+      const int w0 = (grp << glog) >> 5, nw = gw >> 5;
+      s1 = s2 = A(0);
+      for (int j = 0; j < nw; ++j) {  // the same order in every thread of the group
+        s1 += red[buf][w0 + j][0];
+        s2 += red[buf][w0 + j][1];
+      }
+      buf ^= 1;
+    } else {
+      s1 = nb_group_sum(s1, gw);
+      s2 = nb_group_sum(s2, gw);
+    }
+    const A a = s1 * inv_n, b = s2 * inv_n;
+    if (rok) {
+      long long off[NB_NT];
+      nb_row_offsets(p, row, off);
+#pragma unroll
+      for (int k = 0; k < VPT; ++k) {
+        if (!cok[k]) continue;
+        nb_launder(c.x[k]);
+        nb_launder(c.d[k]);
+        nb_launder(wv[k]);
+        V out;
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+          const A xh = nb_xhat<Norm, A>(nb_to_acc(c.x[k].v[e]), c.mean, c.rstd);
+          const A d = nb_to_acc(c.d[k].v[e]);
+          const A g = has_w ? nb_to_acc(wv[k].v[e]) * d : d;
+          out.v[e] = nb_from_acc<T>(nb_dx<Norm, A>(g, xh, c.rstd, a, b));
+          accw[k][e] += d * xh;
+          accb[k][e] += d;
+        }
+        nb_store_vec<T, VEC>(dx + off[NB_DX], col[k], p.col_stride[NB_DX], out);
+      }
+    }
+  };
+
+  // The ring: step i works on q[i % (PF + 1)], whose loads were issued PF steps earlier; the
+  // inner loop is unrolled so that every index is a compile-time constant.
+  R q[PF + 1];
+#pragma unroll
+  for (int j = 0; j < PF; ++j) fetch(j, q[j]);
+  for (int i0 = 0; i0 < nsteps; i0 += PF + 1) {
+#pragma unroll
+    for (int j = 0; j <= PF; ++j) {
+      const int i = i0 + j;
+      if (i < nsteps) {  // block-uniform
+        fetch(i + PF, q[(j + PF) % (PF + 1)]);
+        step(i, q[j]);
+      }
+    }
+  }
+
+  // dweight / dbias: the groups' partials summed in group order, then written final
+  // (nparts == 1) or as row blockIdx.x of the partial rows.
+  const long long np = p.nparts;
+#pragma unroll
+  for (int k = 0; k < VPT; ++k) {
+    if (ngrp > 1) {  // block-uniform
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        __syncthreads();
+        fin[0][tid] = accw[k][e];
+        fin[1][tid] = accb[k][e];
+        __syncthreads();
+        if (grp == 0) {
+          for (int g2 = 1; g2 < ngrp; ++g2) {
+            accw[k][e] += fin[0][(g2 << glog) + lane];
+            accb[k][e] += fin[1][(g2 << glog) + lane];
+          }
+        }
+      }
+    }
+    if (grp == 0 && cok[k]) {
+      const long long c = col[k];
+      if (np == 1) {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+          if (has_w) dw[(c + e) * p.out_stride[0]] = nb_from_acc<T>(accw[k][e]);
+          if (has_b) db[(c + e) * p.out_stride[1]] = nb_from_acc<T>(accb[k][e]);
+        }
+      } else {
+        if (has_w) nb_store_acc<A, VEC>(part + (long long)blockIdx.x * n + c, accw[k]);
+        if (has_b) nb_store_acc<A, VEC>(part + (np + blockIdx.x) * n + c, accb[k]);
+      }
+    }
+  }
 }

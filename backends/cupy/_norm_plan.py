@@ -37,6 +37,9 @@ DTYPES = ("f32", "f16", "bf16", "f64")
 CUDA_TYPE = {"f32": "float", "f64": "double", "f16": "__half", "bf16": "__nv_bfloat16"}
 ITEMSIZE = {"f32": 4, "f64": 8, "f16": 2, "bf16": 2}
 RUNGS = ("v1", "v2", "v3", "v4", "v5")
+# Variants planned by plan_best: `best` with GRADORACLE_CUPY_NORMS' kernel, `v6` with nb_rows2
+# whatever the variable's kernel (its other knobs apply).
+BEST_VARIANTS = {"best": None, "v6": "rows2"}
 
 # Must match norm_common.cuh / layernorm_backward.cuh (a compile test checks them).
 MAX_LEAD = 6
@@ -66,6 +69,21 @@ CHUNK_ELEMS = {"vec": {2: 8, 4: 8, 8: 4}, "scalar": {2: 8, 4: 8, 8: 4}}
 # ptxas -v on sm_90 gives 96-128 registers, no spills, for these) and stages of copies in flight.
 STAGE_ELEMS = {2: 16, 4: 8, 8: 4}
 STAGES = 4
+# nb_rows2 (kernel=rows2, cupy@v6): blocks of these sizes, every one capped at 64 registers by its
+# launch bounds (1024 threads resident per SM).  Vectors per thread: one 16-byte vector of x and
+# of dy per row in the vector layouts, up to ROWS2_SCALAR_VPT elements in the scalar ones; with
+# PF = 1 row prefetched these are the largest that ptxas -v on sm_90 compiles without spills (PF = 2
+# spills in every vector layout: the `prefetch` knob keeps it for measurement).  Longer rows
+# take the default kernels' plan.
+ROWS2_BLOCKS = (1024, 512, 256)
+ROWS2_MAX_GW = 1024
+ROWS2_SCALAR_VPT = {2: 4, 4: 4, 8: 2}
+ROWS2_PF = 1
+# nb_rows2: each block takes at least this many rows when it writes partial rows (dweight / dbias),
+# so that the partial rows (written, then read by nb_colsum: 2 x 4 bytes per column per output)
+# stay a small fraction of the block's own traffic (x, dy, dx: 6 bytes per column per row in 16-bit
+# types): 16 rows, about 17% in the worst case, layernorm with both sums.
+ROWS2_MIN_ROWS = 16
 TILE_ROWS = 8          # nb_chunked: rows whose two passes run back to back (the second hits L2)
 V5_BLOCKS_PER_SM = 2   # v5's grid: 1024-thread blocks resident per SM
 DEFAULT_SMS = 132      # H100 SXM; only when no device is queried
@@ -86,12 +104,17 @@ ENV = "GRADORACLE_CUPY_NORMS"
 # passes).  nb_stage and the driver launch path pass every CPU test but have not run on a GPU yet:
 # GRADORACLE_CUPY_NORMS=kernel=stage,launch=driver selects them (scripts/gpu/cuda_norms_tune.sh measures them).
 SETTINGS = {  # name -> (allowed values, default); None: the planner's own choice
-    "kernel": (("stage", "rows"), "rows"),   # rows held while loads are copied ahead (nb_stage), or nb_rows
+    # rows held while loads are copied ahead (nb_stage), nb_rows, or nb_rows2 (64 registers, 1024
+    # threads per SM; not yet run on a GPU: scripts/gpu/cuda_norms_v6.sh; the switch to make it the
+    # default is this entry's default, "rows" -> "rows2", once that batch passes and measures faster)
+    "kernel": (("stage", "rows", "rows2"), "rows"),
     "stages": ((2, 3, 4, 5, 6), None),         # nb_stage: copy stages (default STAGES, as many as fit)
     "elems": ((4, 8, 16, 32), None),           # nb_stage: elements per thread at most (default STAGE_ELEMS;
                                                # 32 in 16-bit types spills: ptxas, 324 bytes)
     "finish": (("colsum", "coop"), "colsum"),  # nb_stage: nb_colsum after it, or its own (cooperative launch)
     "launch": (("driver", "cupy"), "cupy"),  # cuLaunchKernel on prebuilt arguments, or cupy.RawKernel calls
+    "prefetch": ((1, 2), None),                # nb_rows2: rows whose loads are in flight (default ROWS2_PF)
+    "minrows": ((1, 2, 4, 8, 16, 32, 64), None),  # nb_rows2: rows per block at least (default ROWS2_MIN_ROWS)
 }
 
 
@@ -194,7 +217,7 @@ class Launch:
     """One call's launches: the main kernel, then nb_colsum when `colsum` (the staged kernel with
     `coop` sums the partial rows itself, after a grid-wide barrier, in a cooperative launch)."""
 
-    kind: str                  # zero | rows | stage | chunked | v1 ... v5
+    kind: str                  # zero | rows | rows2 | stage | chunked | v1 ... v5
     expr: str = ""             # main kernel's name expression
     grid: int = 0
     block: int = 0
@@ -266,6 +289,55 @@ def stage_config(dt: str, n: int, vec: int, knobs: dict) -> tuple[int, int, int]
     return vpt, gw, stages
 
 
+def rows2_config(n: int, vec: int, itemsize: int) -> tuple[int, int] | None:
+    """(VPT, gw) of nb_rows2 for rows of n elements, or None when the row does not fit."""
+    vpt_max = 1 if vec > 1 else ROWS2_SCALAR_VPT[itemsize]
+    nv = _ceil_div(n, vec)
+    if nv > ROWS2_MAX_GW * vpt_max:
+        return None
+    vpt = min(vpt_max, next_pow2(_ceil_div(nv, 32)))
+    return vpt, next_pow2(_ceil_div(nv, vpt))
+
+
+def rows2_expr(op: str, dt: str, vec: int, vpt: int, block: int, pf: int) -> str:
+    return f"nb_rows2<{POLICIES[op]}, {CUDA_TYPE[dt]}, {vec}, {vpt}, {block}, {pf}>"
+
+
+def rows2_split(rows: int, gw: int, block: int, min_rows: int, target_blocks: int) -> tuple[int, int]:
+    """(rows per block, blocks) of nb_rows2: about target_blocks blocks, each at least min_rows rows
+    (rounded up to whole steps of block // gw rows)."""
+    step = block // gw
+    rpb, _ = _split_rows(rows, target_blocks, step)
+    rpb = max(rpb, _ceil_div(min_rows, step) * step)
+    return rpb, _ceil_div(rows, rpb)
+
+
+def plan_rows2(op: str, dt: str, layout: Layout, flags: int, vec: int, num_sms: int, occupancy, knobs: dict):
+    """nb_rows2's Launch, or None when the row does not fit.  The block size is the one that keeps
+    the most threads resident (blocks x block, at most 1024 per SM), the larger on a tie (fewer
+    partial rows)."""
+    cfg = rows2_config(layout.n, vec, ITEMSIZE[dt])
+    if cfg is None:
+        return None
+    vpt, gw = cfg
+    pf = knobs.get("prefetch") or ROWS2_PF
+    # Without dweight / dbias there are no partial rows to amortise.
+    min_rows = (knobs.get("minrows") or ROWS2_MIN_ROWS) if flags else 1
+    best = None
+    for block in ROWS2_BLOCKS:
+        if block < gw:
+            continue
+        expr = rows2_expr(op, dt, vec, vpt, block, pf)
+        per_sm = max(1, occupancy(expr, block, 0))
+        rpb, nparts = rows2_split(layout.rows, gw, block, min_rows, num_sms * per_sm)
+        score = min(nparts, num_sms * per_sm) * block
+        if best is None or score > best[0]:
+            best = (score, expr, block, rpb, nparts)
+    _, expr, block, rpb, nparts = best
+    words = pack_params(layout, flags, gw=gw, rows_per_block=rpb, nparts=nparts)
+    return Launch("rows2", expr, nparts, block, words, nparts, nparts > 1 and bool(flags), vec, vpt, gw, rpb)
+
+
 def stage_expr(op: str, dt: str, vpt: int, stages: int) -> str:
     return f"nb_stage<{POLICIES[op]}, {CUDA_TYPE[dt]}, {vpt}, {stages}>"
 
@@ -286,6 +358,10 @@ def plan_best(op: str, dt: str, layout: Layout, has_w: bool, has_b: bool, vec: i
     occupancy = occupancy or (lambda expr, block, smem=0: 1)
     item, t, pol = ITEMSIZE[dt], CUDA_TYPE[dt], POLICIES[op]
     flags = _flags(has_w, has_b)
+    if knobs["kernel"] == "rows2":
+        launch = plan_rows2(op, dt, layout, flags, vec, num_sms, occupancy, knobs)
+        if launch is not None:
+            return launch
     scfg = stage_config(dt, layout.n, vec, knobs) if knobs["kernel"] == "stage" else None
     if scfg is not None:
         vpt, gw, stages = scfg
@@ -373,6 +449,15 @@ def all_kernel_exprs(op: str, dt: str, knobs: dict | None = None) -> list[str]:
             exprs.add(f"nb_rows<{pol}, {t}, {vec}, {vpt}, {'true' if gw > 32 else 'false'}>")
         assert any(f", {vpt_max}, true>" in e for e in exprs if f"{t}, {vec}," in e)
         exprs.add(f"nb_chunked<{pol}, {t}, {vec}, {CHUNK_ELEMS[kind][item] // vec}>")
+    pf = knobs.get("prefetch") or ROWS2_PF
+    for vec in sorted({1, 16 // item}):
+        for nv in (1 << k for k in range(0, 20)):
+            cfg = rows2_config(nv * vec, vec, item)
+            if cfg is None:
+                break
+            for block in ROWS2_BLOCKS:
+                if block >= cfg[1]:
+                    exprs.add(rows2_expr(op, dt, vec, cfg[0], block, pf))
     exprs.add(colsum_expr(dt))
     if op == LN:
         exprs |= {f"ln_{r}<{t}>" for r in ("v1", "v2", "v3", "v4")}
@@ -505,10 +590,12 @@ def build_entry(op: str, variant: str, dt: str, arrays: dict, aligned: bool, num
     if has_w != (arrays.get("dweight") is not None):
         raise ValueError(f"{op}: weight and dweight must come together (got weight "
                          f"{'without' if has_w else 'absent, with'} dweight)")
-    if variant != "best" and op != LN:
+    if variant not in BEST_VARIANTS and op != LN:
         raise ValueError(f"{op}: variant {variant!r} has no kernel: the ladder rungs are layernorm_backward's")
     knobs = settings() if knobs is None else knobs
-    if variant == "best":
+    if BEST_VARIANTS.get(variant):
+        knobs = dict(knobs, kernel=BEST_VARIANTS[variant])
+    if variant in BEST_VARIANTS:
         vec = vector_width(layout, ITEMSIZE[dt], aligned, has_w)
         launch = plan_best(op, dt, layout, has_w, has_b, vec, num_sms, occupancy, knobs)
     else:
@@ -524,13 +611,13 @@ def build_entry(op: str, variant: str, dt: str, arrays: dict, aligned: bool, num
     n = layout.n
     outs = [s for present, s in zip((has_w, has_b), layout.out) if present]
     sums = launch.colsum or launch.coop  # partial rows (or the rungs' accumulators) to sum
-    if launch.kind in ("rows", "chunked", "stage") and sums:
+    if launch.kind in ("rows", "rows2", "chunked", "stage") and sums:
         entry.ws_size = 2 * launch.nparts * n
     elif launch.kind in RUNGS and outs:
         entry.ws_size, entry.zeroed = 2 * n, True
     part = PART if entry.ws_size else _NULL
     main = (entry.params, X, DY, W, MEAN, RSTD, DX, part)
-    if launch.kind == "rows":
+    if launch.kind in ("rows", "rows2"):
         main += (DW, DB)
     elif launch.kind == "stage":
         main += (DW, DB, BAR if launch.coop else _NULL)
@@ -543,7 +630,7 @@ def build_entry(op: str, variant: str, dt: str, arrays: dict, aligned: bool, num
         entry.kernels.append(Kernel(colsum_expr(dt), (_ceil_div(n, COLSUM_COLS), len(outs)), COLSUM_BLOCK,
                                     (PART, np.int64(row0), np.int64(nparts), np.int64(n), out0, np.int64(outs[0]),
                                      out1, np.int64(outs[1] if len(outs) == 2 else 0))))
-    entry.fast = variant == "best" and knobs["launch"] == "driver"
+    entry.fast = variant in BEST_VARIANTS and knobs["launch"] == "driver"
     return entry
 
 

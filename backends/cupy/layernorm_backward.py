@@ -9,6 +9,11 @@ top of layernorm_backward.cuh):
   @v4    1024 threads per row, block reduction, atomics;
   @v5    the seed's proposed next rung: a 1024-thread block takes many rows and keeps its
          columns' dweight / dbias sums in registers, one atomicAdd per column per block (N <= 16384);
+  @v6    the best design at 64 registers (nb_rows2): blocks of 256-1024 threads capped at 64
+         registers by their launch bounds (1024 threads per SM), one 16-byte vector of x and dy
+         per thread per row, the next row's loads in flight; per-block dweight / dbias partial
+         rows, a fixed-order column sum; deterministic.  Longer rows than it holds: @best's plan.
+         Not yet the default (GRADORACLE_CUPY_NORMS=kernel=rows2 makes @best take it too);
   @best  where rows are dense, 16-byte aligned runs: the row held in registers, x / dy and the
          statistics copied into shared memory STAGES rows ahead (cp.async, nb_stage); other
          layouts: the row in registers, the next row's loads in flight (nb_rows); long rows:
@@ -61,6 +66,11 @@ def layernorm_backward_v4(inputs, outs, params):
 @argcheck.register(cupy_backend, OP, variant="v5", dtypes=DTYPES, deterministic=False, supports=_v5_supports)
 def layernorm_backward_v5(inputs, outs, params):
     plan.call(OP, "v5", inputs, outs)
+
+
+@argcheck.register(cupy_backend, OP, variant="v6", dtypes=DTYPES, deterministic=True)
+def layernorm_backward_v6(inputs, outs, params):
+    plan.call(OP, "v6", inputs, outs)
 
 
 @argcheck.register(cupy_backend, OP, variant="best", dtypes=DTYPES, deterministic=True)
