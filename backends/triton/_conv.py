@@ -17,12 +17,11 @@
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from backends.triton.common import INTERPRETER, interpreted, jit, tl
+from backends.triton.common import TUNE_ENV, capturing, time_ms, tuning_on  # noqa: F401 - TUNE_ENV: for callers
 
-TUNE_ENV = "GRADORACLE_TRITON_TUNE"
 TUNE_MIN_FLOPS = 2e8     # below this a call takes the default tile: tuning would cost more than it wins
 TUNE_MARGIN = 0.03       # a candidate must beat the default by this much to replace it
 
@@ -100,34 +99,6 @@ def other_device(t) -> bool:
         _current_device = torch.cuda.current_device if torch.cuda.device_count() > 1 else False
         return other_device(t)
     return t.device.index != _current_device()
-
-
-def tuning_on() -> bool:
-    return os.environ.get(TUNE_ENV, "1") != "0"
-
-
-def capturing(device) -> bool:
-    import torch
-
-    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-
-
-def time_ms(run, reps: int = 3, rounds: int = 3) -> float:
-    """Fastest mean of `reps` back-to-back calls of `run()` over `rounds`, by CUDA events."""
-    import torch
-
-    run()
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(rounds):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(reps):
-            run()
-        end.record()
-        end.synchronize()
-        best = min(best, start.elapsed_time(end) / reps)
-    return best
 
 
 class Tuner:
