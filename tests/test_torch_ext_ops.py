@@ -28,13 +28,18 @@ EPS = 1e-5
 ops = None
 
 
-@pytest.fixture(scope="module", autouse=True)
-def ext():
-    global ops
+def extension_ops():
+    """torch.ops.gradoracle with the extension built and loaded (the test fails where it cannot be)."""
     reason = torch_ext._check("cpu")
     if reason:
         pytest.fail(reason)
-    ops = torch.ops.gradoracle
+    return torch.ops.gradoracle
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ext():
+    global ops
+    ops = extension_ops()
 
 
 def view(t: torch.Tensor, layout: str) -> torch.Tensor:

@@ -17,9 +17,6 @@ subprocess that sets TRITON_INTERPRET=1 (the setup helpers come from test_triton
 """
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -34,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from test_triton_interpret import _interpreting_here, _to_torch  # noqa: E402
+from triton_interp import check_result, report, worker_results  # noqa: E402
 
 from backends.triton import attention_backward as ab  # noqa: E402
 from cases.registry import select  # noqa: E402
@@ -111,23 +109,20 @@ def run_one(case_id: str) -> str:
     return f"{r.status}: {r.reason} " + "; ".join(o.message for o in r.outputs if not o.passed)
 
 
+def check_one(case_id: str) -> None:
+    verdict = run_one(case_id)
+    assert verdict == "ok", verdict
+
+
 @pytest.fixture(scope="module")
 def subprocess_results():
     """Every case's verdict from a worker that sets TRITON_INTERPRET=1 before importing triton."""
-    if _interpreting_here():
-        return None
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "tests"), env.get("PYTHONPATH", "")])
-    proc = subprocess.run([sys.executable, __file__, "--worker"], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=1200)
-    assert proc.returncode == 0, f"interpreter worker failed:\n{proc.stderr[-4000:]}"
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return worker_results(__file__, "--worker", timeout=1200)
 
 
 @pytest.mark.parametrize("case_id", CASES)
 def test_smoke_case_passes(subprocess_results, case_id):
-    verdict = run_one(case_id) if subprocess_results is None else subprocess_results[case_id]
-    assert verdict == "ok", verdict
+    check_result(subprocess_results, case_id, check_one)
 
 
 def test_split_for():
@@ -225,15 +220,5 @@ def test_head_dim_limit():
     assert msg.startswith("triton attention_backward: head dim") and "at most 256" in msg and "320" in msg, msg
 
 
-def _worker() -> None:
-    out = {}
-    for case_id in CASES:
-        try:
-            out[case_id] = run_one(case_id)
-        except Exception as exc:  # noqa: BLE001 - reported to the test side
-            out[case_id] = f"{type(exc).__name__}: {exc}"
-    print(json.dumps(out))
-
-
 if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:
-    _worker()
+    report(CASES, check_one)

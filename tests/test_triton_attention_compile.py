@@ -14,22 +14,19 @@ on GPU-less machines; interpreter functions cannot be compiled), as tests/test_t
 """
 from __future__ import annotations
 
-import json
-import os
 import re
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
+
+import triton_sm90 as sm90
 
 pytest.importorskip("triton")
 
 ROOT = Path(__file__).resolve().parents[1]
 SMEM_LIMIT = 232448  # bytes of shared memory a block may use on sm_90
-_TY = {"f32": "fp32", "f16": "fp16", "bf16": "bf16", "f64": "fp64"}
-_ITEM = {"f32": 4, "f16": 2, "bf16": 2, "f64": 8}
+_TY, _ITEM = sm90.TRITON_TY, sm90.ITEM
 
 
 def _jobs() -> list[str]:
@@ -87,64 +84,26 @@ def _spec(job: str):
 
 
 def _compile(job: str, registers: bool = False) -> dict:
-    import triton
-    from triton.backends.compiler import GPUTarget
-
     kernel, ptrs, const, warps, stages = _spec(job)
     # As a launch specialises them for contiguous tensors of head dim 64 / 128 / 256: head-dim
     # strides 1 (constants), other strides multiples of 16, pointers 16-byte aligned.
     const = dict(const, **{n: 1 for n in kernel.arg_names if re.fullmatch(r"s\w+_d", n)})
-    signature, attrs = {}, {}
-    for i, name in enumerate(kernel.arg_names):
-        if name in const:
-            signature[name] = "constexpr"
-        elif name in ptrs:
-            signature[name] = "*" + ptrs[name]
-            attrs[(i,)] = [["tt.divisibility", 16]]
-        else:
-            signature[name] = "i32"
-            if re.fullmatch(r"s\w+_[bsh]", name) and "-40-" not in job and "-96-" not in job:
-                attrs[(i,)] = [["tt.divisibility", 16]]
-    src = triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs=const, attrs=attrs)
-    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+    odd = "-40-" in job or "-96-" in job
+    signature, attrs = sm90.signature(kernel, ptrs, const,
+                                      lambda i, name: not odd and re.fullmatch(r"s\w+_[bsh]", name) is not None)
+    compiled = sm90.compile_sm90(kernel, signature, const, attrs, warps, num_stages=stages)
     ptx = compiled.asm["ptx"]
     out = {"cubin": len(compiled.asm.get("cubin", b"")), "shared": int(compiled.metadata.shared),
            "wgmma": "wgmma" in ptx, "mma": "mma.sync" in ptx, "warps": warps}
     if registers:  # a second ptxas run, for its report: the table mode only (it doubles the time)
-        with tempfile.TemporaryDirectory() as tmp:
-            Path(tmp, "k.ptx").write_text(ptx)
-            log = subprocess.run([triton.knobs.nvidia.ptxas.path, "-v", "--gpu-name=sm_90a", str(Path(tmp, "k.ptx")),
-                                  "-o", str(Path(tmp, "k.o"))], capture_output=True, text=True).stderr
-        regs = re.findall(r"Used (\d+) registers", log)
-        spills = re.findall(r"(\d+) bytes spill stores", log)
-        out.update(regs=int(regs[0]) if regs else None, spills=int(spills[0]) if spills else 0)
+        r = sm90.ptxas_report(ptx)
+        out.update(regs=r["regs"], spills=r["spill_stores"])
     return out
-
-
-
-def _worker(jobs: list[str]) -> None:
-    sys.path.insert(0, str(ROOT))
-    out = {}
-    for job in jobs:
-        try:
-            out[job] = _compile(job)
-        except Exception as exc:  # noqa: BLE001 - reported to the test side
-            out[job] = {"error": f"{type(exc).__name__}: {exc}"[-3000:]}
-    print(json.dumps(out))
 
 
 @pytest.fixture(scope="module")
 def compiled() -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    workers = [subprocess.Popen([sys.executable, __file__, "--worker", *JOBS[i::2]], cwd=ROOT, env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
-    results = {}
-    for w in workers:
-        stdout, stderr = w.communicate(timeout=1200)
-        assert w.returncode == 0, f"compile worker failed:\n{stderr[-4000:]}"
-        results.update(json.loads(stdout.strip().splitlines()[-1]))
-    return results
+    return sm90.run_workers(__file__, "--worker", [JOBS[i::2] for i in range(2)], timeout=1200)
 
 
 @pytest.mark.parametrize("job", JOBS)
@@ -163,7 +122,7 @@ def test_16bit_dots_use_tensor_cores(compiled, job):
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:
-    _worker(sys.argv[2:])
+    sm90.worker(sys.argv[2:], _compile)
 elif __name__ == "__main__":  # a table of the jobs' resources: python tests/test_triton_attention_compile.py [JOB...]
     sys.path.insert(0, str(ROOT))
     for job in sys.argv[1:] or JOBS:

@@ -12,24 +12,20 @@ imported) `triton.jit` makes interpreter objects, and so do the kernels' callees
 """
 from __future__ import annotations
 
-import json
-import os
 import re
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 
+import triton_sm90 as sm90
 from oracle.binary_backward import FNS
 
 pytest.importorskip("triton")
 
 ROOT = Path(__file__).resolve().parents[1]
 DTYPES = ("f32", "f16", "bf16", "f64")
-_TRITON_TY = {"f32": "fp32", "f16": "fp16", "bf16": "bf16", "f64": "fp64"}
-_ITEM = {"f32": 4, "f16": 2, "bf16": 2, "f64": 8}
+_TRITON_TY, _ITEM = sm90.TRITON_TY, sm90.ITEM
 
 # Shapes (A, B, strides of a, b, g or None for contiguous) whose tile plans cover the paths
 # of _tile_kernel.  'rows' is the main kernel and compiles for every fn.
@@ -120,55 +116,23 @@ def _launch_args(job: str):
 
 
 def _compile(job: str) -> dict:
-    import triton
-    from triton.backends.compiler import GPUTarget
-
     kernel, ptrs, ints, constexprs, warps = _launch_args(job)
-    signature, attrs = {}, {}
-    for i, name in enumerate(kernel.arg_names):
-        if name in constexprs:
-            signature[name] = "constexpr"
-        elif name in ptrs:
-            signature[name] = "*" + ptrs[name]
-            attrs[(i,)] = [["tt.divisibility", 16]]  # torch allocations are 16-byte aligned
-        else:
-            signature[name] = "i32"  # a launch passes i32 for small values: offsets must widen anyway
-            if name in ("n", "cols") and ints[name] % 16 == 0:  # the only ints the backend lets triton specialise
-                attrs[(i,)] = [["tt.divisibility", 16]]
-    src = triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
-    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
-    with tempfile.TemporaryDirectory() as d:  # registers and spills, as triton's own ptxas call reports them
-        Path(d, "k.ptx").write_text(compiled.asm["ptx"])
-        log = subprocess.run([triton.knobs.nvidia.ptxas.path, "-lineinfo", "-v", "--regAllocOptLevel=2",
-                              "--gpu-name=sm_90a", str(Path(d, "k.ptx")), "-o", str(Path(d, "k.o"))],
-                             capture_output=True, text=True).stderr
-    regs = re.findall(r"Used (\d+) registers", log)
-    spills = re.findall(r"(\d+) bytes spill stores", log)
-    # (offset operand, offset type) of every pointer increment; constants (descriptor fields) may be i32
-    ttir = compiled.asm["ttir"]
-    constants = set(re.findall(r"(%\S+) = arith\.constant ", ttir))
-    addptrs = re.findall(r"tt\.addptr %\S+, (%\S+) : .*, (\S+) loc", ttir)
-    narrow = {f"{op}: {ty}" for op, ty in addptrs if "i64" not in ty and op not in constants}
+    # the only ints the backend lets triton specialise
+    signature, attrs = sm90.signature(kernel, ptrs, constexprs,
+                                      lambda i, name: name in ("n", "cols") and ints[name] % 16 == 0)
+    compiled = sm90.compile_sm90(kernel, signature, constexprs, attrs, warps)
+    # registers and spills, as triton's own ptxas call reports them
+    r = sm90.ptxas_report(compiled.asm["ptx"], "-lineinfo", "--regAllocOptLevel=2")
+    addptrs, narrow = sm90.pointer_offsets(compiled.asm["ttir"])
     return {
         "cubin": len(compiled.asm.get("cubin", b"")),
-        "narrow_offsets": sorted(narrow),
-        "addptrs": len(addptrs),
+        "narrow_offsets": narrow,
+        "addptrs": addptrs,
         "vector_loads": sorted(set(re.findall(r"ld\.global(?:\.\w+)*\.v\d\.\w+", compiled.asm["ptx"]))),
-        "regs": int(regs[0]) if regs else None,
-        "spills": int(spills[0]) if spills else 0,
+        "regs": r["regs"],
+        "spills": r["spill_stores"],
         "warps": warps,
     }
-
-
-def _worker(jobs: list[str]) -> None:
-    sys.path.insert(0, str(ROOT))
-    out = {}
-    for job in jobs:
-        try:
-            out[job] = _compile(job)
-        except Exception as exc:  # noqa: BLE001 - report, the test side asserts
-            out[job] = {"error": f"{type(exc).__name__}: {exc}"[-3000:]}
-    print(json.dumps(out))
 
 
 # ----------------------------------------------------------------------------- test side
@@ -177,16 +141,7 @@ def _worker(jobs: list[str]) -> None:
 @pytest.fixture(scope="module")
 def compiled() -> dict:
     """Compile all jobs in two worker processes (this machine has two cores)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    workers = [subprocess.Popen([sys.executable, __file__, "--worker", *JOBS[i::2]], cwd=ROOT, env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
-    results = {}
-    for w in workers:
-        stdout, stderr = w.communicate(timeout=900)
-        assert w.returncode == 0, f"compile worker failed:\n{stderr[-4000:]}"
-        results.update(json.loads(stdout.strip().splitlines()[-1]))
-    return results
+    return sm90.run_workers(__file__, "--worker", [JOBS[i::2] for i in range(2)], timeout=900)
 
 
 @pytest.mark.parametrize("job", JOBS)
@@ -238,4 +193,4 @@ def test_main_patterns_keep_many_warps_resident(compiled, job):
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:
-    _worker(sys.argv[2:])
+    sm90.worker(sys.argv[2:], _compile)

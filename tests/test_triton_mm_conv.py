@@ -19,9 +19,6 @@ it (a GPU machine), the oracle cases run in one worker subprocess that sets it.
 """
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -42,6 +39,7 @@ from backends.triton import matmul_backward as mmb  # noqa: E402
 from harness import dtypes  # noqa: E402
 from harness.registry import get_op  # noqa: E402
 from test_triton_interpret import _to_torch  # noqa: E402 - the HostTensor -> torch view helper
+from triton_interp import check_result, needs_interpreter, report, worker_results  # noqa: E402
 
 OPS = ("matmul_backward", "conv_backward_data", "conv_backward_weight")
 # Conv smoke cases (by a substring of their ids) also run with the tl.dot path forced.
@@ -129,45 +127,15 @@ def run_case(case_id: str) -> None:
 # ----------------------------------------------------------------------------- runner
 
 
-def _interpreting_here() -> bool:
-    return _conv.interpreted() and os.environ.get("TRITON_INTERPRET") == "1"
-
-
-def _needs_interpreter():
-    if not _interpreting_here():
-        pytest.skip("needs TRITON_INTERPRET=1 in this process (the oracle cases run in a worker)")
-
-
 @pytest.fixture(scope="module")
 def subprocess_results():
     """Results of every case from a worker that sets TRITON_INTERPRET=1 before importing triton."""
-    if _interpreting_here():
-        return None
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "tests"), env.get("PYTHONPATH", "")])
-    proc = subprocess.run([sys.executable, __file__, "--worker"], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=1800)
-    assert proc.returncode == 0, f"interpreter worker failed:\n{proc.stderr[-4000:]}"
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return worker_results(__file__, "--worker", timeout=1800)
 
 
 @pytest.mark.parametrize("case_id", CASES)
 def test_matches_oracle(subprocess_results, case_id):
-    if subprocess_results is None:
-        run_case(case_id)
-    else:
-        assert subprocess_results[case_id] == "ok", subprocess_results[case_id]
-
-
-def _worker() -> None:
-    out = {}
-    for case_id in CASES:
-        try:
-            run_case(case_id)
-            out[case_id] = "ok"
-        except Exception as exc:  # noqa: BLE001 - reported to the test side
-            out[case_id] = f"{type(exc).__name__}: {exc}"
-    print(json.dumps(out))
+    check_result(subprocess_results, case_id, run_case)
 
 
 # ----------------------------------------------------------------------------- in-process checks
@@ -204,7 +172,7 @@ def _cached(mod) -> list:
 @pytest.mark.parametrize("op", OPS)
 def test_plan_cache_and_repeatability(op):
     """A second call of the same layout plans nothing and gives the same bits."""
-    _needs_interpreter()
+    needs_interpreter()
     mod, params = ENTRIES[op]
     fn = mod.triton_backend.impls[(op, "default")].fn
     mod.clear_plans()
@@ -326,4 +294,4 @@ def test_batch_tables():
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:
-    _worker()
+    report(CASES, run_case)

@@ -14,15 +14,13 @@ The compiles run in two worker subprocesses with TRITON_INTERPRET unset (under t
 """
 from __future__ import annotations
 
-import json
-import os
 import re
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
+
+import triton_sm90 as sm90
 
 pytest.importorskip("triton")
 
@@ -133,42 +131,31 @@ def _launches(op: str, case, force: int) -> list:
 
 
 def _compile(launch, ptr_types) -> dict:
-    import triton
-    from triton.backends.compiler import GPUTarget
-
     kernel = launch.kernel
     names = list(kernel.arg_names)
+    ptrs = {names[i]: _TRITON_TY[t] for i, t in enumerate(ptr_types[:launch.n_tensors])}
     values = dict(zip(names[launch.n_tensors:], launch.tail))
     constexpr_names = {p.name for p in kernel.params if p.is_constexpr}
-    no_spec = {names[i] if isinstance(i, int) else i for i in getattr(kernel, "do_not_specialize", ())}
-    signature, constexprs, attrs = {}, {}, {}
-    for i, name in enumerate(names):
-        if i < launch.n_tensors:
-            signature[name] = "*" + _TRITON_TY[ptr_types[i]]
-            attrs[(i,)] = [["tt.divisibility", 16]]
-            continue
-        v = values[name]
-        if name in constexpr_names or (v == 1 and name not in no_spec and not isinstance(v, bool)):
-            signature[name] = "constexpr"
-            constexprs[name] = v
-            continue
-        signature[name] = "i32" if -2**31 <= v < 2**31 else "i64"
-        if v % 16 == 0 and name not in no_spec:
-            attrs[(i,)] = [["tt.divisibility", 16]]
-    src = triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
-    options = {"num_warps": launch.num_warps, **launch.options}
-    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
-    with tempfile.TemporaryDirectory() as d:
-        Path(d, "k.ptx").write_text(compiled.asm["ptx"])
-        log = subprocess.run([triton.knobs.nvidia.ptxas.path, "-v", "--gpu-name=sm_90a", str(Path(d, "k.ptx")),
-                              "-o", str(Path(d, "k.o"))], capture_output=True, text=True).stderr
-    regs = re.findall(r"Used (\d+) registers", log)
-    spills = re.findall(r"(\d+) bytes spill stores", log)
+    signature, constexprs, attrs = sm90.launch_signature(
+        kernel, ptrs, values, {k: v for k, v in values.items() if k in constexpr_names})
+    compiled = sm90.compile_sm90(kernel, signature, constexprs, attrs, launch.num_warps, **launch.options)
+    r = sm90.ptxas_report(compiled.asm["ptx"])
     ptx = compiled.asm["ptx"]
     return {"kernel": kernel.__name__, "cubin": len(compiled.asm.get("cubin", b"")),
-            "mma": bool(re.search(r"\b(w?gmma|mma)\.", ptx)), "wgmma": "wgmma" in ptx, "regs": int(regs[0]) if regs else None,
-            "spills": int(spills[0]) if spills else 0, "warps": launch.num_warps,
+            "mma": bool(re.search(r"\b(w?gmma|mma)\.", ptx)), "wgmma": "wgmma" in ptx, "regs": r["regs"],
+            "spills": r["spill_stores"], "warps": launch.num_warps,
             "constexprs": {k: v for k, v in constexprs.items() if k in constexpr_names}}
+
+
+def _compile_job(job: str, by_id: dict, cache: dict) -> list:
+    op, cid, force = job.split("|")
+    res = []
+    for launch, ptrs in _launches(op, by_id[(op, cid)], int(force)):
+        key = (launch.signature(), tuple(ptrs))
+        if key not in cache:
+            cache[key] = _compile(launch, ptrs)
+        res.append(cache[key])
+    return res
 
 
 def _worker(jobs: list[str]) -> None:
@@ -176,20 +163,8 @@ def _worker(jobs: list[str]) -> None:
     from cases import select
 
     by_id = {(c.op, c.id): c for op in OPS for c in select("perf", op=op)}
-    out, cache = {}, {}
-    for job in jobs:
-        op, cid, force = job.split("|")
-        try:
-            res = []
-            for launch, ptrs in _launches(op, by_id[(op, cid)], int(force)):
-                key = (launch.signature(), tuple(ptrs))
-                if key not in cache:
-                    cache[key] = _compile(launch, ptrs)
-                res.append(cache[key])
-            out[job] = res
-        except Exception as exc:  # noqa: BLE001 - reported to the test side
-            out[job] = [{"error": f"{type(exc).__name__}: {exc}"[-3000:]}]
-    print(json.dumps(out))
+    cache = {}
+    sm90.worker(jobs, lambda job: _compile_job(job, by_id, cache), error=lambda msg: [{"error": msg}])
 
 
 # ----------------------------------------------------------------------------- test side
@@ -197,16 +172,7 @@ def _worker(jobs: list[str]) -> None:
 
 @pytest.fixture(scope="module")
 def compiled() -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    workers = [subprocess.Popen([sys.executable, __file__, "--worker", *JOBS[i::2]], cwd=ROOT, env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
-    results = {}
-    for w in workers:
-        stdout, stderr = w.communicate(timeout=1200)
-        assert w.returncode == 0, f"compile worker failed:\n{stderr[-4000:]}"
-        results.update(json.loads(stdout.strip().splitlines()[-1]))
-    return results
+    return sm90.run_workers(__file__, "--worker", [JOBS[i::2] for i in range(2)], timeout=1200)
 
 
 @pytest.mark.parametrize("job", JOBS)

@@ -19,7 +19,6 @@ loads on the perf cases, and (ptxas -v, where triton ships ptxas) no register sp
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -39,6 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/: the shared interpreter helper
 
+import triton_sm90 as sm90  # noqa: E402
 from triton_interp import check_result, interpreting_here, report, worker_results  # noqa: E402
 from backends.triton import _norm  # noqa: E402
 from harness import dtypes  # noqa: E402
@@ -393,7 +393,7 @@ def test_merge_rows():
 
 # ----------------------------------------------------------------------------- sm_90 compiles
 
-_TY = {"f32": "fp32", "f16": "fp16", "bf16": "bf16", "f64": "fp64"}
+_TY = sm90.TRITON_TY
 BIG_SPLIT = [(LN, "bf16", (64, 65536), {}), (RMS, "f32", (7, 12289), {}), (LN, "f64", (8, 8192), {"bias": False})]
 TABLE = [(LN, "bf16", (4, 33, 130), {"x_layout": "transposed"})]
 # odd shapes: N = 1 with many rows per tile, N = 5 and 1023 (no vector width divides them), a strided column
@@ -440,26 +440,6 @@ def _job_case(job: str):
     return Case(op, dt, {"shape": list(shape), **params}), cfg
 
 
-def _specialised(kernel, values: dict, ptrs: dict, constexprs: dict):
-    """signature, constexprs, attrs as a launch would make them: ints of 1 become constants and
-    ints divisible by 16 get the divisibility hint, unless the kernel says not to specialise."""
-    sig, attrs, consts = {}, {}, dict(constexprs)
-    skip = {kernel.arg_names[p.num] for p in kernel.params if p.do_not_specialize}
-    for i, name in enumerate(kernel.arg_names):
-        if name in constexprs:
-            sig[name] = "constexpr"
-        elif name in ptrs:
-            sig[name] = "*" + ptrs[name]
-            attrs[(i,)] = [["tt.divisibility", 16]]  # torch allocations are 16-byte aligned
-        elif values[name] == 1 and name not in skip:
-            sig[name], consts[name] = "constexpr", 1
-        else:
-            sig[name] = "i64" if abs(values[name]) >= 2**31 else "i32"
-            if name not in skip and values[name] % 16 == 0:
-                attrs[(i,)] = [["tt.divisibility", 16]]
-    return sig, consts, attrs
-
-
 def _launches(job: str) -> list:
     """(label, kernel, pointer dtypes, int args, constexprs, num_warps, options) of each launch."""
     case, cfg = _job_case(job)
@@ -479,45 +459,19 @@ def _launches(job: str) -> list:
     return out
 
 
-def _ptxas(ptx: str) -> tuple[int | None, int | None]:
-    """(registers per thread, spill stores + loads in bytes) that ptxas reports for `ptx`
-    (None, None: no ptxas shipped with triton)."""
-    import tempfile
-
-    import triton
-
-    exe = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
-    if not exe.exists():
-        return None, None
-    with tempfile.TemporaryDirectory() as tmp:
-        src = Path(tmp) / "k.ptx"
-        src.write_text(ptx)
-        arch = re.search(r"\.target\s+(sm_\w+)", ptx).group(1)
-        proc = subprocess.run([str(exe), f"-arch={arch}", "-v", str(src), "-o", str(Path(tmp) / "k.cubin")],
-                              capture_output=True, text=True)
-    regs = re.findall(r"Used (\d+) registers", proc.stderr)
-    return (int(regs[-1]) if regs else None,
-            sum(int(n) for n in re.findall(r"(\d+) bytes spill (?:stores|loads)", proc.stderr)))
-
-
 def _compile(job: str) -> dict:
-    import triton
-    from triton.backends.compiler import GPUTarget
-
     result = {}
     launches = _launches(job)
     result["paths"] = {k: launches[0][4][k] for k in ("SPLIT", "TABLE", "FINISH", "PDL", "STAGES")}
     for label, kernel, ptrs, ints, constexprs, warps, opts in launches:
-        sig, consts, attrs = _specialised(kernel, ints, ptrs, constexprs)
-        src = triton.compiler.ASTSource(fn=kernel, signature=sig, constexprs=consts, attrs=attrs)
-        compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, **opts})
-        ttir, ptx = compiled.asm["ttir"], compiled.asm["ptx"]
-        constants = set(re.findall(r"(%\S+) = arith\.constant ", ttir))
-        addptrs = re.findall(r"tt\.addptr %\S+, (%\S+) : .*, (\S+) loc", ttir)
+        sig, consts, attrs = sm90.launch_signature(kernel, ptrs, ints, constexprs)
+        compiled = sm90.compile_sm90(kernel, sig, consts, attrs, warps, **opts)
+        ptx = compiled.asm["ptx"]
+        addptrs, narrow = sm90.pointer_offsets(compiled.asm["ttir"])
         result[label] = {
             "cubin": len(compiled.asm.get("cubin", b"")),
-            "addptrs": len(addptrs),
-            "narrow_offsets": sorted({f"{o}: {t}" for o, t in addptrs if "i64" not in t and o not in constants}),
+            "addptrs": addptrs,
+            "narrow_offsets": narrow,
             # 16-byte global loads: vector loads, or the pipeliner's 16-byte async copies
             "wide_loads": bool(re.search(r"ld\.global(?:\.\w+)*\.v[24]\.(?:b32|b64|f32)|cp\.async\.\w+\.shared\.global"
                                          r" \[[^\]]*\], \[[^\]]*\], (?:16|0x10)", ptx)),
@@ -525,18 +479,10 @@ def _compile(job: str) -> dict:
             "wide_cg_loads": bool(re.search(r"ld\.global\.cg(?:\.\w+)*\.v4\.(?:b32|f32)|"
                                             r"ld\.global\.cg(?:\.\w+)*\.v2\.(?:b64|f64)", ptx)),
         }
-        result[label]["regs"], result[label]["spills"] = _ptxas(ptx)
+        r = sm90.ptxas_report(ptx)  # spills: stores + loads in bytes (None: no ptxas shipped with triton)
+        result[label]["regs"] = r["regs"]
+        result[label]["spills"] = None if r["regs"] is None else r["spill_stores"] + r["spill_loads"]
     return result
-
-
-def _compile_worker(jobs: list[str]) -> None:
-    out = {}
-    for job in jobs:
-        try:
-            out[job] = _compile(job)
-        except Exception as exc:  # noqa: BLE001 - reported, the test side asserts
-            out[job] = {"error": f"{type(exc).__name__}: {exc}"[-3000:]}
-    print(json.dumps(out))
 
 
 COMPILE_JOBS = _compile_jobs()
@@ -545,16 +491,7 @@ COMPILE_JOBS = _compile_jobs()
 @pytest.fixture(scope="module")
 def compiled() -> dict:
     """Compile every job in two worker processes without TRITON_INTERPRET (this machine has two cores)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    workers = [subprocess.Popen([sys.executable, __file__, "--compile", *COMPILE_JOBS[i::2]], cwd=ROOT, env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
-    results = {}
-    for w in workers:
-        stdout, stderr = w.communicate(timeout=1500)
-        assert w.returncode == 0, f"compile worker failed:\n{stderr[-4000:]}"
-        results.update(json.loads(stdout.strip().splitlines()[-1]))
-    return results
+    return sm90.run_workers(__file__, "--compile", [COMPILE_JOBS[i::2] for i in range(2)], timeout=1500)
 
 
 @pytest.mark.parametrize("job", COMPILE_JOBS)
@@ -585,4 +522,4 @@ def test_compiles_for_sm90(compiled, job):
 if __name__ == "__main__" and sys.argv[1:2] == ["--interpret"]:
     _interpret_worker()
 elif __name__ == "__main__" and sys.argv[1:2] == ["--compile"]:
-    _compile_worker(sys.argv[2:])
+    sm90.worker(sys.argv[2:], _compile)

@@ -13,24 +13,21 @@ TRITON_INTERPRET=1 `triton.jit` makes interpreter objects, which `triton.compile
 """
 from __future__ import annotations
 
-import json
-import os
 import re
-import subprocess
 import sys
-import tempfile
 from dataclasses import replace
 from math import prod
 from pathlib import Path
 
 import pytest
 
+import triton_sm90 as sm90
+
 pytest.importorskip("triton")
 
 ROOT = Path(__file__).resolve().parents[1]
 SMS = 132
-_TRITON_TY = {"f32": "fp32", "f16": "fp16", "bf16": "bf16", "f64": "fp64"}
-_ITEM = {"f32": 4, "f16": 2, "bf16": 2, "f64": 8}
+_TRITON_TY, _ITEM = sm90.TRITON_TY, sm90.ITEM
 FINISHES = ("rows", "last", "kernel")
 # float64 versions of the main shapes (no perf case is float64): full, column and row sums.
 F64 = [("f64", [1 << 24], {"axes": None}), ("f64", [8192, 4096], {"axes": [0]}), ("f64", [8192, 4096], {"axes": [1]})]
@@ -66,46 +63,29 @@ _COMPILED: dict = {}
 
 def _compile(kernel, ptrs: dict, ints: dict, constexprs: dict, warps: int) -> dict:
     """Compile one variant for sm_90 (cached) and read its PTX and register count."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-
+    skip = sm90.no_specialise(kernel)
     key = (kernel.__name__ if hasattr(kernel, "__name__") else str(kernel), tuple(sorted(ptrs.items())),
            tuple(sorted(constexprs.items())), warps,
-           tuple(sorted((k, v % 16 == 0) for k, v in ints.items() if k not in kernel.do_not_specialize)))
+           tuple(sorted((k, v % 16 == 0) for k, v in ints.items() if k not in skip)))
     if key in _COMPILED:
         return _COMPILED[key]
-    signature, attrs = {}, {}
-    for i, name in enumerate(kernel.arg_names):
-        if name in constexprs:
-            signature[name] = "constexpr"
-        elif name in ptrs:
-            signature[name] = "*" + ptrs[name]
-            attrs[(i,)] = [["tt.divisibility", 16]]  # torch allocations are 16-byte aligned
-        else:
-            signature[name] = "i32"  # a launch passes i32 for small values: offsets must widen anyway
-            if name not in kernel.do_not_specialize and ints[name] % 16 == 0:  # what the launcher specialises
-                attrs[(i,)] = [["tt.divisibility", 16]]
-    src = triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
-    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
-    ptx, ttir = compiled.asm["ptx"], compiled.asm["ttir"]
-    constants = set(re.findall(r"(%\S+) = arith\.constant ", ttir))
-    addptrs = re.findall(r"tt\.addptr %\S+, (%\S+) : .*, (\S+) loc", ttir)
-    with tempfile.TemporaryDirectory() as d:
-        Path(d, "k.ptx").write_text(ptx)
-        log = subprocess.run([triton.knobs.nvidia.ptxas.path, "-v", "--regAllocOptLevel=2", "--gpu-name=sm_90a",
-                              str(Path(d, "k.ptx")), "-o", str(Path(d, "k.o"))], capture_output=True, text=True)
-    regs = re.findall(r"Used (\d+) registers", log.stderr)
-    spills = re.findall(r"(\d+) bytes spill stores", log.stderr)
+    # what the launcher specialises: ints divisible by 16 that the kernel lets it
+    signature, attrs = sm90.signature(kernel, ptrs, constexprs,
+                                      lambda i, name: name not in skip and ints[name] % 16 == 0)
+    compiled = sm90.compile_sm90(kernel, signature, constexprs, attrs, warps)
+    ptx = compiled.asm["ptx"]
+    addptrs, narrow = sm90.pointer_offsets(compiled.asm["ttir"])
+    r = sm90.ptxas_report(ptx, "--regAllocOptLevel=2")
     out = {
         "cubin": len(compiled.asm.get("cubin", b"")),
-        "narrow_offsets": sorted({f"{op}: {ty}" for op, ty in addptrs if "i64" not in ty and op not in constants}),
-        "addptrs": len(addptrs),
+        "narrow_offsets": narrow,
+        "addptrs": addptrs,
         # the loads of x: plain ld.global (the partials are read with .cg)
         "x_loads": sorted(set(re.findall(r"ld\.global\.(?:v\d\.)?[bf]\d+", ptx))),
         # the pipelined loop (STAGES) reads x with asynchronous copies to shared memory: their byte counts
         "async_copies": sorted(set(re.findall(r"cp\.async\.c[ag]\.shared\.global[^;]*\], (0x[0-9a-f]+|\d+)", ptx))),
-        "regs": int(regs[0]) if regs else None,
-        "spills": int(spills[0]) if spills else 0,
+        "regs": r["regs"],
+        "spills": r["spill_stores"],
         "shared": int(compiled.metadata.shared),
     }
     _COMPILED[key] = out
@@ -145,17 +125,6 @@ def _job(job: str) -> dict:
     return r
 
 
-def _worker(jobs: list[str]) -> None:
-    sys.path.insert(0, str(ROOT))
-    out = {}
-    for job in jobs:
-        try:
-            out[job] = _job(job)
-        except Exception as exc:  # noqa: BLE001 - report, the test side asserts
-            out[job] = {"error": f"{type(exc).__name__}: {exc}"[-3000:]}
-    print(json.dumps(out))
-
-
 # ----------------------------------------------------------------------------- test side
 
 
@@ -163,18 +132,8 @@ def _worker(jobs: list[str]) -> None:
 def compiled() -> dict:
     """Compile all jobs in two worker processes (this machine has two cores): finish "kernel" in one,
     the rest in the other, so each worker's cache serves the shapes that share a variant."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     groups = [[j for j in JOBS if j.startswith("kernel|")], [j for j in JOBS if not j.startswith("kernel|")]]
-    workers = [subprocess.Popen([sys.executable, __file__, "--worker", *jobs],
-                                cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-               for jobs in groups]
-    results = {}
-    for w in workers:
-        stdout, stderr = w.communicate(timeout=900)
-        assert w.returncode == 0, f"compile worker failed:\n{stderr[-4000:]}"
-        results.update(json.loads(stdout.strip().splitlines()[-1]))
-    return results
+    return sm90.run_workers(__file__, "--worker", groups, timeout=900)
 
 
 def _ok(compiled, job) -> dict:
@@ -228,4 +187,4 @@ def test_split_launches_are_one_resident_wave(compiled, job):
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:
-    _worker(sys.argv[2:])
+    sm90.worker(sys.argv[2:], _job)

@@ -690,6 +690,60 @@ __device__ __forceinline__ void bb_offsets3(const BBGroup& gr, long long idx, lo
   }
 }
 
+// The loads of one step of bb_cols' / bb_rows' dQ loops: the UR packs of group G at i0 + r * step
+// below hi (ok[r]), g's and Q's (when the fn reads operands) from the tile bases gt, qt, and dQ's
+// offsets.  All loads before any use, for memory-level parallelism.  Two helpers (loads, then
+// bb_store_packs) rather than one: the kernels then keep their registers (one helper for the whole
+// step cost up to 4 registers and spills in the 16-bit cols kernels).
+template <typename T, int V, bool kOps, int UR>
+__device__ __forceinline__ void bb_load_packs(const BBGroup& G, long long i0, long long step, long long hi,
+                                              const T* __restrict__ gt, const T* __restrict__ qt, bool (&ok)[UR],
+                                              BBVec<T, V> (&gv)[UR], BBVec<T, V> (&qv)[UR], long long (&dqo)[UR]) {
+#pragma unroll
+  for (int r = 0; r < UR; ++r) {
+    const long long i = i0 + r * step;
+    ok[r] = i < hi;
+    long long og, oq;
+    bb_offsets3<BB_G, BB_Q, BB_DQ>(G, ok[r] ? i : 0, og, oq, dqo[r]);
+    if (ok[r]) {
+      gv[r] = bb_ldv<T, V>(gt + og);
+      if (kOps) qv[r] = bb_ldv<T, V>(qt + oq);
+    }
+  }
+}
+
+// P's value for element e of a pack: one value for the whole pack (bb_rows) or the pack's own (bb_cols).
+template <typename A> __device__ __forceinline__ A bb_p_at(A p, int) { return p; }
+template <typename T, int V> __device__ __forceinline__ bb_acc_t<T> bb_p_at(const BBVec<T, V>& p, int e) {
+  return bb_to_acc(p.v[e]);
+}
+// dP's accumulator of element e: one per thread (bb_rows) or one per element of the pack (bb_cols).
+template <typename A> __device__ __forceinline__ void bb_add_at(A& acc, int, A t) { acc += t; }
+template <typename A, int V> __device__ __forceinline__ void bb_add_at(A (&acc)[V], int e, A t) { acc[e] += t; }
+
+// The rest of that step: per loaded pack, dQ's terms stored as a pack at dqt + dqo[r] and dP's
+// terms added into acc.
+template <typename T, int FN, int V, bool kOps, int UR, typename PV, typename ACC>
+__device__ __forceinline__ void bb_store_packs(T* __restrict__ dqt, bool swap, const PV& pvals, ACC& acc,
+                                               const bool (&ok)[UR], const BBVec<T, V> (&gv)[UR],
+                                               const BBVec<T, V> (&qv)[UR], const long long (&dqo)[UR]) {
+  typedef bb_acc_t<T> A;
+#pragma unroll
+  for (int r = 0; r < UR; ++r) {
+    if (!ok[r]) continue;
+    BBVec<T, V> out;
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      A tp, tq;
+      bb_terms<FN, A>(kOps ? bb_p_at(pvals, e) : A(0), kOps ? bb_to_acc(qv[r].v[e]) : A(0), bb_to_acc(gv[r].v[e]),
+                      swap, tp, tq);
+      bb_add_at(acc, e, tp);
+      out.v[e] = bb_from_acc<T>(tq);
+    }
+    bb_stv<T, V>(dqt + dqo[r], out);
+  }
+}
+
 // Lanes along K, one reduced group R looped (bias-like: P is broadcast along R, nothing sums
 // over K).  grp[0] = K, grp[1] unused (numel 1), grp[2] = R.  Each lane owns V consecutive k's
 // (one 16-byte pack for V > 1: the host guarantees K's innermost dim is dense in every tensor, a
@@ -735,31 +789,8 @@ bb_cols(const __grid_constant__ BBParams p, const T* __restrict__ P, const T* __
         bool ok[UR];
         Vec gv[UR], qv[UR];
         long long dqo[UR];
-#pragma unroll
-        for (int r = 0; r < UR; ++r) {  // all loads first, for memory-level parallelism
-          const long long v = v0 + (long long)r * nw;
-          ok[r] = v < v_hi;
-          long long og, oq;
-          bb_offsets3<BB_G, BB_Q, BB_DQ>(R, ok[r] ? v : 0, og, oq, dqo[r]);
-          if (ok[r]) {
-            gv[r] = bb_ldv<T, V>(gt + og);
-            if (kOps) qv[r] = bb_ldv<T, V>(qt + oq);
-          }
-        }
-#pragma unroll
-        for (int r = 0; r < UR; ++r) {
-          if (!ok[r]) continue;
-          Vec out;
-#pragma unroll
-          for (int e = 0; e < V; ++e) {
-            A tp, tq;
-            bb_terms<FN, A>(kOps ? bb_to_acc(pp.v[e]) : A(0), kOps ? bb_to_acc(qv[r].v[e]) : A(0),
-                            bb_to_acc(gv[r].v[e]), swap, tp, tq);
-            accp[e] += tp;
-            out.v[e] = bb_from_acc<T>(tq);
-          }
-          bb_stv<T, V>(dqt + dqo[r], out);
-        }
+        bb_load_packs<T, V, kOps>(R, v0, nw, v_hi, gt, qt, ok, gv, qv, dqo);
+        bb_store_packs<T, FN, V, kOps>(dqt, swap, pp, accp, ok, gv, qv, dqo);
       }
     }
     bb_block_reduce_slots<A, V>(red, accp, tid, w, nw, kw);
@@ -813,30 +844,8 @@ bb_rows(const __grid_constant__ BBParams p, const T* __restrict__ P, const T* __
         bool ok[UR];
         Vec gv[UR], qv[UR];
         long long dqo[UR];
-#pragma unroll
-        for (int r = 0; r < UR; ++r) {
-          const long long x = x0 + r * pstep;
-          ok[r] = x < x_hi;
-          long long og, oq;
-          bb_offsets3<BB_G, BB_Q, BB_DQ>(X, ok[r] ? x : 0, og, oq, dqo[r]);
-          if (ok[r]) {
-            gv[r] = bb_ldv<T, V>(gt + og);
-            if (kOps) qv[r] = bb_ldv<T, V>(qt + oq);
-          }
-        }
-#pragma unroll
-        for (int r = 0; r < UR; ++r) {
-          if (!ok[r]) continue;
-          Vec out;
-#pragma unroll
-          for (int e = 0; e < V; ++e) {
-            A tp, tq;
-            bb_terms<FN, A>(pv, kOps ? bb_to_acc(qv[r].v[e]) : A(0), bb_to_acc(gv[r].v[e]), swap, tp, tq);
-            accp += tp;
-            out.v[e] = bb_from_acc<T>(tq);
-          }
-          bb_stv<T, V>(dqt + dqo[r], out);
-        }
+        bb_load_packs<T, V, kOps>(X, x0, pstep, x_hi, gt, qt, ok, gv, qv, dqo);
+        bb_store_packs<T, FN, V, kOps>(dqt, swap, pv, accp, ok, gv, qv, dqo);
       }
     }
     accp = bb_segment_sum(accp, xw);

@@ -17,12 +17,11 @@
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
-from backends.triton.common import INTERPRETER, interpreted, jit, tl
+from backends.triton.common import IMPORT_ERROR, INTERPRETER, byte_span, interpreted, jit, on_device, overlap, tl
+from backends.triton.common import TUNE_ENV, capturing, time_ms, tuning_on  # noqa: F401 - TUNE_ENV: for callers
 
-TUNE_ENV = "GRADORACLE_TRITON_TUNE"
 TUNE_MIN_FLOPS = 2e8     # below this a call takes the default tile: tuning would cost more than it wins
 TUNE_MARGIN = 0.03       # a candidate must beat the default by this much to replace it
 
@@ -100,34 +99,6 @@ def other_device(t) -> bool:
         _current_device = torch.cuda.current_device if torch.cuda.device_count() > 1 else False
         return other_device(t)
     return t.device.index != _current_device()
-
-
-def tuning_on() -> bool:
-    return os.environ.get(TUNE_ENV, "1") != "0"
-
-
-def capturing(device) -> bool:
-    import torch
-
-    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-
-
-def time_ms(run, reps: int = 3, rounds: int = 3) -> float:
-    """Fastest mean of `reps` back-to-back calls of `run()` over `rounds`, by CUDA events."""
-    import torch
-
-    run()
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(rounds):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(reps):
-            run()
-        end.record()
-        end.synchronize()
-        best = min(best, start.elapsed_time(end) / reps)
-    return best
 
 
 class Tuner:
@@ -250,3 +221,67 @@ def wstrides5(w, channels_last: bool) -> tuple:
     else:
         so, si, *sk = st
     return (so, si, *([0] * (3 - len(sk)) + list(sk)))
+
+
+# ============================================================================= the conv ops' calls
+
+PLANS_MAX = 256  # plans an op keeps; a full cache is dropped whole (a real run meets a few layouts)
+
+
+def lookup(plans: dict, key: tuple, params: dict):
+    """The plan cached for (key, params), or False.  Plans are keyed by the tensors' shapes,
+    strides, dtype and device; the params (stride, padding, ...) are compared as a dict, which
+    is cheaper per call than hashing them."""
+    for saved, plan in plans.get(key, ()):
+        if saved == params:
+            return plan
+    return False
+
+
+def store(plans: dict, key: tuple, params: dict, plan) -> None:
+    import copy
+
+    if len(plans) >= PLANS_MAX:
+        plans.clear()
+    plans.setdefault(key, []).append((copy.deepcopy(params), plan))
+
+
+def call(op: str, plans: dict, make_plan, dy, t, out, params: dict, tune: bool) -> None:
+    """One call of a conv op on (dy, t) into out: its cached plan (made now, by
+    make_plan(dy, t, out, params, channels_last, tune), on the layout's first call), launched
+    on dy's device.  A plan of None: nothing to compute."""
+    key = (dy.shape, t.shape, out.shape, dy.stride(), t.stride(), out.stride(), dy.dtype, dy.device)
+    plan = lookup(plans, key, params)
+    if plan is False:
+        if IMPORT_ERROR is not None:
+            raise RuntimeError(f"triton {op}: triton is not importable ({IMPORT_ERROR})")
+        with on_device(dy):
+            plan = make_plan(dy, t, out, params, params.get("layout", "channels_first") == "channels_last", tune)
+        store(plans, key, params, plan)
+    if plan is None:
+        return
+    if other_device(dy):
+        with on_device(dy):
+            plan(dy, t, out)
+    else:
+        plan(dy, t, out)
+
+
+def check_kernel_args(op: str, named: dict, out: str) -> None:
+    """What the kernels need beyond the op's argument rule: one device, the output contiguous
+    in its layout and sharing no memory with an input (it is written while they are read)."""
+    first = next(iter(named.values()))
+    for name, t in named.items():
+        if t.device != first.device:
+            raise ValueError(f"triton {op}: {name}.device: expected {first.device} (the device of "
+                             f"{next(iter(named))}), got {t.device}")
+    if first.device.type not in ("cuda", "cpu"):
+        raise ValueError(f"triton {op}: device: expected cuda, or cpu under TRITON_INTERPRET=1, got {first.device}")
+    if not named[out].is_contiguous():
+        raise ValueError(f"triton {op}: {out}: expected a contiguous tensor, got strides {named[out].stride()}")
+    if named[out].numel():
+        span = byte_span(named[out])
+        for name, t in named.items():
+            if name != out and t.numel() and overlap(span, byte_span(t)):
+                raise ValueError(f"triton {op}: {out}: expected a buffer of its own (outputs are written while "
+                                 f"inputs are read), got memory shared with {name}")

@@ -38,19 +38,18 @@ two more matmuls per visited pair (s and dp again), which the figures do not cou
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 
 from backends.triton import triton_backend
 from backends.triton import _attn_kernels as K
 from backends.triton._steps import Step
 from backends.triton.common import byte_span, cdiv, interpreted, on_device, overlap, p2
+from backends.triton.common import TUNE_ENV, time_ms, tuning_on  # noqa: F401 - TUNE_ENV: for callers
 from harness import argcheck
 
 OP = "attention_backward"
 DTYPES = ("f32", "f16", "bf16", "f64")
 MAX_D = 256
-TUNE_ENV = "GRADORACLE_TRITON_TUNE"
 TUNE_MIN_FLOPS = 2e10     # smaller calls keep the default sizing (tuning would cost more than it saves)
 TUNE_MARGIN = 0.03        # another candidate must beat the default by this much
 LOG2E = 1.4426950408889634
@@ -316,30 +315,13 @@ def _flops(q, k) -> float:
 def _auto_plan(variant, args, params, tune) -> _Plan:
     q, k = args[0], args[1]
     cands = candidates(q.element_size(), q.shape[3])
-    if len(cands) == 1 or os.environ.get(TUNE_ENV, "1") == "0" or _flops(q, k) < TUNE_MIN_FLOPS:
+    if len(cands) == 1 or not tuning_on() or _flops(q, k) < TUNE_MIN_FLOPS:
         return _Plan(variant, *args, params, cands[0])
     tkey = (q.device.index, tune_class(variant, q, params))
     cfg = _TUNED.get(tkey)
     if cfg is not None or not tune:
         return _Plan(variant, *args, params, cfg or cands[0])
     return _autotune(tkey, variant, args, params, cands)
-
-
-def _time_ms(plan: _Plan, tensors: tuple, reps: int = 3, rounds: int = 3) -> float:
-    import torch
-
-    plan(*tensors)
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(rounds):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(reps):
-            plan(*tensors)
-        end.record()
-        end.synchronize()
-        best = min(best, start.elapsed_time(end) / reps)
-    return best
 
 
 def _autotune(tkey, variant, args, params, cands) -> _Plan:
@@ -353,7 +335,7 @@ def _autotune(tkey, variant, args, params, cands) -> _Plan:
     for i, cfg in enumerate(cands):
         try:
             plan = _Plan(variant, *args, params, cfg)
-            ms = _time_ms(plan, tensors)
+            ms = time_ms(lambda: plan(*tensors))
         except Exception as exc:  # noqa: BLE001 - e.g. out of shared memory: that candidate is out
             if i == 0:
                 raise

@@ -46,6 +46,7 @@ from backends._plans import binary_backward as bcast
 from backends.triton import triton_backend
 from backends.triton._steps import Step, occupancy as _occupancy, resources as _resources
 from backends.triton.common import IMPORT_ERROR, byte_span, cdiv, check, interpreted, jit, on_device, overlap, p2, tl  # noqa: F401
+from backends.triton.common import TUNE_ENV, capturing, time_ms, tuning_on  # noqa: F401 - TUNE_ENV: for callers
 from backends.triton.common import to_out as _to_out
 from backends.triton.common import up as _up
 from harness import argcheck
@@ -882,7 +883,6 @@ def clear_plans() -> None:
 TUNE_MIN_BYTES = 128 << 20   # well past L2 (50 MiB on H100): back-to-back timings read DRAM
 TUNE_MARGIN = 0.02
 SPILL_LIMIT = 16  # bytes a thread may spill (a value parked across the loop) and still be chosen
-TUNE_ENV = "GRADORACLE_TRITON_TUNE"
 _TUNED: dict = {}        # (device index, tune class) -> Config
 TUNING_LOG: dict = {}    # (device index, tune class) -> what was tried: configs, ms, spills, the choice
 
@@ -923,10 +923,6 @@ def candidates(cls: tuple) -> list[Config]:
     return [g, replace(g, prefetch=False), wide]
 
 
-def _tuning_on() -> bool:
-    return os.environ.get(TUNE_ENV, "1") != "0"
-
-
 def _preset() -> Config | None:
     """The sizing $GRADORACLE_TRITON_BINARY pins (None: tune)."""
     name = os.environ.get(PRESET_ENV, "")
@@ -937,13 +933,6 @@ def _preset() -> Config | None:
     return PRESETS[name]
 
 
-def _capturing(device) -> bool:
-    """Whether the current CUDA stream is capturing a graph (no syncs, no timing then)."""
-    import torch
-
-    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-
-
 def _auto_plan(bplan, fn: str, itemsize: int, tensors: tuple, tune: bool) -> _Plan:
     """The plan with the default sizing, or for a large call its class's tuned sizing (settled
     now, by timing the candidates, when `tune` and no choice exists yet)."""
@@ -951,31 +940,18 @@ def _auto_plan(bplan, fn: str, itemsize: int, tensors: tuple, tune: bool) -> _Pl
     pinned = _preset()
     if pinned is not None:
         return _build(bplan, fn, itemsize, pinned, device, tensors)
-    if bplan.numel == 0 or min_bytes(bplan, itemsize) < TUNE_MIN_BYTES or not _tuning_on():
+    if bplan.numel == 0 or min_bytes(bplan, itemsize) < TUNE_MIN_BYTES or not tuning_on():
         return _build(bplan, fn, itemsize, candidates(tune_class(bplan, itemsize, fn))[0], device, tensors)
     tkey = (device.index, tune_class(bplan, itemsize, fn))
     cfg = _TUNED.get(tkey)
-    if cfg is None and tune and not _capturing(device):
+    if cfg is None and tune and not capturing(device):
         return _autotune(tkey, bplan, fn, itemsize, tensors)
     return _build(bplan, fn, itemsize, cfg or candidates(tkey[1])[0], device, tensors)
 
 
-def _time_ms(plan: _Plan, tensors: tuple, reps: int = 3, rounds: int = 3) -> float:
-    """Fastest mean over `rounds` of `reps` back-to-back calls, by CUDA events (after one warm call)."""
-    import torch
-
-    plan(*tensors)
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(rounds):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(reps):
-            plan(*tensors)
-        end.record()
-        end.synchronize()
-        best = min(best, start.elapsed_time(end) / reps)
-    return best
+def _time_ms(plan: _Plan, tensors: tuple) -> float:
+    """The plan's time on `tensors` (common.time_ms; a seam the tests replace)."""
+    return time_ms(lambda: plan(*tensors))
 
 
 def plan_spills(plan: _Plan) -> int:

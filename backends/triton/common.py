@@ -82,6 +82,39 @@ def check(device: str) -> str | None:
     return f"triton: unknown device {device!r}"
 
 
+# Autotuning, shared by the ops that time their candidate sizings on the call's own tensors.
+TUNE_ENV = "GRADORACLE_TRITON_TUNE"  # =0: no timing, every call takes the default sizing
+
+
+def tuning_on() -> bool:
+    return os.environ.get(TUNE_ENV, "1") != "0"
+
+
+def capturing(device) -> bool:
+    """Whether the current CUDA stream is capturing a graph (no syncs, no timing then)."""
+    import torch
+
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def time_ms(run, reps: int = 3, rounds: int = 3) -> float:
+    """Fastest mean of `reps` back-to-back calls of `run()` over `rounds`, by CUDA events (after one warm call)."""
+    import torch
+
+    run()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(rounds):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(reps):
+            run()
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) / reps)
+    return best
+
+
 def p2(n: int) -> int:
     """Smallest power of two >= n."""
     return 1 << max(0, int(n) - 1).bit_length()

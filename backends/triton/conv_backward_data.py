@@ -32,7 +32,7 @@ from __future__ import annotations
 from math import prod
 
 from backends.triton import _conv, _steps, triton_backend
-from backends.triton.common import IMPORT_ERROR, byte_span, cdiv, jit, on_device, overlap, tl
+from backends.triton.common import cdiv, jit, tl
 from backends.triton.common import to_out as _to_out
 from harness import argcheck
 
@@ -43,6 +43,23 @@ EW_MAX = 64   # Cin/g * Cout/g below this: the multiply-add path (a tl.dot tile 
 
 
 # ============================================================================= kernel
+
+
+@jit
+def _tap(tab, ti, td, th, tw, valid, ybase, OD, OH, OW, syd, syh, syw):
+    """Tap ti of a phase's tap table row `tab`: the dy row offsets of the tile's positions
+    (ybase shifted by the tap's dy window shift), which of them fall inside dy, and the tap's
+    weight offset."""
+    cd = tl.load(tab + 1 + 4 * ti)
+    chh = tl.load(tab + 2 + 4 * ti)
+    cw = tl.load(tab + 3 + 4 * ti)
+    wtap = tl.load(tab + 4 + 4 * ti)
+    od = td + cd
+    oh = th + chh
+    ow = tw + cw
+    v = valid & (od >= 0) & (od < OD) & (oh >= 0) & (oh < OH) & (ow >= 0) & (ow < OW)
+    yrow = ybase + (cd.to(tl.int64) * syd + chh.to(tl.int64) * syh + cw.to(tl.int64) * syw)
+    return yrow, v, wtap
 
 
 # Spatial sizes are not specialised (one compiled kernel serves many layers; the full case set
@@ -97,15 +114,7 @@ def _dgrad_kernel(dy_ptr, w_ptr, dx_ptr, tap_ptr,
         wcol = (cols - grp * cig) * swi + grp * cog * swo   # a weight is small: int32 offsets
         ycol = (grp * cog).to(tl.int64) * syc
         for ti in range(ntaps):
-            cd = tl.load(tab + 1 + 4 * ti)
-            chh = tl.load(tab + 2 + 4 * ti)
-            cw = tl.load(tab + 3 + 4 * ti)
-            wtap = tl.load(tab + 4 + 4 * ti)
-            od = td + cd
-            oh = th + chh
-            ow = tw + cw
-            v = valid & (od >= 0) & (od < OD) & (oh >= 0) & (oh < OH) & (ow >= 0) & (ow < OW)
-            yrow = ybase + (cd.to(tl.int64) * syd + chh.to(tl.int64) * syh + cw.to(tl.int64) * syw)
+            yrow, v, wtap = _tap(tab, ti, td, th, tw, valid, ybase, OD, OH, OW, syd, syh, syw)
             m = v[:, None] & cmask[None, :]
             for j in range(cog):
                 a = tl.load(dy_ptr + yrow[:, None] + (ycol + j * syc)[None, :], mask=m, other=0.0)
@@ -123,15 +132,7 @@ def _dgrad_kernel(dy_ptr, w_ptr, dx_ptr, tap_ptr,
         for it in range(ntaps * nco):
             ti = it // nco
             c0 = (it - ti * nco) * BK
-            cd = tl.load(tab + 1 + 4 * ti)
-            chh = tl.load(tab + 2 + 4 * ti)
-            cw = tl.load(tab + 3 + 4 * ti)
-            wtap = tl.load(tab + 4 + 4 * ti)
-            od = td + cd
-            oh = th + chh
-            ow = tw + cw
-            v = valid & (od >= 0) & (od < OD) & (oh >= 0) & (oh < OH) & (ow >= 0) & (ow < OW)
-            yrow = ybase + (cd.to(tl.int64) * syd + chh.to(tl.int64) * syh + cw.to(tl.int64) * syw)
+            yrow, v, wtap = _tap(tab, ti, td, th, tw, valid, ybase, OD, OH, OW, syd, syh, syw)
             co = g * cog + c0 + kk
             km = (c0 + kk) < cog
             a = tl.load(dy_ptr + yrow[:, None] + co[None, :].to(tl.int64) * syc,
@@ -248,43 +249,10 @@ def _plan(dy, w, dx, params, channels_last: bool, tune: bool, force: int | None 
 
 
 _PLANS: dict = {}
-_PLANS_MAX = 256
-
-
-def lookup(plans: dict, key: tuple, params: dict):
-    """The plan cached for (key, params), or False.  Plans are keyed by the tensors' shapes,
-    strides, dtype and device; the params (stride, padding, ...) are compared as a dict, which
-    is cheaper per call than hashing them."""
-    for saved, plan in plans.get(key, ()):
-        if saved == params:
-            return plan
-    return False
-
-
-def store(plans: dict, key: tuple, params: dict, plan) -> None:
-    import copy
-
-    if len(plans) >= _PLANS_MAX:
-        plans.clear()
-    plans.setdefault(key, []).append((copy.deepcopy(params), plan))
 
 
 def _call(dy, w, dx, params, tune: bool) -> None:
-    key = (dy.shape, w.shape, dx.shape, dy.stride(), w.stride(), dx.stride(), dy.dtype, dy.device)
-    plan = lookup(_PLANS, key, params)
-    if plan is False:
-        if IMPORT_ERROR is not None:
-            raise RuntimeError(f"triton {OP}: triton is not importable ({IMPORT_ERROR})")
-        with on_device(dy):
-            plan = _plan(dy, w, dx, params, params.get("layout", "channels_first") == "channels_last", tune)
-        store(_PLANS, key, params, plan)
-    if plan is None:
-        return
-    if _conv.other_device(dy):
-        with on_device(dy):
-            plan(dy, w, dx)
-    else:
-        plan(dy, w, dx)
+    _conv.call(OP, _PLANS, _plan, dy, w, dx, params, tune)
 
 
 def clear_plans() -> None:
@@ -294,31 +262,11 @@ def clear_plans() -> None:
 # ============================================================================= entry
 
 
-def check_kernel_args(op: str, named: dict, out: str) -> None:
-    """What the kernels need beyond the op's argument rule: one device, the output contiguous
-    in its layout and sharing no memory with an input (it is written while they are read)."""
-    first = next(iter(named.values()))
-    for name, t in named.items():
-        if t.device != first.device:
-            raise ValueError(f"triton {op}: {name}.device: expected {first.device} (the device of "
-                             f"{next(iter(named))}), got {t.device}")
-    if first.device.type not in ("cuda", "cpu"):
-        raise ValueError(f"triton {op}: device: expected cuda, or cpu under TRITON_INTERPRET=1, got {first.device}")
-    if not named[out].is_contiguous():
-        raise ValueError(f"triton {op}: {out}: expected a contiguous tensor, got strides {named[out].stride()}")
-    if named[out].numel():
-        span = byte_span(named[out])
-        for name, t in named.items():
-            if name != out and t.numel() and overlap(span, byte_span(t)):
-                raise ValueError(f"triton {op}: {out}: expected a buffer of its own (outputs are written while "
-                                 f"inputs are read), got memory shared with {name}")
-
-
 @argcheck.register(triton_backend, OP, dtypes=DTYPES, deterministic=True)
 def conv_backward_data(inputs, outs, params):
     """The op's argument checks (harness.argcheck), the kernel's own, then the launch; on a
     layout's first call it plans, and on CUDA may settle the autotuning choice."""
-    check_kernel_args(OP, {"dy": inputs["dy"], "w": inputs["w"], "dx": outs["dx"]}, "dx")
+    _conv.check_kernel_args(OP, {"dy": inputs["dy"], "w": inputs["w"], "dx": outs["dx"]}, "dx")
     _call(inputs["dy"], inputs["w"], outs["dx"], params, True)
 
 

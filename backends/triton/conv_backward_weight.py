@@ -30,9 +30,9 @@ from __future__ import annotations
 from math import prod
 
 from backends.triton import _conv, _steps, triton_backend
-from backends.triton.common import IMPORT_ERROR, cdiv, jit, on_device, tl
+from backends.triton.common import cdiv, jit, tl
 from backends.triton.common import to_out as _to_out
-from backends.triton.conv_backward_data import EW_MAX, check_kernel_args, lookup, store
+from backends.triton.conv_backward_data import EW_MAX
 from harness import argcheck
 
 OP = "conv_backward_weight"
@@ -256,25 +256,10 @@ def _plan(dy, x, dw, params, channels_last: bool, tune: bool, force: int | None 
 
 
 _PLANS: dict = {}
-_PLANS_MAX = 256
 
 
 def _call(dy, x, dw, params, tune: bool) -> None:
-    key = (dy.shape, x.shape, dw.shape, dy.stride(), x.stride(), dw.stride(), dy.dtype, dy.device)
-    plan = lookup(_PLANS, key, params)
-    if plan is False:
-        if IMPORT_ERROR is not None:
-            raise RuntimeError(f"triton {OP}: triton is not importable ({IMPORT_ERROR})")
-        with on_device(dy):
-            plan = _plan(dy, x, dw, params, params.get("layout", "channels_first") == "channels_last", tune)
-        store(_PLANS, key, params, plan)
-    if plan is None:
-        return
-    if _conv.other_device(dy):
-        with on_device(dy):
-            plan(dy, x, dw)
-    else:
-        plan(dy, x, dw)
+    _conv.call(OP, _PLANS, _plan, dy, x, dw, params, tune)
 
 
 def clear_plans() -> None:
@@ -288,7 +273,7 @@ def clear_plans() -> None:
 def conv_backward_weight(inputs, outs, params):
     """The op's argument checks (harness.argcheck), the kernel's own, then the launches; on a
     layout's first call it plans, and on CUDA may settle the autotuning choice."""
-    check_kernel_args(OP, {"dy": inputs["dy"], "x": inputs["x"], "dw": outs["dw"]}, "dw")
+    _conv.check_kernel_args(OP, {"dy": inputs["dy"], "x": inputs["x"], "dw": outs["dw"]}, "dw")
     _call(inputs["dy"], inputs["x"], outs["dw"], params, True)
 
 

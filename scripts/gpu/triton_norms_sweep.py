@@ -482,10 +482,7 @@ def regs_report(texts: list, filters: list) -> list:
     spills and shared memory (ptxas -v, as tests/test_triton_norms.py compiles), and the programs
     an SM holds by threads, registers and shared memory against the programs per SM the grid needs."""
     sys.path.insert(0, str(ROOT / "tests"))
-    import triton
-    from triton.backends.compiler import GPUTarget
-
-    import test_triton_norms as tn  # the compile jobs' specialisation, ptxas and meta-tensor helpers
+    import triton_sm90 as sm90  # the compile tests' launch specialisation, sm_90 compile and ptxas report
 
     lines = [f"{'candidate':28s} {'shape':34s} {'warps':>5s} {'BM':>3s} {'st':>2s} {'grid':>5s} {'regs':>5s} "
              f"{'spill':>5s} "
@@ -503,13 +500,14 @@ def regs_report(texts: list, filters: list) -> list:
             if key in seen:
                 continue
             seen.add(key)
-            ty, acc = tn._TY[dtype], "fp64" if dtype == "f64" else "fp32"
+            ty, acc = sm90.TRITON_TY[dtype], "fp64" if dtype == "f64" else "fp32"
             ptrs = dict(x_ptr=ty, dy_ptr=ty, w_ptr=ty, mean_ptr=acc, rstd_ptr=acc, dx_ptr=ty, ws_ptr=acc, dw_ptr=ty,
                         db_ptr=ty, tab_ptr="i64", sums_ptr=acc, cnt_ptr="i32")
-            sig, consts, attrs = tn._specialised(_norm._rows_kernel, plan.ints, ptrs, plan.constexprs)
-            src = triton.compiler.ASTSource(fn=_norm._rows_kernel, signature=sig, constexprs=consts, attrs=attrs)
-            k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": plan.num_warps})
-            regs, spills = tn._ptxas(k.asm["ptx"])
+            sig, consts, attrs = sm90.launch_signature(_norm._rows_kernel, ptrs, plan.ints, plan.constexprs)
+            k = sm90.compile_sm90(_norm._rows_kernel, sig, consts, attrs, plan.num_warps)
+            r = sm90.ptxas_report(k.asm["ptx"])
+            regs = r["regs"]
+            spills = None if regs is None else r["spill_stores"] + r["spill_loads"]
             shared = k.metadata.shared
             threads = 32 * plan.num_warps
             per_warp = -(-(regs or 1) * 32 // 256) * 256  # registers are allocated 256 per warp at a time
