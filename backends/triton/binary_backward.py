@@ -261,18 +261,24 @@ def _terms(g, a, b, m, FN: tl.constexpr, IS_F64: tl.constexpr):
 @jit
 def _loop_loads(j, j1, desc_ptr, g_ptr, x_ptr, k_g, k_x, k_m, s_g, s_m, n_l, cols, ncb,
                 BASE_L: tl.constexpr, NL: tl.constexpr, BL: tl.constexpr, FAST_L: tl.constexpr,
-                AL: tl.constexpr, LOOP_B: tl.constexpr, BS: tl.constexpr,
+                AL: tl.constexpr, LOOP_B: tl.constexpr,
                 AX_K: tl.constexpr, AX_S: tl.constexpr, AX_L: tl.constexpr,
                 FN: tl.constexpr, IS_F64: tl.constexpr):
     """grad_out and the operand that varies along the loop class (a when looping over RB, b when
-    over RA) on loop block j; nothing past the program's last block j1 (a prefetch past it)."""
+    over RA) on loop block j; nothing past the program's last block j1 (a prefetch past it).
+
+    The operand is constant along the fixed class (axis AX_S): it is read as a tile of extent 1
+    there and broadcast in the terms.  A full-width tile of one repeated address per row (both
+    operands broadcast: A=1xMxN, B=BxMx1, the fixed class a whole 4096-wide row) made each
+    thread issue one scalar load per element: 2.3 sectors per request and 31% of DRAM peak
+    on the H100 (results/h100/bench-2/profile/08-both-binary_backward-triton.txt)."""
     l_a, l_b, l_g, l_ga, l_gb, l_m = _class_block(j, desc_ptr, BASE_L, NL, n_l, BL, FAST_L, cols, ncb, AL)
     l_m = l_m & (j < j1)
     g = _load_tile(g_ptr, k_g, AX_K, k_m, s_g, AX_S, s_m, l_g, AX_L, l_m, 0.0, IS_F64)
     if FN == "add" or FN == "sub":
         x = g  # the partials are constants: no operand read
     else:
-        z, zm = _flat_axis(BS)
+        z, zm = _flat_axis(1)
         if LOOP_B:
             x = _load_tile(x_ptr, k_x, AX_K, k_m, z, AX_S, zm, l_a, AX_L, l_m, 1.0, IS_F64)
         else:
@@ -331,17 +337,17 @@ def _tile_kernel(a_ptr, b_ptr, g_ptr, ga_ptr, gb_ptr, wsa_ptr, wsb_ptr, desc_ptr
             b = _load_tile(b_ptr, k_b, AX_K, k_m, ra_b, AX_A, ra_m, z, AX_B, zm, 1.0, IS_F64)
         if PREFETCH:
             g_n, a_n = _loop_loads(j0, j1, desc_ptr, g_ptr, a_ptr, k_g, k_a, k_m, ra_g, ra_m, n_b, cols, ncb,
-                                   BASE_B, NB, BB, FAST and AX_B == 2, AL, True, BA, AX_K, AX_A, AX_B, FN, IS_F64)
+                                   BASE_B, NB, BB, FAST and AX_B == 2, AL, True, AX_K, AX_A, AX_B, FN, IS_F64)
         for j in range(j0, j1):
             if PREFETCH:
                 g = g_n
                 a = a_n
                 g_n, a_n = _loop_loads(j + 1, j1, desc_ptr, g_ptr, a_ptr, k_g, k_a, k_m, ra_g, ra_m, n_b, cols,
-                                       ncb, BASE_B, NB, BB, FAST and AX_B == 2, AL, True, BA, AX_K, AX_A, AX_B,
+                                       ncb, BASE_B, NB, BB, FAST and AX_B == 2, AL, True, AX_K, AX_A, AX_B,
                                        FN, IS_F64)
             else:
                 g, a = _loop_loads(j, j1, desc_ptr, g_ptr, a_ptr, k_g, k_a, k_m, ra_g, ra_m, n_b, cols, ncb,
-                                   BASE_B, NB, BB, FAST and AX_B == 2, AL, True, BA, AX_K, AX_A, AX_B, FN, IS_F64)
+                                   BASE_B, NB, BB, FAST and AX_B == 2, AL, True, AX_K, AX_A, AX_B, FN, IS_F64)
             rb_a, rb_b, rb_g, rb_ga, rb_gb, rb_m = _class_block(j, desc_ptr, BASE_B, NB, n_b, BB,
                                                                 FAST and AX_B == 2, cols, ncb, AL)
             gm = _place(k_m, AX_K) & _place(ra_m, AX_A) & _place(rb_m, AX_B)
@@ -364,17 +370,17 @@ def _tile_kernel(a_ptr, b_ptr, g_ptr, ga_ptr, gb_ptr, wsa_ptr, wsb_ptr, desc_ptr
             a = _load_tile(a_ptr, k_a, AX_K, k_m, rb_a, AX_B, rb_m, z, AX_A, zm, 1.0, IS_F64)
         if PREFETCH:
             g_n, b_n = _loop_loads(j0, j1, desc_ptr, g_ptr, b_ptr, k_g, k_b, k_m, rb_g, rb_m, n_a, cols, ncb,
-                                   BASE_A, NA, BA, FAST and AX_A == 2, AL, False, BB, AX_K, AX_B, AX_A, FN, IS_F64)
+                                   BASE_A, NA, BA, FAST and AX_A == 2, AL, False, AX_K, AX_B, AX_A, FN, IS_F64)
         for j in range(j0, j1):
             if PREFETCH:
                 g = g_n
                 b = b_n
                 g_n, b_n = _loop_loads(j + 1, j1, desc_ptr, g_ptr, b_ptr, k_g, k_b, k_m, rb_g, rb_m, n_a, cols,
-                                       ncb, BASE_A, NA, BA, FAST and AX_A == 2, AL, False, BB, AX_K, AX_B, AX_A,
+                                       ncb, BASE_A, NA, BA, FAST and AX_A == 2, AL, False, AX_K, AX_B, AX_A,
                                        FN, IS_F64)
             else:
                 g, b = _loop_loads(j, j1, desc_ptr, g_ptr, b_ptr, k_g, k_b, k_m, rb_g, rb_m, n_a, cols, ncb,
-                                   BASE_A, NA, BA, FAST and AX_A == 2, AL, False, BB, AX_K, AX_B, AX_A, FN, IS_F64)
+                                   BASE_A, NA, BA, FAST and AX_A == 2, AL, False, AX_K, AX_B, AX_A, FN, IS_F64)
             ra_a, ra_b, ra_g, ra_ga, ra_gb, ra_m = _class_block(j, desc_ptr, BASE_A, NA, n_a, BA,
                                                                 FAST and AX_A == 2, cols, ncb, AL)
             gm = _place(k_m, AX_K) & _place(ra_m, AX_A) & _place(rb_m, AX_B)
