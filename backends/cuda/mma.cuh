@@ -21,6 +21,8 @@
 //                              zero-filled (src_bytes 0: all zeros, gmem not read but valid).
 //   tc_cp_commit(), tc_cp_wait<N>()
 //                              cp.async.commit_group / cp.async.wait_group N.
+//   TC_DYNAMIC_SHARED(type, name)
+//                              declares `type* name`, the block's dynamic shared memory (16-byte aligned).
 //
 // All of these are warp-collective or per-thread exactly as the PTX is.  Under the CPU stand-in
 // (tests/cuda_host, CUHOST_RUNTIME) the collectives run through cuhost's warp rendezvous, which
@@ -30,6 +32,14 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+
+#ifdef CUHOST_RUNTIME
+#define TC_DYNAMIC_SHARED(type, name) type* name = reinterpret_cast<type*>(cuhost::dynamic_shared())
+#else
+#define TC_DYNAMIC_SHARED(type, name) \
+  extern __shared__ __align__(16) unsigned char tc_dynamic_smem_[]; \
+  type* name = reinterpret_cast<type*>(tc_dynamic_smem_)
+#endif
 
 // ---------------------------------------------------------------------------------- mma.sync
 
