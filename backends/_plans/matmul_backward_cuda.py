@@ -212,3 +212,30 @@ def all_kernel_exprs(dt: str) -> list[str]:
     if dt in ("bf16", "f16"):
         out += [f"mm_mma<{t}, {_b(xt)}, {_b(yt)}, {_b(v)}>" for xt, yt, v in product((False, True), repeat=3)]
     return out
+
+
+# ----------------------------------------------------------------------------- torch_ext's record
+
+EMPTY, ZERO, RUN = 0, 1, 2
+LAUNCH_WORDS = 6 + GEMM_WORDS
+RECORD_WORDS = 2 * LAUNCH_WORDS
+
+
+def record(gemms, dt: str, cuda: bool, aligned: dict) -> tuple[list[int], np.ndarray]:
+    """(MMRecord words, the fold table of both GEMMs concatenated) for torch_ext's op: the @best
+    launch of each GEMM on CUDA (16-byte copies where `aligned[input name]` and the layout allow),
+    the plain contract on the CPU (its loops read I .. yj and the table)."""
+    words, tables, at = [], [], 0
+    for g in gemms:
+        if g.empty or g.zero:
+            words += [EMPTY if g.empty else ZERO, 0, 0, 0, 0, 0] + g.words()
+            continue
+        xt, yt = orientation(g)
+        vec = cuda and dt in ("bf16", "f16") and aligned[g.x] and aligned[g.y] and vec_ok(g, 0, 0)
+        gw = list(choose(g, "best", dt, vec).words) if cuda else g.words()
+        words += [RUN, int(xt), int(yt), int(vec), at, 0] + gw
+        tables.append(g.off)
+        at += g.off.size
+    table = np.concatenate(tables) if tables else np.zeros(0, dtype=np.int64)
+    assert len(words) == RECORD_WORDS
+    return words, table

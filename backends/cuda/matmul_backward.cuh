@@ -38,24 +38,9 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "matmul_backward_defs.h"
 #include "mma.cuh"
 
-#define MM_BLOCK 256
-#define MM_V 4
-#define MM_GROUP 8
-#define MM_BM 128
-#define MM_BN 128
-#define MM_BK 32
-#define MM_STAGES 3
-#define MM_PAD 8  // elements of padding per shared row: ldmatrix rows land in distinct banks
-
-// All long long, packed by the host as int64 words in this order (MM_GEMM_WORDS).
-struct MMGemm {
-  long long I, J, R, F, P;
-  long long xi, xr, yr, yj;
-  long long tiles_i, tiles_j;  // tile counts of the launch's kernel (0 for naive / regtile)
-};
-#define MM_GEMM_WORDS 11
 
 template <typename T>
 struct mm_acc {
