@@ -286,3 +286,27 @@ def test_nvcc_compiles_every_instantiation(tmp_path):
     spills = [int(w) for w in __import__("re").findall(r"(\d+) bytes spill stores", proc.stderr)]
     assert spills and not any(spills), "register spills"
 
+
+
+@needs_nvrtc
+def test_mma_kernels_fit_two_blocks_per_sm():
+    """mm_mma is built for 2 resident 256-thread blocks per SM (__launch_bounds__(256, 2)): at most
+    128 registers with no spills, and 2 blocks' shared memory fits an H100 SM (227 KiB)."""
+    import re
+
+    from cupy.cuda import nvrtc
+
+    exprs = [e for dt in ("bf16", "f16") for e in mmplan.all_kernel_exprs(dt) if e.startswith("mm_mma")]
+    prog = nvrtc.createProgram(SOURCE, "mm.cu", [], [])
+    try:
+        for e in exprs:
+            nvrtc.addNameExpression(prog, e)
+        nvrtc.compileProgram(prog, list(_nvrtc.compile_options(("-Xptxas=-v", "-arch=sm_90"))))
+        log = nvrtc.getProgramLog(prog)
+    finally:
+        nvrtc.destroyProgram(prog)
+    regs = [int(r) for r in re.findall(r"Used (\d+) registers", log)]
+    spills = [int(s) for s in re.findall(r"(\d+) bytes spill stores", log)]
+    assert len(regs) == len(exprs) and max(regs) <= 128, regs
+    assert not any(spills), spills
+    assert all(2 * mmplan.smem_bytes(x, y) <= 227 * 1024 for x, y in product((False, True), repeat=2))

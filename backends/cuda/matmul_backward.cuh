@@ -237,7 +237,7 @@ __device__ __forceinline__ void mm_fetch(T* s, const T* base, long long row0, lo
 }
 
 template <typename T, bool XT, bool YT, bool VEC>
-__global__ void __launch_bounds__(MM_BLOCK) mm_mma(const __grid_constant__ MMGemm g, const T* X, const T* Y,
+__global__ void __launch_bounds__(MM_BLOCK, 2) mm_mma(const __grid_constant__ MMGemm g, const T* X, const T* Y,
                                                    const long long* off, T* C) {
   static_assert(sizeof(T) == 2, "tensor-core path: bf16 / f16");
   constexpr int XE = mm_x_elems<XT>(), YE = mm_y_elems<YT>();

@@ -9,7 +9,7 @@
 #define MM_BM 128
 #define MM_BN 128
 #define MM_BK 32
-#define MM_STAGES 3
+#define MM_STAGES 4
 #define MM_PAD 8  // elements of padding per shared row: ldmatrix rows land in distinct banks
 
 // All long long, packed by the host as int64 words in this order (MM_GEMM_WORDS).
