@@ -159,7 +159,7 @@ def test_perf_layouts_get_16_byte_copies():
             assert mmplan.vec_ok(g, 0, 0), g
             launch = mmplan.choose(g, "best", "bf16", True)
             assert launch.expr.endswith("true>") and launch.block == 256
-            assert launch.smem == mmplan.smem_bytes(*mmplan.orientation(g))
+            assert launch.smem == mmplan.smem_bytes(*mmplan.orientation(g), int(launch.expr.split(", ")[1]))
             seen.add(mmplan.orientation(g))
     assert seen == {(False, False), (False, True), (True, True)}  # (True, False) needs dy transposed
 
@@ -197,8 +197,9 @@ def _bits16(x: np.ndarray, dt: str) -> np.ndarray:
 
 
 @needs_host
+@pytest.mark.parametrize("bm", [64, 128])
 @pytest.mark.parametrize("xt, yt, vec", list(product((False, True), repeat=3)))
-def test_mma_kernel_tails_and_folds(xt, yt, vec):
+def test_mma_kernel_tails_and_folds(xt, yt, vec, bm):
     """C = sum over 2 folds of X·Y, 2 output batches, I, J past one tile and R past one k tile, none
     a multiple of 8: partial zero-filled 16-byte chunks at every tail (rows padded to stride 8k)."""
     dt = "bf16" if xt == yt else "f16"
@@ -221,7 +222,8 @@ def test_mma_kernel_tails_and_folds(xt, yt, vec):
                     np.array([[k * xr_rows * xs, k * yr_rows * ys] for k in range(P * F)], dtype=np.int64).reshape(-1))
     assert mmplan.orientation(g) == (xt, yt)
     assert mmplan.vec_ok(g, 0, 0)
-    launch = mmplan.choose(g, "best", dt, vec)
+    launch = mmplan.choose(g, "best", dt, vec, bm)
+    assert launch.expr.startswith(f"mm_mma<{mmplan.CUDA_TYPE[dt]}, {bm}, ")
     c = np.full(P * I * J, np.nan, dtype=xbuf.dtype)
     for sched in range(cuda_host.SCHEDULES):
         c[...] = np.nan
@@ -257,10 +259,11 @@ needs_nvrtc = pytest.mark.skipif(not (_nvrtc_usable() and _nvrtc.include_dirs())
 def test_nvrtc_compiles_every_instantiation_and_constants_match():
     probe = SOURCE + f"""
 static_assert(MM_BLOCK == {mmplan.BLOCK} && MM_V == {mmplan.V} && MM_BM == {mmplan.BM} && MM_BN == {mmplan.BN}, "tiles");
+static_assert(mm_x_elems<false, 64>() == 64 * (MM_BK + MM_PAD), "BM 64");
 static_assert(MM_BK == {mmplan.BK} && MM_STAGES == {mmplan.STAGES} && MM_PAD == {mmplan.PAD}, "pipeline");
 static_assert(sizeof(MMGemm) == {mmplan.GEMM_WORDS} * 8 && MM_GEMM_WORDS == {mmplan.GEMM_WORDS}, "MMGemm");
-""" + "".join(f'static_assert(mm_mma_smem<{mmplan._b(x)}, {mmplan._b(y)}>() == {mmplan.smem_bytes(x, y)}, "smem");\n'
-              for x, y in product((False, True), repeat=2))
+""" + "".join(f'static_assert(mm_mma_smem<{mmplan._b(x)}, {mmplan._b(y)}, {bm}>() == {mmplan.smem_bytes(x, y, bm)}, '
+              '"smem");\n' for x, y in product((False, True), repeat=2) for bm in (64, 128))
     exprs = [e for dt in mm.DTYPES for e in mmplan.all_kernel_exprs(dt)]
     cubin, lowered = _nvrtc.compile_cubin(probe, arch="sm_90", name_expressions=exprs)
     for expr in exprs:
@@ -309,4 +312,5 @@ def test_mma_kernels_fit_two_blocks_per_sm():
     spills = [int(s) for s in re.findall(r"(\d+) bytes spill stores", log)]
     assert len(regs) == len(exprs) and max(regs) <= 128, regs
     assert not any(spills), spills
-    assert all(2 * mmplan.smem_bytes(x, y) <= 227 * 1024 for x, y in product((False, True), repeat=2))
+    assert all(2 * mmplan.smem_bytes(x, y, bm) <= 227 * 1024 for x, y in product((False, True), repeat=2)
+               for bm in (64, 128))

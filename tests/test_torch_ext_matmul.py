@@ -150,16 +150,16 @@ def test_cuda_records(dtype, layouts, misaligned):
     assert len(words) == mmplan.RECORD_WORDS
     for k, name in enumerate(("da", "db")):
         rec = words[k * mmplan.LAUNCH_WORDS:(k + 1) * mmplan.LAUNCH_WORDS]
-        kind, xt, yt, vec, at = rec[:5]
+        kind, xt, yt, vec, at, bm = rec[:6]
         g = rec[6:]
         assert kind == mmplan.RUN
         assert g[9] * g[10] > 0  # tiles of the launch
         if dtype in (torch.bfloat16, torch.float16):
-            expr = f"mm_mma<{mmplan.CUDA_TYPE['bf16' if dtype == torch.bfloat16 else 'f16']}, " \
+            expr = f"mm_mma<{mmplan.CUDA_TYPE['bf16' if dtype == torch.bfloat16 else 'f16']}, {bm}, " \
                    f"{mmplan._b(xt)}, {mmplan._b(yt)}, {mmplan._b(vec)}>"
             assert expr in mmplan.all_kernel_exprs("bf16" if dtype == torch.bfloat16 else "f16")
             uses_b = name == "da"
             assert vec == (layouts != ("sliced",) * 3 and not (misaligned and uses_b)), (name, layouts)
         else:
-            assert vec == 0
+            assert vec == 0 and bm == 64  # a small grid: the 64 x 64 tiles (f32 too)
         assert at + 2 * g[3] * g[4] <= table.numel()

@@ -26,6 +26,10 @@ PAD = 8
 GEMM_WORDS = 11
 MAX_GRID_Y = 65535
 SMEM_LIMIT = 48 * 1024  # above this a kernel needs its dynamic shared-memory limit raised
+# Grids of fewer blocks than this (2 resident blocks on each of an H100's 132 SMs) leave SMs idle:
+# mm_mma takes 64-row tiles instead (twice the blocks), the f32 path the smem rung's 64 x 64 tiles.
+FULL_WAVE = 2 * 132
+SMALL_BM = 64
 
 # mm_smem tilings: (BM, BN, BK, TM, TN), both 256 threads.
 SMEM_RUNG = (64, 64, 16, 4, 4)
@@ -155,9 +159,9 @@ def vec_ok(g: Gemm, x_ptr: int, y_ptr: int) -> bool:
     return not (g.off.size and (g.off % 8).any())
 
 
-def smem_bytes(xt: bool, yt: bool) -> int:
-    """mm_mma_smem<XT, YT>() of the .cuh."""
-    xe = BK * (BM + PAD) if xt else BM * (BK + PAD)
+def smem_bytes(xt: bool, yt: bool, bm: int = BM) -> int:
+    """mm_mma_smem<XT, YT, BM>() of the .cuh."""
+    xe = BK * (bm + PAD) if xt else bm * (BK + PAD)
     ye = BK * (BN + PAD) if yt else BN * (BK + PAD)
     return STAGES * (xe + ye) * 2
 
@@ -179,9 +183,9 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def choose(g: Gemm, variant: str, dt: str, vec: bool = False) -> Launch:
+def choose(g: Gemm, variant: str, dt: str, vec: bool = False, bm: int | None = None) -> Launch:
     """The launch of GEMM `g` for `variant` (naive, regtile, smem, best) and dtype `dt`; `vec`
-    from vec_ok (used by best on bf16 / f16)."""
+    from vec_ok (used by best on bf16 / f16); `bm` forces mm_mma's tile rows (tests)."""
     if g.P > MAX_GRID_Y:
         raise ValueError(f"matmul_backward: {g.P} output batch elements for {g.out}, expected at most {MAX_GRID_Y}")
     t = CUDA_TYPE[dt]
@@ -190,14 +194,16 @@ def choose(g: Gemm, variant: str, dt: str, vec: bool = False) -> Launch:
     if variant == "regtile":
         return Launch(f"mm_regtile<{t}>", (_cdiv(_cdiv(g.I, V) * _cdiv(g.J, V), BLOCK), g.P), BLOCK, 0,
                       tuple(g.words()))
+    small = _cdiv(g.I, BM) * _cdiv(g.J, BN) * g.P < FULL_WAVE
     if variant == "best" and dt in ("bf16", "f16"):
         xt, yt = orientation(g)
-        ti, tj = _cdiv(g.I, BM), _cdiv(g.J, BN)
-        return Launch(f"mm_mma<{t}, {_b(xt)}, {_b(yt)}, {_b(vec)}>", (ti * tj, g.P), BLOCK, smem_bytes(xt, yt),
-                      tuple(g.words(ti, tj)))
+        bm = bm or (SMALL_BM if small else BM)
+        ti, tj = _cdiv(g.I, bm), _cdiv(g.J, BN)
+        return Launch(f"mm_mma<{t}, {bm}, {_b(xt)}, {_b(yt)}, {_b(vec)}>", (ti * tj, g.P), BLOCK,
+                      smem_bytes(xt, yt, bm), tuple(g.words(ti, tj)))
     if variant not in ("smem", "best"):
         raise ValueError(f"matmul_backward: unknown variant {variant!r}, expected one of {', '.join(VARIANTS)}")
-    bm, bn, bk, tm, tn = SMEM_BEST if variant == "best" and dt == "f32" else SMEM_RUNG
+    bm, bn, bk, tm, tn = SMEM_BEST if variant == "best" and dt == "f32" and not small else SMEM_RUNG
     ti, tj = _cdiv(g.I, bm), _cdiv(g.J, bn)
     return Launch(f"mm_smem<{t}, {bm}, {bn}, {bk}, {tm}, {tn}>", (ti * tj, g.P), (bm // tm) * (bn // tn), 0,
                   tuple(g.words(ti, tj)))
@@ -210,7 +216,8 @@ def all_kernel_exprs(dt: str) -> list[str]:
     if dt == "f32":
         out.append("mm_smem<{}, {}, {}, {}, {}, {}>".format(t, *SMEM_BEST))
     if dt in ("bf16", "f16"):
-        out += [f"mm_mma<{t}, {_b(xt)}, {_b(yt)}, {_b(v)}>" for xt, yt, v in product((False, True), repeat=3)]
+        out += [f"mm_mma<{t}, {bm}, {_b(xt)}, {_b(yt)}, {_b(v)}>" for bm in (SMALL_BM, BM)
+                for xt, yt, v in product((False, True), repeat=3)]
     return out
 
 
@@ -232,8 +239,10 @@ def record(gemms, dt: str, cuda: bool, aligned: dict) -> tuple[list[int], np.nda
             continue
         xt, yt = orientation(g)
         vec = cuda and dt in ("bf16", "f16") and aligned[g.x] and aligned[g.y] and vec_ok(g, 0, 0)
-        gw = list(choose(g, "best", dt, vec).words) if cuda else g.words()
-        words += [RUN, int(xt), int(yt), int(vec), at, 0] + gw
+        launch = choose(g, "best", dt, vec)
+        bm = int(launch.expr.split(", ")[1])  # mm_mma<T, BM, ...> / mm_smem<T, BM, ...>
+        gw = list(launch.words) if cuda else g.words()
+        words += [RUN, int(xt), int(yt), int(vec), at, bm] + gw
         tables.append(g.off)
         at += g.off.size
     table = np.concatenate(tables) if tables else np.zeros(0, dtype=np.int64)

@@ -22,15 +22,16 @@
 //                       fetched cooperatively (each thread a few elements, predicated), each
 //                       thread a TM x TN register block; block (BM/TM)*(BN/TN) threads, grid
 //                       (tiles, P).  The f32 / f64 path of `best` (no TF32).
-//   mm_mma<T, XT, YT, VEC>
-//                       bf16 / f16 on tensor cores: 128 x 128 x 32 block tiles, 8 warps of 64 x 32,
+//   mm_mma<T, BM, XT, YT, VEC>
+//                       bf16 / f16 on tensor cores: BM x 128 x 32 block tiles (BM 128, or 64 for
+//                       grids too small to fill the GPU), 8 warps (2 x 4) of BM/2 x 32,
 //                       mma.m16n8k16 with ldmatrix fragments (.trans where the operand's
 //                       contiguous dim is not the one the fragment wants), an MM_STAGES-deep
 //                       cp.async pipeline (zero-filled past the tails).  XT: X is contiguous along
 //                       i (xi == 1; else xr == 1); YT: Y contiguous along j (yj == 1; else yr == 1).
 //                       VEC: 16-byte copies (base pointers 16-byte aligned, the other stride and
 //                       every table offset multiples of 8); !VEC: any strides, element loads.
-//                       Block 256, grid (tiles, P), dynamic shared memory mm_mma_smem<XT, YT>()
+//                       Block 256, grid (tiles, P), dynamic shared memory mm_mma_smem<XT, YT, BM>()
 //                       bytes (over 48 KiB: the host raises the kernel's limit).
 //   Tiles of mm_smem / mm_mma are numbered in groups of MM_GROUP tile rows (L2 reuse).
 #pragma once
@@ -198,17 +199,17 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN)) mm_smem(const __grid_co
 
 // Shared elements of one stage's X and Y tiles: rows along the operand's strided dim, MM_PAD
 // elements of padding each (16-byte aligned rows in distinct banks for ldmatrix).
-template <bool XT>
+template <bool XT, int BM>
 __host__ __device__ constexpr int mm_x_elems() {
-  return XT ? MM_BK * (MM_BM + MM_PAD) : MM_BM * (MM_BK + MM_PAD);
+  return XT ? MM_BK * (BM + MM_PAD) : BM * (MM_BK + MM_PAD);
 }
 template <bool YT>
 __host__ __device__ constexpr int mm_y_elems() {
   return YT ? MM_BK * (MM_BN + MM_PAD) : MM_BN * (MM_BK + MM_PAD);
 }
-template <bool XT, bool YT>
+template <bool XT, bool YT, int BM>
 __host__ __device__ constexpr int mm_mma_smem() {
-  return MM_STAGES * (mm_x_elems<XT>() + mm_y_elems<YT>()) * 2;
+  return MM_STAGES * (mm_x_elems<XT, BM>() + mm_y_elems<YT>()) * 2;
 }
 
 // One operand tile (ROWS rows of COLS contiguous elements in shared memory, row stride COLS +
@@ -236,17 +237,18 @@ __device__ __forceinline__ void mm_fetch(T* s, const T* base, long long row0, lo
   }
 }
 
-template <typename T, bool XT, bool YT, bool VEC>
+template <typename T, int BM, bool XT, bool YT, bool VEC>
 __global__ void __launch_bounds__(MM_BLOCK, 2) mm_mma(const __grid_constant__ MMGemm g, const T* X, const T* Y,
                                                    const long long* off, T* C) {
   static_assert(sizeof(T) == 2, "tensor-core path: bf16 / f16");
-  constexpr int XE = mm_x_elems<XT>(), YE = mm_y_elems<YT>();
+  static_assert(BM == 64 || BM == 128, "block tile rows: 64 or 128");
+  constexpr int XE = mm_x_elems<XT, BM>(), YE = mm_y_elems<YT>(), MT = BM / 32;  // MT m16 tiles per warp
   TC_DYNAMIC_SHARED(T, smem);
   long long ti, tj;
   mm_tile(blockIdx.x, g.tiles_i, g.tiles_j, ti, tj);
-  const long long i0 = ti * MM_BM, j0 = tj * MM_BN, p = blockIdx.y;
+  const long long i0 = ti * BM, j0 = tj * MM_BN, p = blockIdx.y;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int wm = (warp / 4) * 64, wn = (warp % 4) * 32;  // the warp's 64 x 32 corner in the tile
+  const int wm = (warp / 4) * (BM / 2), wn = (warp % 4) * 32;  // the warp's BM/2 x 32 corner in the tile
   const long long nk = (g.R + MM_BK - 1) / MM_BK, total = g.F * nk;
 
   // Queues the loads of reduction tile t (fold f, rows r0..) into stage s; always one commit group.
@@ -258,9 +260,9 @@ __global__ void __launch_bounds__(MM_BLOCK, 2) mm_mma(const __grid_constant__ MM
       T* xs = smem + s * (XE + YE);
       T* ys = xs + XE;
       if (XT)  // rows r, contiguous i
-        mm_fetch<T, MM_BK, MM_BM, VEC>(xs, x, r0, g.R, g.xr, i0, g.I, g.xi);
+        mm_fetch<T, MM_BK, BM, VEC>(xs, x, r0, g.R, g.xr, i0, g.I, g.xi);
       else     // rows i, contiguous r
-        mm_fetch<T, MM_BM, MM_BK, VEC>(xs, x, i0, g.I, g.xi, r0, g.R, g.xr);
+        mm_fetch<T, BM, MM_BK, VEC>(xs, x, i0, g.I, g.xi, r0, g.R, g.xr);
       if (YT)  // rows r, contiguous j
         mm_fetch<T, MM_BK, MM_BN, VEC>(ys, y, r0, g.R, g.yr, j0, g.J, g.yj);
       else     // rows j, contiguous r
@@ -269,8 +271,8 @@ __global__ void __launch_bounds__(MM_BLOCK, 2) mm_mma(const __grid_constant__ MM
     tc_cp_commit();
   };
 
-  float acc[4][4][4];
-  for (int a = 0; a < 4; ++a)
+  float acc[MT][4][4];
+  for (int a = 0; a < MT; ++a)
     for (int b = 0; b < 4; ++b)
       for (int k = 0; k < 4; ++k) acc[a][b][k] = 0.f;
 
@@ -282,11 +284,11 @@ __global__ void __launch_bounds__(MM_BLOCK, 2) mm_mma(const __grid_constant__ MM
     const T* xs = smem + (t % MM_STAGES) * (XE + YE);
     const T* ys = xs + XE;
     for (int ks = 0; ks < MM_BK; ks += 16) {
-      unsigned af[4][4], bf[4][2];
-      for (int mt = 0; mt < 4; ++mt) {
+      unsigned af[MT][4], bf[4][2];
+      for (int mt = 0; mt < MT; ++mt) {
         const int m = wm + mt * 16;
         if (XT)  // matrices (m, k), (m+8, k), (m, k+8), (m+8, k+8) from rows k of the k-major tile
-          tc_ldmatrix_x4_trans(af[mt], xs + (ks + 8 * (lane / 16) + lane % 8) * (MM_BM + MM_PAD) + m +
+          tc_ldmatrix_x4_trans(af[mt], xs + (ks + 8 * (lane / 16) + lane % 8) * (BM + MM_PAD) + m +
                                            8 * ((lane / 8) & 1));
         else
           tc_ldmatrix_x4(af[mt], xs + (m + lane % 16) * (MM_BK + MM_PAD) + ks + 8 * (lane / 16));
@@ -304,7 +306,7 @@ __global__ void __launch_bounds__(MM_BLOCK, 2) mm_mma(const __grid_constant__ MM
         bf[nt + 1][0] = r[2];
         bf[nt + 1][1] = r[3];
       }
-      for (int mt = 0; mt < 4; ++mt)
+      for (int mt = 0; mt < MT; ++mt)
         for (int nt = 0; nt < 4; ++nt) tc_mma16816<T>(acc[mt][nt], af[mt], bf[nt]);
     }
   }
@@ -312,7 +314,7 @@ __global__ void __launch_bounds__(MM_BLOCK, 2) mm_mma(const __grid_constant__ MM
 
   T* c = C + p * g.I * g.J;
   const int gq = lane >> 2, tq = lane & 3;
-  for (int mt = 0; mt < 4; ++mt) {
+  for (int mt = 0; mt < MT; ++mt) {
     for (int nt = 0; nt < 4; ++nt) {
       for (int h = 0; h < 2; ++h) {
         const long long i = i0 + wm + mt * 16 + gq + 8 * h, j = j0 + wn + nt * 8 + 2 * tq;

@@ -21,10 +21,11 @@ struct MMGemm {
 #define MM_GEMM_WORDS 11
 
 // One GEMM of a call as torch_ext runs it: what to do, mm_mma's template flags, where its fold
-// offsets start in the table tensor, then MMGemm.  MMRecord: dA's, then dB's (MM_RECORD_WORDS).
+// offsets start in the table tensor, the block tile's rows BM (mm_mma: 64 or 128; mm_smem: 128
+// for its 128 x 128 8 x 8 tiles, 64 for the 64 x 64 4 x 4 ones), then MMGemm.  MMRecord: dA's, then dB's (MM_RECORD_WORDS).
 enum { MM_EMPTY = 0, MM_ZERO = 1, MM_RUN = 2 };
 struct MMLaunch {
-  long long kind, xt, yt, vec, table_off, reserved;
+  long long kind, xt, yt, vec, table_off, bm;
   MMGemm g;
 };
 struct MMRecord {

@@ -25,30 +25,31 @@ template <> struct CudaType<at::BFloat16> { using type = __nv_bfloat16; };
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-template <typename T, bool XT, bool YT, bool VEC>
+template <typename T, int BM, bool XT, bool YT, bool VEC>
 void launch_mma(const MMGemm& g, const T* X, const T* Y, const long long* off, T* C, cudaStream_t stream) {
-  constexpr int smem = mm_mma_smem<XT, YT>();
+  constexpr int smem = mm_mma_smem<XT, YT, BM>();
   static bool raised = false;  // per instantiation; the attribute is per function, any device
   if (!raised) {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(mm_mma<T, XT, YT, VEC>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    C10_CUDA_CHECK(
+        cudaFuncSetAttribute(mm_mma<T, BM, XT, YT, VEC>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     raised = true;
   }
   const dim3 grid((unsigned)(g.tiles_i * g.tiles_j), (unsigned)g.P);
-  mm_mma<T, XT, YT, VEC><<<grid, MM_BLOCK, smem, stream>>>(g, X, Y, off, C);
+  mm_mma<T, BM, XT, YT, VEC><<<grid, MM_BLOCK, smem, stream>>>(g, X, Y, off, C);
 }
 
-template <typename T>
+template <typename T, int BM>
 void launch_tc(const MMLaunch& l, const T* X, const T* Y, const long long* off, T* C, cudaStream_t stream) {
   const int which = (l.xt ? 4 : 0) | (l.yt ? 2 : 0) | (l.vec ? 1 : 0);
   switch (which) {
-    case 0: return launch_mma<T, false, false, false>(l.g, X, Y, off, C, stream);
-    case 1: return launch_mma<T, false, false, true>(l.g, X, Y, off, C, stream);
-    case 2: return launch_mma<T, false, true, false>(l.g, X, Y, off, C, stream);
-    case 3: return launch_mma<T, false, true, true>(l.g, X, Y, off, C, stream);
-    case 4: return launch_mma<T, true, false, false>(l.g, X, Y, off, C, stream);
-    case 5: return launch_mma<T, true, false, true>(l.g, X, Y, off, C, stream);
-    case 6: return launch_mma<T, true, true, false>(l.g, X, Y, off, C, stream);
-    default: return launch_mma<T, true, true, true>(l.g, X, Y, off, C, stream);
+    case 0: return launch_mma<T, BM, false, false, false>(l.g, X, Y, off, C, stream);
+    case 1: return launch_mma<T, BM, false, false, true>(l.g, X, Y, off, C, stream);
+    case 2: return launch_mma<T, BM, false, true, false>(l.g, X, Y, off, C, stream);
+    case 3: return launch_mma<T, BM, false, true, true>(l.g, X, Y, off, C, stream);
+    case 4: return launch_mma<T, BM, true, false, false>(l.g, X, Y, off, C, stream);
+    case 5: return launch_mma<T, BM, true, false, true>(l.g, X, Y, off, C, stream);
+    case 6: return launch_mma<T, BM, true, true, false>(l.g, X, Y, off, C, stream);
+    default: return launch_mma<T, BM, true, true, true>(l.g, X, Y, off, C, stream);
   }
 }
 
@@ -58,10 +59,15 @@ void launch_gemm(const MMLaunch& l, const T* X, const T* Y, const long long* off
   if constexpr (sizeof(T) == 2) {
     TORCH_CHECK(!l.vec || (aligned16(X) && aligned16(Y)),
                 "matmul_backward: a 16-byte plan for pointers that are not 16-byte aligned");
-    launch_tc<T>(l, X, Y, off, C, stream);
-  } else if constexpr (sizeof(T) == 4) {  // the plan's SMEM_BEST tiles (IEEE float32, no TF32)
+    TORCH_CHECK(l.bm == 64 || l.bm == 128, "matmul_backward: plan has BM ", l.bm, ", expected 64 or 128");
+    if (l.bm == 64)
+      launch_tc<T, 64>(l, X, Y, off, C, stream);
+    else
+      launch_tc<T, 128>(l, X, Y, off, C, stream);
+  } else if (sizeof(T) == 4 && l.bm == 128) {  // the plan's SMEM_BEST tiles (IEEE float32, no TF32)
     mm_smem<T, 128, 128, 16, 8, 8><<<grid, 256, 0, stream>>>(l.g, X, Y, off, C);
-  } else {                                // SMEM_RUNG tiles in double
+  } else {                                     // SMEM_RUNG tiles (f64; f32 grids too small for SMEM_BEST)
+    TORCH_CHECK(l.bm == 64, "matmul_backward: plan has BM ", l.bm, ", expected 64 for ", sizeof(T) == 4 ? "f32" : "f64");
     mm_smem<T, 64, 64, 16, 4, 4><<<grid, 256, 0, stream>>>(l.g, X, Y, off, C);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
