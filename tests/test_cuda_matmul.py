@@ -314,3 +314,22 @@ def test_mma_kernels_fit_two_blocks_per_sm():
     assert not any(spills), spills
     assert all(2 * mmplan.smem_bytes(x, y, bm) <= 227 * 1024 for x, y in product((False, True), repeat=2)
                for bm in (64, 128))
+
+
+def test_cupy_host_checks_on_numpy_arrays():
+    """The cupy impl's own checks (beyond argcheck's): dense outputs, no output sharing memory with
+    an input or the other output; run on numpy arrays (the same attributes as cupy's)."""
+    a, b, dy = np.ones((8, 16), np.float32), np.ones((16, 4), np.float32), np.ones((8, 4), np.float32)
+    da, db = np.empty((8, 16), np.float32), np.empty((16, 4), np.float32)
+    entry = mm._checked_entry(a, b, dy, da, db)
+    assert [g.out for g in entry.gemms] == ["da", "db"]
+    mm._check_overlap({"a": a, "b": b, "dy": dy, "da": da, "db": db})
+    with pytest.raises(ValueError, match="da must be C-contiguous"):
+        mm._checked_entry(a, b, dy, np.empty((16, 8), np.float32).T, db)
+    with pytest.raises(ValueError, match="db shares memory with b"):
+        mm._check_overlap({"a": a, "b": b, "dy": dy, "da": da, "db": b})
+    buf = np.empty(8 * 16 + 64, np.float32)
+    with pytest.raises(ValueError, match="da shares memory with db"):
+        mm._check_overlap({"a": a, "b": b, "dy": dy, "da": buf[:128].reshape(8, 16), "db": buf[120:184].reshape(16, 4)})
+    with pytest.raises(TypeError, match="expected one of"):
+        mm._checked_entry(a.astype(np.int32), b, dy, da, db)
