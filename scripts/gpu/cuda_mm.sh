@@ -3,8 +3,8 @@
 # torch_ext): the GPU batch.  Run from the repo root on a CUDA machine with $OUT a folder:
 #   OUT=/some/dir scripts/gpu/cuda_mm.sh
 # 0. installs the checkout (editable, no deps); starts the torch_ext build (nvcc, sm_90) in the
-#    background; compiles every cupy instantiation and writes registers / local memory / smem and
-#    the plan of each perf case (plans.txt);
+#    background; writes the plan of each perf case (kernel, grid, smem, folds) and compiles its
+#    kernels with NVRTC: registers, local memory, static smem (plans.txt);
 # 1. every cupy rung on the smoke set (smoke.json / smoke.log);
 # 2. cupy@best and torch_ext on the full set, 5 shards side by side (scripts/jobs/cuda-mm-full.txt
 #    through scripts/gpu_parallel_run.sh: full/summary.txt, full/runs.tar.gz), after the build;
@@ -14,7 +14,8 @@
 #    (scripts/gpu/cases/matmul_ladder.json): ladder/report.md.
 # PROFILE=1 adds `harness profile` (ncu) of cupy@best and torch on the 4096 x 4096 x 14336 bf16 case.
 # Everything lands in $OUT/cuda_mm.tgz, with $OUT/summary.txt beside it (2 files).
-# Whole script: about 7-8 minutes on an H100 (build 2.5 min in the background, full set ~2, benches ~4).
+# Whole script: about 7-8 minutes on an H100 (build 2.5 min in the background, full set <= 3, benches
+# <= 4); every step has a timeout (worst case about 9.5 minutes), logs are kept whatever happens.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 : "${OUT:?set OUT to a folder for the results}"
@@ -50,12 +51,7 @@ from backends.cupy.common import function
 from cases import select
 from harness.registry import get_op
 
-for dt in mm.DTYPES:
-    t = time.perf_counter()
-    for expr in mmplan.all_kernel_exprs(dt):
-        fn = function(mm.SOURCE, expr)
-        print(f"{expr:50s} regs {fn.num_regs:3d} local {fn.local_size_bytes:4d} B static smem {fn.shared_size_bytes:5d} B")
-    print(f"== {dt}: compiled in {time.perf_counter() - t:.1f} s")
+used = set()
 for case in select("perf", op=mm.OP):
     s = get_op(mm.OP).shapes(case)
     lay = {n: case.params.get(f"{n}_layout", "contig") for n in ("a", "b", "dy")}
@@ -73,6 +69,13 @@ for case in select("perf", op=mm.OP):
         vec = mmplan.vec_ok(g, 0, 0)
         la = mmplan.choose(g, "best", case.dtype, vec)
         print(f"{case.id:70s} {g.out}: {la.expr:45s} grid {la.grid} smem {la.smem} P={g.P} F={g.F}")
+        used.add(la.expr)
+print()
+t = time.perf_counter()
+for expr in sorted(used):  # each kernel is its own NVRTC module (cupy caches it on disk for the later steps)
+    fn = function(mm.SOURCE, expr)
+    print(f"{expr:50s} regs {fn.num_regs:3d} local {fn.local_size_bytes:4d} B static smem {fn.shared_size_bytes:5d} B")
+print(f"compiled {len(used)} kernels in {time.perf_counter() - t:.1f} s")
 PYEOF
 echo "plans exit $?" | tee -a "$S"; grep -E "mm_mma|==" "$W/plans.txt" | head -12 >> "$S"; tail -20 "$W/plans.txt" >> "$S"
 
@@ -83,19 +86,19 @@ echo "exit $?" | tee -a "$S"; grep -E "^(FAIL|ERROR|CRASH)" -A3 "$W/smoke.log" |
 
 stamp "== 2. cupy@best and torch_ext on the full set (after the build)"
 wait "$BUILD"; cat "$W/build.log" | tail -3 | tee -a "$S"
-OUT="$W/full" timeout 420 bash scripts/gpu_parallel_run.sh scripts/jobs/cuda-mm-full.txt 360 > "$W/full.log" 2>&1
+OUT="$W/full" timeout 240 bash scripts/gpu_parallel_run.sh scripts/jobs/cuda-mm-full.txt 180 > "$W/full.log" 2>&1
 echo "exit $?" | tee -a "$S"; cat "$W/full/summary.txt" >> "$S" 2>/dev/null
 
 stamp "== 3. bench (cold): torch, torch_compile, triton, cupy@best, torch_ext on the perf cases"
-timeout 300 $PY -m harness bench --op matmul_backward --backend torch --backend torch_compile --backend triton \
-  --backend cupy@best --backend torch_ext --cases perf --budget "$BUDGET" --warmup-budget 0.1 --time-limit 200 \
+timeout 260 $PY -m harness bench --op matmul_backward --backend torch --backend torch_compile --backend triton \
+  --backend cupy@best --backend torch_ext --cases perf --budget "$BUDGET" --warmup-budget 0.1 --time-limit 150 \
   --case-timeout 60 --report "$W/bench" -q > "$W/bench.log" 2>&1
 echo "exit $?" | tee -a "$S"; tail -5 "$W/bench.log" >> "$S"
 [ -f "$W/bench/report.md" ] && sed -n '1,80p' "$W/bench/report.md" >> "$S"
 
 stamp "== 4. the ladder: every cupy rung and torch on matmul_ladder.json"
-timeout 200 $PY -m harness bench --op matmul_backward --backend torch --backend cupy --cases scripts/gpu/cases/matmul_ladder.json \
-  --budget "$BUDGET" --warmup-budget 0.1 --time-limit 150 --case-timeout 60 --report "$W/ladder" -q > "$W/ladder.log" 2>&1
+timeout 150 $PY -m harness bench --op matmul_backward --backend torch --backend cupy --cases scripts/gpu/cases/matmul_ladder.json \
+  --budget 0.2 --warmup-budget 0.1 --time-limit 75 --case-timeout 40 --report "$W/ladder" -q > "$W/ladder.log" 2>&1
 echo "exit $?" | tee -a "$S"; tail -5 "$W/ladder.log" >> "$S"
 [ -f "$W/ladder/report.md" ] && grep -A30 -i "ladder" "$W/ladder/report.md" | head -50 >> "$S"
 
