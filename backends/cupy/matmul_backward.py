@@ -111,9 +111,11 @@ class CupyDevice:
 
     def launch(self, launch: mmplan.Launch, args) -> None:
         fn = function(SOURCE, launch.expr)
-        if launch.smem > mmplan.SMEM_LIMIT and launch.expr not in self._smem_set:
-            fn.max_dynamic_shared_size_bytes = launch.smem
-            self._smem_set.add(launch.expr)
+        if launch.smem > mmplan.SMEM_LIMIT:  # the limit is raised per kernel and device
+            key = (self.cupy.cuda.runtime.getDevice(), launch.expr)
+            if key not in self._smem_set:
+                fn.max_dynamic_shared_size_bytes = launch.smem
+                self._smem_set.add(key)
         fn(launch.grid, (launch.block,), args, shared_mem=launch.smem)
 
     def ptr(self, x) -> int:

@@ -28,11 +28,12 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 template <typename T, int BM, bool XT, bool YT, bool VEC>
 void launch_mma(const MMGemm& g, const T* X, const T* Y, const long long* off, T* C, cudaStream_t stream) {
   constexpr int smem = mm_mma_smem<XT, YT, BM>();
-  static bool raised = false;  // per instantiation; the attribute is per function, any device
-  if (!raised) {
+  static bool raised[64] = {};  // per instantiation and device (a function's attributes are per device)
+  const int dev = c10::cuda::current_device();
+  if (dev >= 64 || !raised[dev]) {
     C10_CUDA_CHECK(
         cudaFuncSetAttribute(mm_mma<T, BM, XT, YT, VEC>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    raised = true;
+    if (dev < 64) raised[dev] = true;
   }
   const dim3 grid((unsigned)(g.tiles_i * g.tiles_j), (unsigned)g.P);
   mm_mma<T, BM, XT, YT, VEC><<<grid, MM_BLOCK, smem, stream>>>(g, X, Y, off, C);
