@@ -6,16 +6,18 @@
 #    background; writes the plan of each perf case (kernel, grid, smem, folds) and compiles its
 #    kernels with NVRTC: registers, local memory, static smem (plans.txt);
 # 1. every cupy rung on the smoke set (smoke.json / smoke.log);
-# 2. cupy@best and torch_ext on the full set, 5 shards side by side (scripts/jobs/cuda-mm-full.txt
-#    through scripts/gpu_parallel_run.sh: full/summary.txt, full/runs.tar.gz), after the build;
-# 3. `harness bench` (cold) on the perf cases: torch, torch_compile, triton, cupy@best, torch_ext
+# 2. the full set, 3 shards side by side through scripts/gpu_parallel_run.sh: (a) cupy@best
+#    (scripts/jobs/cuda-mm-full.txt) while torch_ext builds, (b) torch_ext after the build
+#    (scripts/jobs/cuda-mm-full-ext.txt): full-cupy/, full-ext/ (summary.txt, runs.tar.gz);
+# 3. `harness bench` (cold) on the perf cases: torch, triton, cupy@best, torch_ext
 #    (bench/report.md: TFLOP/s and % of the matmul ceiling);
-# 4. the ladder: every cupy rung and torch on the seed's 1024^3 (f32, bf16) and a 4096^3 bf16
-#    (scripts/gpu/cases/matmul_ladder.json): ladder/report.md.
+# 4. the ladder: every cupy rung, torch and torch_compile on the seed's 1024^3 (f32, bf16) and a
+#    4096^3 bf16 with b transposed (scripts/gpu/cases/matmul_ladder.json): ladder/report.md.
 # PROFILE=1 adds `harness profile` (ncu) of cupy@best and torch on the 4096 x 4096 x 14336 bf16 case.
 # Everything lands in $OUT/cuda_mm.tgz, with $OUT/summary.txt beside it (2 files).
-# Whole script: about 7-8 minutes on an H100 (build 2.5 min in the background, full set <= 3, benches
-# <= 4); every step has a timeout (worst case about 9.5 minutes), logs are kept whatever happens.
+# Whole script: about 7 minutes on an H100 (build 2.5 min in the background of the smoke set and
+# cupy's full set; torch_ext's full set ~1.5, benches ~3.5); every step has a timeout, logs are kept
+# whatever happens, and the tarball is written on exit.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 : "${OUT:?set OUT to a folder for the results}"
@@ -84,23 +86,28 @@ timeout 300 $PY -m harness run --op matmul_backward --backend cupy --cases smoke
   > "$W/smoke.log" 2>&1
 echo "exit $?" | tee -a "$S"; grep -E "^(FAIL|ERROR|CRASH)" -A3 "$W/smoke.log" | head -40 >> "$S"; tail -3 "$W/smoke.log" >> "$S"
 
-stamp "== 2. cupy@best and torch_ext on the full set (after the build)"
-wait "$BUILD"; cat "$W/build.log" | tail -3 | tee -a "$S"
-OUT="$W/full" timeout 240 bash scripts/gpu_parallel_run.sh scripts/jobs/cuda-mm-full.txt 180 > "$W/full.log" 2>&1
-echo "exit $?" | tee -a "$S"; cat "$W/full/summary.txt" >> "$S" 2>/dev/null
+stamp "== 2a. cupy@best on the full set (3 shards, while torch_ext builds)"
+OUT="$W/full-cupy" timeout 200 bash scripts/gpu_parallel_run.sh scripts/jobs/cuda-mm-full.txt 170 > "$W/full-cupy.log" 2>&1
+echo "exit $?" | tee -a "$S"; cat "$W/full-cupy/summary.txt" >> "$S" 2>/dev/null
 
-stamp "== 3. bench (cold): torch, torch_compile, triton, cupy@best, torch_ext on the perf cases"
-timeout 260 $PY -m harness bench --op matmul_backward --backend torch --backend torch_compile --backend triton \
-  --backend cupy@best --backend torch_ext --cases perf --budget "$BUDGET" --warmup-budget 0.1 --time-limit 150 \
-  --case-timeout 60 --report "$W/bench" -q > "$W/bench.log" 2>&1
+stamp "== 2b. torch_ext on the full set (3 shards, after the build)"
+wait "$BUILD"; tail -3 "$W/build.log" | tee -a "$S"
+OUT="$W/full-ext" timeout 200 bash scripts/gpu_parallel_run.sh scripts/jobs/cuda-mm-full-ext.txt 170 > "$W/full-ext.log" 2>&1
+echo "exit $?" | tee -a "$S"; cat "$W/full-ext/summary.txt" >> "$S" 2>/dev/null
+
+stamp "== 3. bench (cold): torch, triton, cupy@best, torch_ext on the perf cases"
+timeout 180 $PY -m harness bench --op matmul_backward --backend torch --backend triton --backend cupy@best \
+  --backend torch_ext --cases perf --budget "$BUDGET" --warmup-budget 0.1 --time-limit 110 --case-timeout 40 \
+  --report "$W/bench" -q > "$W/bench.log" 2>&1
 echo "exit $?" | tee -a "$S"; tail -5 "$W/bench.log" >> "$S"
 [ -f "$W/bench/report.md" ] && sed -n '1,80p' "$W/bench/report.md" >> "$S"
 
-stamp "== 4. the ladder: every cupy rung and torch on matmul_ladder.json"
-timeout 150 $PY -m harness bench --op matmul_backward --backend torch --backend cupy --cases scripts/gpu/cases/matmul_ladder.json \
-  --budget 0.2 --warmup-budget 0.1 --time-limit 75 --case-timeout 40 --report "$W/ladder" -q > "$W/ladder.log" 2>&1
+stamp "== 4. the ladder: every cupy rung, torch and torch_compile on matmul_ladder.json"
+timeout 130 $PY -m harness bench --op matmul_backward --backend torch --backend torch_compile --backend cupy \
+  --cases scripts/gpu/cases/matmul_ladder.json --budget 0.2 --warmup-budget 0.1 --time-limit 70 --case-timeout 40 \
+  --report "$W/ladder" -q > "$W/ladder.log" 2>&1
 echo "exit $?" | tee -a "$S"; tail -5 "$W/ladder.log" >> "$S"
-[ -f "$W/ladder/report.md" ] && grep -A30 -i "ladder" "$W/ladder/report.md" | head -50 >> "$S"
+[ -f "$W/ladder/report.md" ] && sed -n '1,60p' "$W/ladder/report.md" >> "$S"
 
 if [ "${PROFILE:-0}" = 1 ]; then
   CASE='{"op": "matmul_backward", "dtype": "bf16", "params": {"a": [4096, 4096], "b": [4096, 14336]}}'
