@@ -1,0 +1,292 @@
+"""attention_backward for the `cupy` backend: FlashAttention-2 style CUDA C++
+(backends/cuda/attention_backward.cuh, over mma.cuh) compiled with NVRTC through cupy.RawModule.
+Spec: oracle/attention_backward.py (layout (B, S, H, D), GQA/MQA, causal / local windows aligned
+bottom-right, softcap, softmax_scale, Sq != Sk, empty rows -> 0).
+
+Variants:
+  @fa2 (= @best)  bf16 / f16: preprocess (delta = rowsum(o * do), lse copied, empty rows neutralised,
+                  the fp32 dq accumulator zeroed), main kernel per (key block, batch, kv head) with
+                  K, V in shared memory and dK, dV in registers over every query block of the
+                  group's heads (Q, dO double-buffered by cp.async, mma.sync m16n8k16 + ldmatrix,
+                  unmasked blocks on a path with no mask code), dQ += dS K by fp32 atomics, then a
+                  convert kernel.  Not bitwise reproducible (atomics).
+  @fa2_det        the same main kernel without dQ, then a dQ kernel per (query block, head) over its
+                  key blocks (S and dP recomputed): no float atomics, deterministic.
+  f32 and f64 (both variants): a SIMT path (no TF32: its error is outside the fp32 tolerance), one
+  warp per query row for dq and per key row for dk, dv, accumulating in float / double.
+Head dims up to 256: the tensor-core kernels compute on DP = 64, 128 or 256 columns, zero-filled
+past D.  Larger head dims are declared unsupported.
+
+Host side: `plan` is pure Python (tests run it against the CPU stand-in, tests/cuda_host_attention.py):
+the launches of one (variant, dtype, sizes, strides, alignment, params) and the packed AttnParams,
+cached in a dict; a call looks the plan up and launches.  Importing this module never imports cupy.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from backends.cupy import cupy_backend
+from backends.cupy.common import CUDA_TYPE
+from harness import argcheck, dtypes
+
+OP = "attention_backward"
+SOURCE = "attention_backward.cuh"
+DTYPES = ("f32", "f16", "bf16", "f64")
+TC_DTYPES = ("bf16", "f16")
+MAX_D = 256
+FIELDS = ("B", "Sq", "Sk", "Hq", "Hkv", "D", "G", "left", "right", "aligned",
+          "q_b", "q_s", "q_h", "k_b", "k_s", "k_h", "v_b", "v_s", "v_h", "o_b", "o_s", "o_h", "do_b", "do_s", "do_h",
+          "lse_b", "lse_h", "lse_s", "dq_b", "dq_s", "dq_h", "dk_b", "dk_s", "dk_h", "dv_b", "dv_s", "dv_h")
+PARAMS_DTYPE = np.dtype([("words", np.int64, (len(FIELDS),))])
+# (BM query rows, BN keys, WD head-dim slices per key group) of the main kernel, per DP.  Warps:
+# (BN / 16) * WD.  D = 256 splits dK, dV over two warps per key group (registers).
+MAIN_CFG = {64: (64, 64, 1), 128: (64, 64, 1), 256: (32, 64, 2)}
+# (BM, BN) of the deterministic dq kernel (BM / 16 warps).
+DQ_CFG = {64: (64, 64), 128: (64, 64), 256: (64, 32)}
+PRE_ROWS = 4       # query rows per block of attn_pre (one warp each)
+CONVERT_BLOCK = 256
+
+
+def padded_dim(d: int) -> int:
+    """The head dim the tensor-core kernels compute on."""
+    return 64 if d <= 64 else 128 if d <= 128 else 256
+
+
+def lanes_per_row(d: int) -> int:
+    """NPL of the SIMT kernels: head-dim elements per lane, a power of two with 32 * NPL >= D."""
+    n = 1
+    while 32 * n < d:
+        n *= 2
+    return n
+
+
+def main_smem(dp: int, bm: int, bn: int) -> int:
+    """attn_main_smem<DP, BM, BN>() of the .cuh."""
+    return (2 * bn * (dp + 8) + 4 * bm * (dp + 8) + bn * (bm + 8)) * 2 + 4 * bm * 4
+
+
+def dq_smem(dp: int, bm: int, bn: int) -> int:
+    """attn_dq_smem<DP, BM, BN>() of the .cuh."""
+    return (2 * bm * (dp + 8) + 4 * bn * (dp + 8)) * 2 + 2 * bm * 4
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def mask_params(params: dict, d: int) -> tuple[float, float, int, int]:
+    """(scale, softcap, left, right): causal folded into right = 0 (causal with a window is the
+    window (left, 0)), -1 unbounded."""
+    scale = params.get("softmax_scale")
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    left, right = (int(w) for w in (params.get("window") or (-1, -1)))
+    if params.get("causal", False):
+        right = 0
+    return scale, float(params.get("softcap", 0.0) or 0.0), left, right
+
+
+@dataclass(frozen=True)
+class Launch:
+    expr: str
+    grid: tuple[int, int]
+    block: int
+    smem: int
+    args: tuple[str, ...]   # symbolic: P, scale, softcap, tensor and workspace names, null
+
+
+@dataclass
+class Plan:
+    launches: tuple[Launch, ...]
+    words: list[int]
+    scale: float
+    softcap: float
+    ws: dict            # workspace name -> (elements, numpy dtype)
+    args: object = None  # the packed AttnParams (filled on first use)
+
+
+def kernel_exprs(variant: str, dt: str, d: int) -> list[str]:
+    """The name expressions a call of (variant, dtype, head dim) launches (the compile tests
+    instantiate every one of these)."""
+    return [launch.expr for launch in _launches(variant, dt, (1, 1, 1, 1, 1, d))]
+
+
+def _launches(variant: str, dt: str, sizes) -> tuple[Launch, ...]:
+    b, sq, sk, hq, hkv, d = sizes
+    t = CUDA_TYPE[dt]
+    acc = "double" if dt == "f64" else "float"
+    pre_grid = (_cdiv(b * hq * sq, PRE_ROWS), 1)
+    common = ("P", "scale", "softcap", "q", "k", "v", "do", "lse_ws", "delta_ws")
+    if dt not in TC_DTYPES:
+        npl = lanes_per_row(d)
+        return (Launch(f"attn_pre<{t}, {acc}>", pre_grid, 32 * PRE_ROWS, 0,
+                       ("P", "o", "do", "lse", "lse_ws", "delta_ws", "null")),
+                Launch(f"attn_simt_dq<{t}, {acc}, {npl}>", (_cdiv(b * hq * sq, 4), 1), 128, 0, common + ("dq",)),
+                Launch(f"attn_simt_dkdv<{t}, {acc}, {npl}>", (_cdiv(b * hkv * sk, 4), 1), 128, 0,
+                       common + ("dk", "dv")))
+    dp = padded_dim(d)
+    bm, bn, wd = MAIN_CFG[dp]
+    det = variant == "fa2_det"
+    main = Launch(f"attn_fa2_main<{t}, {dp}, {bm}, {bn}, {wd}, {'false' if det else 'true'}>", (_cdiv(sk, bn), b * hkv),
+                  32 * (bn // 16) * wd, main_smem(dp, bm, bn), common + ("null" if det else "dq_acc", "dk", "dv"))
+    pre = Launch(f"attn_pre<{t}, float>", pre_grid, 32 * PRE_ROWS, 0,
+                 ("P", "o", "do", "lse", "lse_ws", "delta_ws", "null" if det else "dq_acc"))
+    if det:
+        qbm, qbn = DQ_CFG[dp]
+        dq = Launch(f"attn_fa2_dq<{t}, {dp}, {qbm}, {qbn}>", (_cdiv(sq, qbm), b * hq), 32 * (qbm // 16),
+                    dq_smem(dp, qbm, qbn), common + ("dq",))
+        return pre, main, dq
+    n = b * sq * hq * d
+    conv = Launch(f"attn_dq_convert<{t}>", (min(_cdiv(n, CONVERT_BLOCK), 8192), 1), CONVERT_BLOCK, 0,
+                  ("P", "scale", "dq_acc", "dq"))
+    return pre, main, conv
+
+
+def plan(variant: str, dt: str, sizes, strides: dict, aligned: bool, params: dict) -> Plan:
+    """The launches and packed parameters of one call.  sizes (B, Sq, Sk, Hq, Hkv, D); strides:
+    name -> element strides of q, k, v, o, do, lse, dq, dk, dv (head-dim strides 1)."""
+    b, sq, sk, hq, hkv, d = sizes
+    scale, softcap, left, right = mask_params(params, d)
+    values = dict(B=b, Sq=sq, Sk=sk, Hq=hq, Hkv=hkv, D=d, G=hq // hkv, left=left, right=right, aligned=int(aligned))
+    for name in ("q", "k", "v", "o", "do", "dq", "dk", "dv"):
+        values[f"{name}_b"], values[f"{name}_s"], values[f"{name}_h"] = strides[name][:3]
+    values["lse_b"], values["lse_h"], values["lse_s"] = strides["lse"]
+    words = [int(values[f]) for f in FIELDS]
+    acc = np.float64 if dt == "f64" else np.float32
+    ws = {"lse_ws": (b * hq * sq, acc), "delta_ws": (b * hq * sq, acc)}
+    if dt in TC_DTYPES and variant != "fa2_det":
+        ws["dq_acc"] = (b * sq * hq * d, np.float32)
+    return Plan(_launches(variant, dt, sizes), words, scale, softcap, ws)
+
+
+def params_struct(words: list[int]) -> np.ndarray:
+    """AttnParams by value: cupy passes the bytes of a size-1 numpy array as the argument."""
+    arg = np.zeros(1, dtype=PARAMS_DTYPE)
+    arg["words"][0] = words
+    return arg
+
+
+def run(dev, p: Plan, tensors: dict) -> None:
+    """Launch plan p on `dev` (CupyDevice, or the CPU stand-in in tests); tensors: q, k, v, o, do,
+    lse, dq, dk, dv (head-dim stride 1)."""
+    if p.args is None:
+        p.args = params_struct(p.words)
+    bufs = dict(tensors)
+    for name, (n, dtype) in p.ws.items():
+        bufs[name] = dev.workspace(p, name, n, dtype)
+    scalars = {"P": p.args, "scale": np.float64(p.scale), "softcap": np.float64(p.softcap), "null": np.uint64(0)}
+    for launch in p.launches:
+        args = tuple(scalars[a] if a in scalars else bufs[a] for a in launch.args)
+        dev.launch(launch, args)
+
+
+# ----------------------------------------------------------------------------- the cupy side
+
+_PLANS: dict = {}
+_DEVICE: list = []
+_INPUTS = ("q", "k", "v", "o", "do", "lse")
+_OUTPUTS = ("dq", "dk", "dv")
+
+
+class CupyDevice:
+    """Launches through cupy (its current stream) and per-plan workspaces (one per stream)."""
+
+    def __init__(self):
+        import cupy
+
+        self.cupy = cupy
+        self._fns: dict = {}
+
+    def function(self, launch: Launch):
+        fn = self._fns.get(launch.expr)
+        if fn is None:
+            from backends.cupy.common import function
+
+            fn = function(SOURCE, launch.expr)
+            if launch.smem > 48 * 1024:
+                fn.max_dynamic_shared_size_bytes = launch.smem
+            self._fns[launch.expr] = fn
+        return fn
+
+    def launch(self, launch: Launch, args) -> None:
+        self.function(launch)(launch.grid, (launch.block,), args, shared_mem=launch.smem)
+
+    def workspace(self, p: Plan, name: str, n: int, dtype):
+        key = (name, self.cupy.cuda.get_current_stream().ptr)
+        buf = getattr(p, "_bufs", None)
+        if buf is None:
+            buf = p._bufs = {}
+        if key not in buf:
+            buf[key] = self.cupy.empty(n, dtype=dtype)
+        return buf[key]
+
+
+def device() -> CupyDevice:
+    if not _DEVICE:
+        _DEVICE.append(CupyDevice())
+    return _DEVICE[0]
+
+
+def element_strides(x) -> tuple[int, ...]:
+    item = x.dtype.itemsize
+    return tuple(s // item for s in x.strides)
+
+
+def call(dev, variant: str, inputs: dict, outs: dict, params: dict, xp=None, address=None) -> None:
+    """One attention_backward call on `dev`.  xp: the array module (cupy, numpy in tests);
+    address(x) -> int, the data pointer (alignment of the cp.async path)."""
+    if xp is None:
+        import cupy as xp
+    if address is None:
+        address = lambda x: x.data.ptr  # noqa: E731
+    q, k = inputs["q"], inputs["k"]
+    dt = dtypes.from_any(q.dtype)
+    tensors = {}
+    for name in _INPUTS:
+        x = inputs[name]
+        tensors[name] = x if name == "lse" or x.strides[-1] == x.dtype.itemsize else xp.ascontiguousarray(x)
+    copy_back = []
+    for name in _OUTPUTS:
+        y = outs[name]
+        if y.strides[-1] != y.dtype.itemsize:
+            tmp = xp.empty(y.shape, dtype=y.dtype)
+            copy_back.append((y, tmp))
+            y = tmp
+        tensors[name] = y
+    strides = {name: element_strides(x) for name, x in tensors.items()}
+    sizes = (q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3])
+    d = sizes[5]
+    aligned = d % 8 == 0 and all(address(tensors[n]) % 16 == 0 and all(s % 8 == 0 for s in strides[n][:3])
+                                 for n in ("q", "k", "v", "do"))
+    key = (variant, dt, sizes, tuple(sorted(strides.items())), aligned, params.get("causal", False),
+           tuple(params.get("window") or (-1, -1)), params.get("softcap"), params.get("softmax_scale"))
+    p = _PLANS.get(key)
+    if p is None:
+        p = _PLANS[key] = plan(variant, dt, sizes, strides, aligned, params)
+    run(dev, p, tensors)
+    for y, tmp in copy_back:
+        y[...] = tmp
+
+
+def supports(case) -> str | None:
+    d = case.params["D"]
+    if d > MAX_D:
+        return f"cupy {OP}: head dim {d} > {MAX_D} (the kernels hold at most {MAX_D} columns per row)"
+    return None
+
+
+@argcheck.register(cupy_backend, OP, variant="fa2", dtypes=DTYPES, deterministic=False, supports=supports)
+def attention_backward_fa2(inputs, outs, params):
+    call(device(), "fa2", inputs, outs, params)
+
+
+@argcheck.register(cupy_backend, OP, variant="best", dtypes=DTYPES, deterministic=False, supports=supports)
+def attention_backward_best(inputs, outs, params):
+    call(device(), "fa2", inputs, outs, params)
+
+
+@argcheck.register(cupy_backend, OP, variant="fa2_det", dtypes=DTYPES, deterministic=True, supports=supports)
+def attention_backward_fa2_det(inputs, outs, params):
+    call(device(), "fa2_det", inputs, outs, params)
