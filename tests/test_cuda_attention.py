@@ -84,6 +84,27 @@ def test_attention_backward_on_host(variant, case):
     _check(variant, case)
 
 
+# Every candidate configuration of the tuner (forced through CFG_ENV) on a case per padded head dim
+# that crosses block edges in both directions.
+CFG_CASES = {64: _case("bf16", 1, 150, 140, 2, 1, 64, causal=True, window=[40, 0]),
+             128: _case("f16", 1, 70, 150, 2, 1, 128, causal=True),
+             256: _case("bf16", 1, 70, 70, 1, 1, 256, window=[20, 20])}
+CFG_PARAMS = [(v, dp, c) for dp in (64, 128, 256) for v in ("fa2", "fa2_det")
+              for c in A.candidates(v, "bf16", dp)[1:]]
+
+
+def _cfg_text(cfg) -> str:
+    main, dq = cfg
+    return f"main={'x'.join(map(str, main))}" + (f",dq={'x'.join(map(str, dq))}" if dq else "")
+
+
+@pytest.mark.parametrize("variant,dp,cfg", CFG_PARAMS, ids=[f"{v}-{dp}-{_cfg_text(c)}" for v, dp, c in CFG_PARAMS])
+def test_every_tuning_candidate_on_host(variant, dp, cfg, monkeypatch):
+    monkeypatch.setenv(A.CFG_ENV, _cfg_text(cfg))
+    assert A.default_cfg(variant, "bf16", dp) == cfg
+    _check(variant, CFG_CASES[dp])
+
+
 def test_plans_reach_every_kernel_path():
     """The cases above launch the paths they claim: main kernel unmasked blocks exist, both head-dim
     slices at D=256, the scalar-load path for odd D, SIMT for f32 / f64."""
@@ -91,7 +112,8 @@ def test_plans_reach_every_kernel_path():
     for case in TC + SIMT:
         p = case.params
         for variant in ("fa2", "fa2_det"):
-            for launch in A._launches(variant, case.dtype, (p["B"], p["Sq"], p["Sk"], p["Hq"], p["Hkv"], p["D"])):
+            sizes = (p["B"], p["Sq"], p["Sk"], p["Hq"], p["Hkv"], p["D"])
+            for launch in A._launches(variant, case.dtype, sizes, A.default_cfg(variant, case.dtype, p["D"])):
                 seen.add(launch.expr.split("<")[0])
     assert seen == {"attn_pre", "attn_fa2_main", "attn_dq_convert", "attn_fa2_dq", "attn_simt_dq", "attn_simt_dkdv"}
     assert A.padded_dim(40) == 64 and A.padded_dim(96) == 128 and A.padded_dim(200) == 256

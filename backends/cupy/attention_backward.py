@@ -24,6 +24,7 @@ cached in a dict; a call looks the plan up and launches.  Importing this module 
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,11 +42,18 @@ FIELDS = ("B", "Sq", "Sk", "Hq", "Hkv", "D", "G", "left", "right", "aligned",
           "q_b", "q_s", "q_h", "k_b", "k_s", "k_h", "v_b", "v_s", "v_h", "o_b", "o_s", "o_h", "do_b", "do_s", "do_h",
           "lse_b", "lse_h", "lse_s", "dq_b", "dq_s", "dq_h", "dk_b", "dk_s", "dk_h", "dv_b", "dv_s", "dv_h")
 PARAMS_DTYPE = np.dtype([("words", np.int64, (len(FIELDS),))])
-# (BM query rows, BN keys, WD head-dim slices per key group) of the main kernel, per DP.  Warps:
-# (BN / 16) * WD.  D = 256 splits dK, dV over two warps per key group (registers).
-MAIN_CFG = {64: (64, 64, 1), 128: (64, 64, 1), 256: (32, 64, 2)}
-# (BM, BN) of the deterministic dq kernel (BM / 16 warps).
-DQ_CFG = {64: (64, 64), 128: (64, 64), 256: (64, 32)}
+# Candidate (BM query rows, BN keys, WD head-dim slices per key group) of the main kernel, per DP,
+# the default first.  Warps: (BN / 16) * WD; D = 256 splits dK, dV over two warps per key group
+# (registers).  ptxas (sm_90, bf16, atomic dq): 64x64x1 uses 253 registers at DP 64, 255 and a
+# 96-byte spill at DP 128; 32x64x2 at DP 256 255 registers, no spill.
+MAIN_CFGS = {64: [(64, 128, 1), (64, 64, 1), (32, 128, 1)],
+             128: [(64, 128, 1), (64, 64, 1), (32, 128, 1), (32, 64, 1)],
+             256: [(32, 64, 2), (16, 64, 2), (32, 32, 2)]}
+# Candidate (BM, BN) of the deterministic dq kernel (BM / 16 warps), the default first.
+DQ_CFGS = {64: [(64, 64), (128, 64), (64, 128)], 128: [(64, 64), (128, 64), (64, 32)], 256: [(64, 32), (32, 32)]}
+TUNE_ENV = "GRADORACLE_CUPY_ATTN_TUNE"   # 0: always the default configuration
+CFG_ENV = "GRADORACLE_CUPY_ATTN_CFG"     # "main=BMxBNxWD,dq=BMxBN": force one (tests, experiments)
+TUNE_MIN_FLOPS = 2e10  # smaller calls keep the default (timing candidates would cost more than it saves)
 PRE_ROWS = 4       # query rows per block of attn_pre (one warp each)
 CONVERT_BLOCK = 256
 
@@ -104,16 +112,53 @@ class Plan:
     scale: float
     softcap: float
     ws: dict            # workspace name -> (elements, numpy dtype)
+    cfg: object = None  # (main cfg, dq cfg) of `candidates`
     args: object = None  # the packed AttnParams (filled on first use)
 
 
-def kernel_exprs(variant: str, dt: str, d: int) -> list[str]:
-    """The name expressions a call of (variant, dtype, head dim) launches (the compile tests
-    instantiate every one of these)."""
-    return [launch.expr for launch in _launches(variant, dt, (1, 1, 1, 1, 1, d))]
+def kernel_exprs(variant: str, dt: str, d: int, every: bool = True) -> list[str]:
+    """The name expressions a call of (variant, dtype, head dim) may launch: with `every`, those
+    of every candidate configuration (the compile tests instantiate each one)."""
+    cfgs = candidates(variant, dt, d) if every else [default_cfg(variant, dt, d)]
+    return sorted({launch.expr for cfg in cfgs for launch in _launches(variant, dt, (1, 1, 1, 1, 1, d), cfg)})
 
 
-def _launches(variant: str, dt: str, sizes) -> tuple[Launch, ...]:
+def candidates(variant: str, dt: str, d: int) -> list[tuple]:
+    """(main cfg, dq cfg) pairs a tuning call times, the default first ([None] for the SIMT path)."""
+    if dt not in TC_DTYPES:
+        return [None]
+    dp = padded_dim(d)
+    if variant == "fa2_det":  # the two kernels tune independently: vary one at a time
+        return [(MAIN_CFGS[dp][0], DQ_CFGS[dp][0])] + [(m, DQ_CFGS[dp][0]) for m in MAIN_CFGS[dp][1:]] + \
+            [(MAIN_CFGS[dp][0], q) for q in DQ_CFGS[dp][1:]]
+    return [(m, None) for m in MAIN_CFGS[dp]]
+
+
+def forced_cfg(variant: str, dt: str, d: int):
+    """The configuration CFG_ENV names, or None."""
+    text = os.environ.get(CFG_ENV, "").strip()
+    if not text or dt not in TC_DTYPES:
+        return None
+    dp = padded_dim(d)
+    main, dq = MAIN_CFGS[dp][0], DQ_CFGS[dp][0] if variant == "fa2_det" else None
+    for part in text.split(","):
+        name, _, value = part.partition("=")
+        nums = tuple(int(x) for x in value.split("x"))
+        if name.strip() == "main":
+            main = nums
+        elif name.strip() == "dq" and variant == "fa2_det":
+            dq = nums
+    if main not in MAIN_CFGS[dp] or (dq is not None and dq not in DQ_CFGS[dp]):
+        raise ValueError(f"cupy {OP}: {CFG_ENV}={text!r}: expected main in {MAIN_CFGS[dp]}"
+                         f"{f' and dq in {DQ_CFGS[dp]}' if variant == 'fa2_det' else ''} for head dim {d}")
+    return main, dq
+
+
+def default_cfg(variant: str, dt: str, d: int):
+    return forced_cfg(variant, dt, d) or candidates(variant, dt, d)[0]
+
+
+def _launches(variant: str, dt: str, sizes, cfg) -> tuple[Launch, ...]:
     b, sq, sk, hq, hkv, d = sizes
     t = CUDA_TYPE[dt]
     acc = "double" if dt == "f64" else "float"
@@ -127,14 +172,14 @@ def _launches(variant: str, dt: str, sizes) -> tuple[Launch, ...]:
                 Launch(f"attn_simt_dkdv<{t}, {acc}, {npl}>", (_cdiv(b * hkv * sk, 4), 1), 128, 0,
                        common + ("dk", "dv")))
     dp = padded_dim(d)
-    bm, bn, wd = MAIN_CFG[dp]
+    (bm, bn, wd), dqc = cfg
     det = variant == "fa2_det"
     main = Launch(f"attn_fa2_main<{t}, {dp}, {bm}, {bn}, {wd}, {'false' if det else 'true'}>", (_cdiv(sk, bn), b * hkv),
                   32 * (bn // 16) * wd, main_smem(dp, bm, bn), common + ("null" if det else "dq_acc", "dk", "dv"))
     pre = Launch(f"attn_pre<{t}, float>", pre_grid, 32 * PRE_ROWS, 0,
                  ("P", "o", "do", "lse", "lse_ws", "delta_ws", "null" if det else "dq_acc"))
     if det:
-        qbm, qbn = DQ_CFG[dp]
+        qbm, qbn = dqc
         dq = Launch(f"attn_fa2_dq<{t}, {dp}, {qbm}, {qbn}>", (_cdiv(sq, qbm), b * hq), 32 * (qbm // 16),
                     dq_smem(dp, qbm, qbn), common + ("dq",))
         return pre, main, dq
@@ -144,9 +189,10 @@ def _launches(variant: str, dt: str, sizes) -> tuple[Launch, ...]:
     return pre, main, conv
 
 
-def plan(variant: str, dt: str, sizes, strides: dict, aligned: bool, params: dict) -> Plan:
+def plan(variant: str, dt: str, sizes, strides: dict, aligned: bool, params: dict, cfg=None) -> Plan:
     """The launches and packed parameters of one call.  sizes (B, Sq, Sk, Hq, Hkv, D); strides:
-    name -> element strides of q, k, v, o, do, lse, dq, dk, dv (head-dim strides 1)."""
+    name -> element strides of q, k, v, o, do, lse, dq, dk, dv (head-dim strides 1); cfg one of
+    `candidates` (None: the default)."""
     b, sq, sk, hq, hkv, d = sizes
     scale, softcap, left, right = mask_params(params, d)
     values = dict(B=b, Sq=sq, Sk=sk, Hq=hq, Hkv=hkv, D=d, G=hq // hkv, left=left, right=right, aligned=int(aligned))
@@ -158,7 +204,9 @@ def plan(variant: str, dt: str, sizes, strides: dict, aligned: bool, params: dic
     ws = {"lse_ws": (b * hq * sq, acc), "delta_ws": (b * hq * sq, acc)}
     if dt in TC_DTYPES and variant != "fa2_det":
         ws["dq_acc"] = (b * sq * hq * d, np.float32)
-    return Plan(_launches(variant, dt, sizes), words, scale, softcap, ws)
+    if cfg is None:
+        cfg = default_cfg(variant, dt, d)
+    return Plan(_launches(variant, dt, sizes, cfg), words, scale, softcap, ws, cfg)
 
 
 def params_struct(words: list[int]) -> np.ndarray:
@@ -198,6 +246,7 @@ class CupyDevice:
 
         self.cupy = cupy
         self._fns: dict = {}
+        self._ws: dict = {}
 
     def function(self, launch: Launch):
         fn = self._fns.get(launch.expr)
@@ -213,14 +262,31 @@ class CupyDevice:
     def launch(self, launch: Launch, args) -> None:
         self.function(launch)(launch.grid, (launch.block,), args, shared_mem=launch.smem)
 
+    def time_ms(self, fn, reps: int = 3) -> float:
+        """Best of `reps` timed calls of fn (after one untimed), in milliseconds."""
+        fn()
+        best = math.inf
+        for _ in range(reps):
+            start, stop = self.cupy.cuda.Event(), self.cupy.cuda.Event()
+            start.record()
+            fn()
+            stop.record()
+            stop.synchronize()
+            best = min(best, self.cupy.cuda.get_elapsed_time(start, stop))
+        return best
+
     def workspace(self, p: Plan, name: str, n: int, dtype):
-        key = (name, self.cupy.cuda.get_current_stream().ptr)
-        buf = getattr(p, "_bufs", None)
-        if buf is None:
-            buf = p._bufs = {}
-        if key not in buf:
-            buf[key] = self.cupy.empty(n, dtype=dtype)
-        return buf[key]
+        """A view of n elements of the stream's `name` buffer (one per stream, name and dtype, grown
+        on demand and shared by every plan); the plan keeps its view while the buffer stays."""
+        key = (self.cupy.cuda.get_current_stream().ptr, name, np.dtype(dtype).str)
+        buf = self._ws.get(key)
+        if buf is None or buf.size < n:
+            buf = self._ws[key] = self.cupy.empty(max(n, 2 * buf.size if buf is not None else n), dtype=dtype)
+        views = p.__dict__.setdefault("_views", {})
+        view = views.get(key)
+        if view is None or view[0] is not buf:
+            view = views[key] = (buf, buf[:n])
+        return view[1]
 
 
 def device() -> CupyDevice:
@@ -260,14 +326,48 @@ def call(dev, variant: str, inputs: dict, outs: dict, params: dict, xp=None, add
     d = sizes[5]
     aligned = d % 8 == 0 and all(address(tensors[n]) % 16 == 0 and all(s % 8 == 0 for s in strides[n][:3])
                                  for n in ("q", "k", "v", "do"))
-    key = (variant, dt, sizes, tuple(sorted(strides.items())), aligned, params.get("causal", False),
-           tuple(params.get("window") or (-1, -1)), params.get("softcap"), params.get("softmax_scale"))
+    mask = (params.get("causal", False), tuple(params.get("window") or (-1, -1)), params.get("softcap"),
+            params.get("softmax_scale"))
+    key = (variant, dt, sizes, tuple(sorted(strides.items())), aligned, mask, os.environ.get(CFG_ENV))
     p = _PLANS.get(key)
     if p is None:
-        p = _PLANS[key] = plan(variant, dt, sizes, strides, aligned, params)
+        cfg = None
+        if hasattr(dev, "time_ms") and _tuning(variant, dt, sizes):
+            tkey = (variant, dt, sizes, mask)
+            cfg = _TUNED.get(tkey)
+            if cfg is None:
+                cfg = _TUNED[tkey] = _tune(dev, variant, dt, sizes, strides, aligned, params, tensors)
+        p = _PLANS[key] = plan(variant, dt, sizes, strides, aligned, params, cfg)
     run(dev, p, tensors)
     for y, tmp in copy_back:
         y[...] = tmp
+
+
+_TUNED: dict = {}
+TUNE_MARGIN = 0.03  # another candidate must beat the default by this much
+
+
+def _tuning(variant: str, dt: str, sizes) -> bool:
+    b, sq, sk, hq, _, d = sizes
+    return (os.environ.get(TUNE_ENV, "1") != "0" and forced_cfg(variant, dt, d) is None
+            and len(candidates(variant, dt, d)) > 1 and 10.0 * b * hq * sq * sk * d >= TUNE_MIN_FLOPS)
+
+
+def _tune(dev, variant: str, dt: str, sizes, strides, aligned: bool, params: dict, tensors: dict):
+    """The fastest candidate configuration for this call's sizes, timed on `dev` (once per class;
+    every candidate writes the same outputs, and the caller's own run follows)."""
+    best, best_ms = None, math.inf
+    for i, cfg in enumerate(candidates(variant, dt, sizes[5])):
+        trial = plan(variant, dt, sizes, strides, aligned, params, cfg)
+        try:
+            ms = dev.time_ms(lambda: run(dev, trial, tensors))
+        except Exception:  # noqa: BLE001 - a candidate that cannot launch here (resources) is skipped
+            if i == 0:
+                raise
+            continue
+        if i == 0 or ms < best_ms * (1 - TUNE_MARGIN):
+            best, best_ms = cfg, ms
+    return best
 
 
 def supports(case) -> str | None:
