@@ -1,0 +1,340 @@
+// matmul_backward: dA = dY·Bᵀ and dB = Aᵀ·dY with batch broadcasting (oracle/matmul_backward.py),
+// as two launches of one batched, folded GEMM.
+//
+// Launch contract.  Every kernel computes, for output batch p < P (blockIdx.y) and element
+// (i, j) of an I x J output:
+//     C[p*I*J + i*J + j] = sum over f < F, r < R of X[xo + i*xi + r*xr] * Y[yo + r*yr + j*yj]
+// where (xo, yo) = (off[2(pF + f)], off[2(pF + f) + 1]): the element offsets of the f-th product
+// folded into output batch p.  Folds are the broadcast batch elements an operand's gradient sums
+// over; they are summed inside the one accumulator, in f order, so the result is deterministic
+// (no atomics) and the batch sum costs no extra pass.  C is dense; X, Y have any strides.
+//   dA: C = da (M x K), X = dY (i = m, r = n), Y[r = n][j = k] = B[k][n]
+//   dB: C = db (K x N), X[i = k][r = m] = A[m][k], Y = dY (r = m, j = n)
+// The host plan (backends/_plans/matmul_backward_cuda.py) fills MMGemm and the offset table.
+// Accumulation: float, double for f64; 16-bit inputs are converted exactly.
+//
+// Kernels (T the element type, the ladder of seed 001 then tensor cores):
+//   mm_naive<T>         one thread per output element; grid (ceil(I*J / 256), P), block 256.
+//   mm_regtile<T>       each thread an MM_V x MM_V block, operands straight from global memory;
+//                       grid (ceil(ceil(I/V) * ceil(J/V) / 256), P), block 256.
+//   mm_smem<T, BM, BN, BK, TM, TN>
+//                       BM x BN output tile per block, BK-deep shared-memory tiles of X and Y
+//                       fetched cooperatively (each thread a few elements, predicated), each
+//                       thread a TM x TN register block; block (BM/TM)*(BN/TN) threads, grid
+//                       (tiles, P).  The f32 / f64 path of `best` (no TF32).
+//   mm_mma<T, XT, YT, VEC>
+//                       bf16 / f16 on tensor cores: 128 x 128 x 32 block tiles, 8 warps of 64 x 32,
+//                       mma.m16n8k16 with ldmatrix fragments (.trans where the operand's
+//                       contiguous dim is not the one the fragment wants), an MM_STAGES-deep
+//                       cp.async pipeline (zero-filled past the tails).  XT: X is contiguous along
+//                       i (xi == 1; else xr == 1); YT: Y contiguous along j (yj == 1; else yr == 1).
+//                       VEC: 16-byte copies (base pointers 16-byte aligned, the other stride and
+//                       every table offset multiples of 8); !VEC: any strides, element loads.
+//                       Block 256, grid (tiles, P), dynamic shared memory mm_mma_smem<XT, YT>()
+//                       bytes (over 48 KiB: the host raises the kernel's limit).
+//   Tiles of mm_smem / mm_mma are numbered in groups of MM_GROUP tile rows (L2 reuse).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "mma.cuh"
+
+#define MM_BLOCK 256
+#define MM_V 4
+#define MM_GROUP 8
+#define MM_BM 128
+#define MM_BN 128
+#define MM_BK 32
+#define MM_STAGES 3
+#define MM_PAD 8  // elements of padding per shared row: ldmatrix rows land in distinct banks
+
+// All long long, packed by the host as int64 words in this order (MM_GEMM_WORDS).
+struct MMGemm {
+  long long I, J, R, F, P;
+  long long xi, xr, yr, yj;
+  long long tiles_i, tiles_j;  // tile counts of the launch's kernel (0 for naive / regtile)
+};
+#define MM_GEMM_WORDS 11
+
+template <typename T>
+struct mm_acc {
+  using type = float;
+};
+template <>
+struct mm_acc<double> {
+  using type = double;
+};
+
+__device__ __forceinline__ float mm_in(float x) { return x; }
+__device__ __forceinline__ double mm_in(double x) { return x; }
+__device__ __forceinline__ float mm_in(__half x) { return __half2float(x); }
+__device__ __forceinline__ float mm_in(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <typename T>
+__device__ __forceinline__ T mm_out(float x) {
+  return x;
+}
+template <>
+__device__ __forceinline__ double mm_out<double>(float x) {
+  return x;
+}
+template <>
+__device__ __forceinline__ __half mm_out<__half>(float x) {
+  return __float2half_rn(x);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 mm_out<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+
+template <typename T, typename A>
+__device__ __forceinline__ T mm_store(A x) {
+  return mm_out<T>(x);
+}
+template <>
+__device__ __forceinline__ double mm_store<double, double>(double x) {
+  return x;
+}
+
+// The tile (ti, tj) of block b: MM_GROUP tile rows at a time, columns within a group in order.
+__device__ __forceinline__ void mm_tile(long long b, long long tiles_i, long long tiles_j, long long& ti,
+                                        long long& tj) {
+  const long long per_group = (long long)MM_GROUP * tiles_j;
+  const long long group = b / per_group, first = group * MM_GROUP;
+  const long long rows = tiles_i - first < MM_GROUP ? tiles_i - first : MM_GROUP;
+  const long long in = b - group * per_group;
+  ti = first + in % rows;
+  tj = in / rows;
+}
+
+// ============================================================================ naive
+
+template <typename T>
+__global__ void __launch_bounds__(MM_BLOCK) mm_naive(const __grid_constant__ MMGemm g, const T* X, const T* Y,
+                                                     const long long* off, T* C) {
+  using A = typename mm_acc<T>::type;
+  const long long idx = (long long)blockIdx.x * MM_BLOCK + threadIdx.x, p = blockIdx.y;
+  if (idx >= g.I * g.J) return;
+  const long long i = idx / g.J, j = idx - i * g.J;
+  A acc = 0;
+  for (long long f = 0; f < g.F; ++f) {
+    const T* x = X + off[2 * (p * g.F + f)] + i * g.xi;
+    const T* y = Y + off[2 * (p * g.F + f) + 1] + j * g.yj;
+    for (long long r = 0; r < g.R; ++r) acc += (A)mm_in(x[r * g.xr]) * (A)mm_in(y[r * g.yr]);
+  }
+  C[p * g.I * g.J + idx] = mm_store<T, A>(acc);
+}
+
+// ============================================================================ register tiling
+
+template <typename T>
+__global__ void __launch_bounds__(MM_BLOCK) mm_regtile(const __grid_constant__ MMGemm g, const T* X, const T* Y,
+                                                       const long long* off, T* C) {
+  using A = typename mm_acc<T>::type;
+  const long long bj = (g.J + MM_V - 1) / MM_V, bi = (g.I + MM_V - 1) / MM_V;
+  const long long idx = (long long)blockIdx.x * MM_BLOCK + threadIdx.x, p = blockIdx.y;
+  if (idx >= bi * bj) return;
+  const long long i0 = idx / bj * MM_V, j0 = (idx % bj) * MM_V;
+  A acc[MM_V][MM_V] = {};
+  for (long long f = 0; f < g.F; ++f) {
+    const T* x = X + off[2 * (p * g.F + f)];
+    const T* y = Y + off[2 * (p * g.F + f) + 1];
+    for (long long r = 0; r < g.R; ++r) {
+      A xv[MM_V], yv[MM_V];
+      for (int u = 0; u < MM_V; ++u) {
+        xv[u] = i0 + u < g.I ? (A)mm_in(x[(i0 + u) * g.xi + r * g.xr]) : (A)0;
+        yv[u] = j0 + u < g.J ? (A)mm_in(y[r * g.yr + (j0 + u) * g.yj]) : (A)0;
+      }
+      for (int u = 0; u < MM_V; ++u)
+        for (int v = 0; v < MM_V; ++v) acc[u][v] += xv[u] * yv[v];
+    }
+  }
+  T* c = C + p * g.I * g.J;
+  for (int u = 0; u < MM_V; ++u)
+    for (int v = 0; v < MM_V; ++v)
+      if (i0 + u < g.I && j0 + v < g.J) c[(i0 + u) * g.J + j0 + v] = mm_store<T, A>(acc[u][v]);
+}
+
+// ============================================================================ shared-memory tiling
+
+template <typename T, int BM, int BN, int BK, int TM, int TN>
+__global__ void __launch_bounds__((BM / TM) * (BN / TN)) mm_smem(const __grid_constant__ MMGemm g, const T* X,
+                                                                 const T* Y, const long long* off, T* C) {
+  using A = typename mm_acc<T>::type;
+  constexpr int NT = (BM / TM) * (BN / TN), TX = BN / TN, TY = BM / TM;
+  static_assert(BM * BK % NT == 0 && BN * BK % NT == 0, "tiles split evenly over the threads");
+  __shared__ A xs[BK][BM];  // k-major: a thread's TM rows are read as a broadcast
+  __shared__ A ys[BK][BN];
+  long long ti, tj;
+  mm_tile(blockIdx.x, g.tiles_i, g.tiles_j, ti, tj);
+  const long long i0 = ti * BM, j0 = tj * BN, p = blockIdx.y;
+  const int tid = threadIdx.x, tx = tid % TX, ty = tid / TX;
+  // Fetch order: the operand's fastest dim first, so a warp's loads coalesce.
+  const bool x_i_fast = g.xi == 1 || (g.xr != 1 && g.xi < g.xr);
+  const bool y_j_fast = g.yj == 1 || (g.yr != 1 && g.yj < g.yr);
+  A acc[TM][TN] = {};
+  const long long nk = (g.R + BK - 1) / BK;
+  for (long long t = 0; t < g.F * nk; ++t) {
+    const long long f = t / nk, r0 = (t - f * nk) * BK;
+    const T* x = X + off[2 * (p * g.F + f)];
+    const T* y = Y + off[2 * (p * g.F + f) + 1];
+    for (int e = tid; e < BM * BK; e += NT) {
+      const int ii = x_i_fast ? e % BM : e / BK, kk = x_i_fast ? e / BM : e % BK;
+      const long long i = i0 + ii, r = r0 + kk;
+      xs[kk][ii] = i < g.I && r < g.R ? (A)mm_in(x[i * g.xi + r * g.xr]) : (A)0;
+    }
+    for (int e = tid; e < BN * BK; e += NT) {
+      const int jj = y_j_fast ? e % BN : e / BK, kk = y_j_fast ? e / BN : e % BK;
+      const long long j = j0 + jj, r = r0 + kk;
+      ys[kk][jj] = j < g.J && r < g.R ? (A)mm_in(y[r * g.yr + j * g.yj]) : (A)0;
+    }
+    __syncthreads();
+    for (int k = 0; k < BK; ++k) {
+      A xv[TM], yv[TN];
+      for (int u = 0; u < TM; ++u) xv[u] = xs[k][ty + TY * u];
+      for (int v = 0; v < TN; ++v) yv[v] = ys[k][tx + TX * v];
+      for (int u = 0; u < TM; ++u)
+        for (int v = 0; v < TN; ++v) acc[u][v] += xv[u] * yv[v];
+    }
+    __syncthreads();  // the tiles are refilled next
+  }
+  T* c = C + p * g.I * g.J;
+  for (int u = 0; u < TM; ++u) {
+    const long long i = i0 + ty + TY * u;
+    for (int v = 0; v < TN; ++v) {
+      const long long j = j0 + tx + TX * v;
+      if (i < g.I && j < g.J) c[i * g.J + j] = mm_store<T, A>(acc[u][v]);
+    }
+  }
+}
+
+// ============================================================================ tensor cores
+
+// Shared elements of one stage's X and Y tiles: rows along the operand's strided dim, MM_PAD
+// elements of padding each (16-byte aligned rows in distinct banks for ldmatrix).
+template <bool XT>
+__host__ __device__ constexpr int mm_x_elems() {
+  return XT ? MM_BK * (MM_BM + MM_PAD) : MM_BM * (MM_BK + MM_PAD);
+}
+template <bool YT>
+__host__ __device__ constexpr int mm_y_elems() {
+  return YT ? MM_BK * (MM_BN + MM_PAD) : MM_BN * (MM_BK + MM_PAD);
+}
+template <bool XT, bool YT>
+__host__ __device__ constexpr int mm_mma_smem() {
+  return MM_STAGES * (mm_x_elems<XT>() + mm_y_elems<YT>()) * 2;
+}
+
+// One operand tile (ROWS rows of COLS contiguous elements in shared memory, row stride COLS +
+// MM_PAD) from global: row q is global index `row0 + q` along the strided dim (stride `rs`,
+// extent `rn`), column c is `col0 + c` along the contiguous one (stride `cs`, 1 when VEC, extent `cn`).
+template <typename T, int ROWS, int COLS, bool VEC>
+__device__ __forceinline__ void mm_fetch(T* s, const T* base, long long row0, long long rn, long long rs,
+                                         long long col0, long long cn, long long cs) {
+  if (VEC) {
+    constexpr int CHUNKS = ROWS * COLS / 8;
+    static_assert(CHUNKS % MM_BLOCK == 0, "chunks split evenly over the threads");
+    for (int c = threadIdx.x; c < CHUNKS; c += MM_BLOCK) {
+      const int q = c / (COLS / 8), k = (c % (COLS / 8)) * 8;
+      const long long row = row0 + q, col = col0 + k;
+      const long long left = cn - col;
+      const int bytes = row < rn && left > 0 ? (left >= 8 ? 16 : (int)left * 2) : 0;
+      tc_cp_async16(s + q * (COLS + MM_PAD) + k, bytes ? base + row * rs + col : base, bytes);
+    }
+  } else {
+    for (int e = threadIdx.x; e < ROWS * COLS; e += MM_BLOCK) {
+      const int q = e / COLS, k = e % COLS;
+      const long long row = row0 + q, col = col0 + k;
+      s[q * (COLS + MM_PAD) + k] = row < rn && col < cn ? base[row * rs + col * cs] : mm_out<T>(0.f);
+    }
+  }
+}
+
+template <typename T, bool XT, bool YT, bool VEC>
+__global__ void __launch_bounds__(MM_BLOCK) mm_mma(const __grid_constant__ MMGemm g, const T* X, const T* Y,
+                                                   const long long* off, T* C) {
+  static_assert(sizeof(T) == 2, "tensor-core path: bf16 / f16");
+  constexpr int XE = mm_x_elems<XT>(), YE = mm_y_elems<YT>();
+  TC_DYNAMIC_SHARED(T, smem);
+  long long ti, tj;
+  mm_tile(blockIdx.x, g.tiles_i, g.tiles_j, ti, tj);
+  const long long i0 = ti * MM_BM, j0 = tj * MM_BN, p = blockIdx.y;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int wm = (warp / 4) * 64, wn = (warp % 4) * 32;  // the warp's 64 x 32 corner in the tile
+  const long long nk = (g.R + MM_BK - 1) / MM_BK, total = g.F * nk;
+
+  // Queues the loads of reduction tile t (fold f, rows r0..) into stage s; always one commit group.
+  auto fetch = [&](long long t, int s) {
+    if (t < total) {
+      const long long f = t / nk, r0 = (t - f * nk) * MM_BK;
+      const T* x = X + off[2 * (p * g.F + f)];
+      const T* y = Y + off[2 * (p * g.F + f) + 1];
+      T* xs = smem + s * (XE + YE);
+      T* ys = xs + XE;
+      if (XT)  // rows r, contiguous i
+        mm_fetch<T, MM_BK, MM_BM, VEC>(xs, x, r0, g.R, g.xr, i0, g.I, g.xi);
+      else     // rows i, contiguous r
+        mm_fetch<T, MM_BM, MM_BK, VEC>(xs, x, i0, g.I, g.xi, r0, g.R, g.xr);
+      if (YT)  // rows r, contiguous j
+        mm_fetch<T, MM_BK, MM_BN, VEC>(ys, y, r0, g.R, g.yr, j0, g.J, g.yj);
+      else     // rows j, contiguous r
+        mm_fetch<T, MM_BN, MM_BK, VEC>(ys, y, j0, g.J, g.yj, r0, g.R, g.yr);
+    }
+    tc_cp_commit();
+  };
+
+  float acc[4][4][4];
+  for (int a = 0; a < 4; ++a)
+    for (int b = 0; b < 4; ++b)
+      for (int k = 0; k < 4; ++k) acc[a][b][k] = 0.f;
+
+  for (int s = 0; s < MM_STAGES - 1; ++s) fetch(s, s);
+  for (long long t = 0; t < total; ++t) {
+    tc_cp_wait<MM_STAGES - 2>();
+    __syncthreads();  // tile t visible to all; every warp is done with the stage refilled below
+    fetch(t + MM_STAGES - 1, (int)((t + MM_STAGES - 1) % MM_STAGES));
+    const T* xs = smem + (t % MM_STAGES) * (XE + YE);
+    const T* ys = xs + XE;
+    for (int ks = 0; ks < MM_BK; ks += 16) {
+      unsigned af[4][4], bf[4][2];
+      for (int mt = 0; mt < 4; ++mt) {
+        const int m = wm + mt * 16;
+        if (XT)  // matrices (m, k), (m+8, k), (m, k+8), (m+8, k+8) from rows k of the k-major tile
+          tc_ldmatrix_x4_trans(af[mt], xs + (ks + 8 * (lane / 16) + lane % 8) * (MM_BM + MM_PAD) + m +
+                                           8 * ((lane / 8) & 1));
+        else
+          tc_ldmatrix_x4(af[mt], xs + (m + lane % 16) * (MM_BK + MM_PAD) + ks + 8 * (lane / 16));
+      }
+      for (int nt = 0; nt < 4; nt += 2) {  // one x4 gives two n8 tiles' fragments
+        const int n = wn + nt * 8;
+        unsigned r[4];
+        if (YT)  // matrices (k, n), (k+8, n), (k, n+8), (k+8, n+8) from rows k of the k-major tile
+          tc_ldmatrix_x4_trans(r, ys + (ks + lane % 8 + 8 * ((lane / 8) & 1)) * (MM_BN + MM_PAD) + n +
+                                      8 * (lane / 16));
+        else
+          tc_ldmatrix_x4(r, ys + (n + lane % 8 + 8 * (lane / 16)) * (MM_BK + MM_PAD) + ks + 8 * ((lane / 8) & 1));
+        bf[nt][0] = r[0];
+        bf[nt][1] = r[1];
+        bf[nt + 1][0] = r[2];
+        bf[nt + 1][1] = r[3];
+      }
+      for (int mt = 0; mt < 4; ++mt)
+        for (int nt = 0; nt < 4; ++nt) tc_mma16816<T>(acc[mt][nt], af[mt], bf[nt]);
+    }
+  }
+  tc_cp_wait<0>();  // only empty groups are left; retire them before exit
+
+  T* c = C + p * g.I * g.J;
+  const int gq = lane >> 2, tq = lane & 3;
+  for (int mt = 0; mt < 4; ++mt) {
+    for (int nt = 0; nt < 4; ++nt) {
+      for (int h = 0; h < 2; ++h) {
+        const long long i = i0 + wm + mt * 16 + gq + 8 * h, j = j0 + wn + nt * 8 + 2 * tq;
+        if (i >= g.I) continue;
+        if (j < g.J) c[i * g.J + j] = mm_out<T>(acc[mt][nt][2 * h]);
+        if (j + 1 < g.J) c[i * g.J + j + 1] = mm_out<T>(acc[mt][nt][2 * h + 1]);
+      }
+    }
+  }
+}
