@@ -347,12 +347,7 @@ __global__ void __launch_bounds__(32 * (BN / 16) * WD)
                   const float* __restrict__ delta_ws, float* __restrict__ dq_acc, T* __restrict__ dk,
                   T* __restrict__ dv) {
   constexpr int LD = DP + 8, NW = (BN / 16) * WD, NTH = 32 * NW, DW = DP / WD;
-#ifdef CUHOST_RUNTIME
-  T* sK = reinterpret_cast<T*>(cuhost::dynamic_shared());
-#else
-  extern __shared__ __align__(16) unsigned char attn_smem[];
-  T* sK = reinterpret_cast<T*>(attn_smem);
-#endif
+  TC_DYNAMIC_SHARED(T, sK);
   T* sV = sK + BN * LD;
   T* sQ = sV + BN * LD;        // [2][BM][LD]
   T* sdO = sQ + 2 * BM * LD;   // [2][BM][LD]
@@ -492,12 +487,7 @@ __global__ void __launch_bounds__(32 * (BM / 16))
                 const T* __restrict__ v, const T* __restrict__ dO, const float* __restrict__ lse_ws,
                 const float* __restrict__ delta_ws, T* __restrict__ dq) {
   constexpr int LD = DP + 8, NTH = 32 * (BM / 16);
-#ifdef CUHOST_RUNTIME
-  T* sQ = reinterpret_cast<T*>(cuhost::dynamic_shared());
-#else
-  extern __shared__ __align__(16) unsigned char attn_smem[];
-  T* sQ = reinterpret_cast<T*>(attn_smem);
-#endif
+  TC_DYNAMIC_SHARED(T, sQ);
   T* sdO = sQ + BM * LD;
   T* sK = sdO + BM * LD;  // [2][BN][LD]
   T* sV = sK + 2 * BN * LD;  // [2][BN][LD]
