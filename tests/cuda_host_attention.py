@@ -28,7 +28,9 @@ def signature(expr: str) -> list[str]:
         acc = args[1]
         return [p, f"const {t}*", f"const {t}*", f"const {acc}*", f"{acc}*", f"{acc}*", "float*"]
     if name == "attn_fa2_main":
-        return [p, "double", "double", *ins, "const float*", "const float*", "float*", f"{t}*", f"{t}*"]
+        return [p, "double", "double", *ins, "const float*", "const float*", "float*", "float*", f"{t}*", f"{t}*"]
+    if name == "attn_split_sum":
+        return [p, "const float*", f"{t}*", f"{t}*"]
     if name == "attn_dq_convert":
         return [p, "double", "const float*", f"{t}*"]
     if name == "attn_fa2_dq":
@@ -54,8 +56,14 @@ def kernels(dt: str) -> "cuda_host.Kernels":
 
 
 class HostAttnDevice:
-    def __init__(self):
+    """One SM: every GQA case with few key blocks splits its query heads over blocks (attn_split_sum)."""
+
+    def __init__(self, sms: int = 1):
+        self.sms = sms
         self.launches: list[str] = []
+
+    def num_sms(self) -> int:
+        return self.sms
 
     def launch(self, launch, args) -> None:
         t = launch.expr.split("<", 1)[1].split(",")[0].rstrip(">").strip()

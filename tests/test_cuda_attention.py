@@ -116,6 +116,8 @@ def test_plans_reach_every_kernel_path():
             for launch in A._launches(variant, case.dtype, sizes, A.default_cfg(variant, case.dtype, p["D"])):
                 seen.add(launch.expr.split("<")[0])
     assert seen == {"attn_pre", "attn_fa2_main", "attn_dq_convert", "attn_fa2_dq", "attn_simt_dq", "attn_simt_dkdv"}
+    splits = {A.split_for(c.params["Hq"] // c.params["Hkv"], 1, DEVICE.num_sms()) for c in TC}
+    assert 1 in splits and max(splits) > 1  # both the direct dk, dv stores and the split partials + attn_split_sum
     assert A.padded_dim(40) == 64 and A.padded_dim(96) == 128 and A.padded_dim(200) == 256
     assert A.lanes_per_row(3) == 1 and A.lanes_per_row(200) == 8
 
@@ -130,7 +132,7 @@ def test_params_struct_matches_the_cuh():
     import re
 
     text = (_nvrtc.CUDA_DIR / A.SOURCE).read_text()
-    body = re.search(r"struct AttnParams \{(.*?)\};", text, re.S).group(1)
+    body = re.sub(r"//[^\n]*", "", re.search(r"struct AttnParams \{(.*?)\};", text, re.S).group(1))
     fields = re.findall(r"\b(\w+)\s*[,;]", body.replace("long long", ""))
     assert tuple(fields) == A.FIELDS
     assert np.dtype(A.PARAMS_DTYPE).itemsize == 8 * len(A.FIELDS)

@@ -24,7 +24,10 @@
 //                              16*(w / WD) .. +16 and head-dim slice w % WD of dK, dV.  With DQ,
 //                              dS goes through shared memory and dQ += dS K is added to the fp32
 //                              dq_acc ((B, Sq, Hq, D), contiguous) by atomics.
-//                              Query blocks fully inside the band take the unmasked path.
+//                              Query blocks fully inside the band take the unmasked path.  With
+//                              split > 1 (grid.y = B*Hkv*split), the group's heads are shared by
+//                              `split` blocks whose fp32 partials attn_split_sum adds in order.
+//   attn_split_sum<T>          dk, dv from the partials; grid-stride over B*Sk*Hkv*D.
 //   attn_dq_convert<T>         dq = scale * dq_acc, rounded to T; grid-stride over B*Sq*Hq*D.
 //   attn_fa2_dq<T, DP, BM, BN> the deterministic dq: grid (ceil(Sq/BM), B*Hq), 32*(BM/16) threads,
 //                              dynamic smem attn_dq_smem<DP, BM, BN>(): per query block, loop over
@@ -49,6 +52,7 @@ struct AttnParams {
   long long B, Sq, Sk, Hq, Hkv, D, G, left, right, aligned;
   long long q_b, q_s, q_h, k_b, k_s, k_h, v_b, v_s, v_h, o_b, o_s, o_h, do_b, do_s, do_h;
   long long lse_b, lse_h, lse_s, dq_b, dq_s, dq_h, dk_b, dk_s, dk_h, dv_b, dv_s, dv_h;
+  long long split;  // blocks sharing the G query heads of a kv head (divides G; > 1: fp32 partials + attn_split_sum)
 };
 
 // ---------------------------------------------------------------------------------- scalars
@@ -344,8 +348,8 @@ template <typename T, int DP, int BM, int BN, int WD, bool DQ>
 __global__ void __launch_bounds__(32 * (BN / 16) * WD)
     attn_fa2_main(AttnParams p, double scale_d, double softcap_d, const T* __restrict__ q, const T* __restrict__ k,
                   const T* __restrict__ v, const T* __restrict__ dO, const float* __restrict__ lse_ws,
-                  const float* __restrict__ delta_ws, float* __restrict__ dq_acc, T* __restrict__ dk,
-                  T* __restrict__ dv) {
+                  const float* __restrict__ delta_ws, float* __restrict__ dq_acc, float* __restrict__ part,
+                  T* __restrict__ dk, T* __restrict__ dv) {
   constexpr int LD = DP + 8, NW = (BN / 16) * WD, NTH = 32 * NW, DW = DP / WD;
   TC_DYNAMIC_SHARED(T, sK);
   T* sV = sK + BN * LD;
@@ -355,7 +359,9 @@ __global__ void __launch_bounds__(32 * (BN / 16) * WD)
   float* sl = reinterpret_cast<float*>(sdS + BN * (BM + 8));  // [2][BM]
   float* sd = sl + 2 * BM;                                     // [2][BM]
   const int tid = threadIdx.x, w = tid >> 5, l = tid & 31, g = l >> 2, t = l & 3;
-  const long long n0 = (long long)blockIdx.x * BN, b = blockIdx.y / p.Hkv, c = blockIdx.y % p.Hkv;
+  const long long bc = blockIdx.y / p.split, sp = blockIdx.y % p.split, b = bc / p.Hkv, c = bc % p.Hkv;
+  const long long gs = p.G / p.split, h0 = c * p.G + sp * gs;  // this block's query heads: h0 .. h0 + gs - 1
+  const long long n0 = (long long)blockIdx.x * BN;
   const long long off = p.Sk - p.Sq, n1 = n0 + BN < p.Sk ? n0 + BN : p.Sk;
   const bool aligned = p.aligned != 0;
   const int dd = (int)p.D;
@@ -366,12 +372,12 @@ __global__ void __launch_bounds__(32 * (BN / 16) * WD)
   i_lo = i_lo < 0 ? 0 : i_lo;
   i_hi = i_hi > p.Sq ? p.Sq : i_hi;
   const long long mb_lo = i_lo / BM, mb_n = i_hi > i_lo ? (i_hi + BM - 1) / BM - mb_lo : 0;
-  const long long steps = mb_n * p.G;
+  const long long steps = mb_n * gs;
 
   attn_load<T, DP, LD>(sK, k + b * p.k_b + n0 * p.k_s + c * p.k_h, p.k_s, BN, (int)(n1 - n0), dd, aligned, tid, NTH);
   attn_load<T, DP, LD>(sV, v + b * p.v_b + n0 * p.v_s + c * p.v_h, p.v_s, BN, (int)(n1 - n0), dd, aligned, tid, NTH);
   auto prefetch = [&](long long it, int buf) {
-    const long long h = c * p.G + it / mb_n, m0 = (mb_lo + it % mb_n) * BM;
+    const long long h = h0 + it / mb_n, m0 = (mb_lo + it % mb_n) * BM;
     const int valid = (int)(p.Sq - m0 < BM ? p.Sq - m0 : BM);
     attn_load<T, DP, LD>(sQ + buf * BM * LD, q + b * p.q_b + m0 * p.q_s + h * p.q_h, p.q_s, BM, valid, dd, aligned,
                          tid, NTH);
@@ -394,7 +400,7 @@ __global__ void __launch_bounds__(32 * (BN / 16) * WD)
     __syncthreads();  // this step's tiles are in; every warp is done with the other buffer and sdS
     if (it + 1 < steps) prefetch(it + 1, buf ^ 1);
     tc_cp_commit();
-    const long long h = c * p.G + it / mb_n, m0 = (mb_lo + it % mb_n) * BM;
+    const long long h = h0 + it / mb_n, m0 = (mb_lo + it % mb_n) * BM;
     const T* q_t = sQ + buf * BM * LD;
     const T* do_t = sdO + buf * BM * LD;
     if (attn_full(p, m0, BM, n0, BN))
@@ -406,8 +412,10 @@ __global__ void __launch_bounds__(32 * (BN / 16) * WD)
   }
   tc_cp_wait<0>();
 
-  // dK = scale * sum dS^T Q, dV = sum P^T dO (rows past Sk and columns past D are not stored).
+  // dK = scale * sum dS^T Q, dV = sum P^T dO (rows past Sk and columns past D are not stored);
+  // with split > 1, this block's share in fp32 to part[sp] ((split, B, Sk, Hkv, D) for dk, then dv).
   const int kb = (w / WD) * 16, wd = w % WD;
+  const long long n_kv = p.B * p.Sk * p.Hkv * p.D;
 #pragma unroll
   for (int n = 0; n < DW / 8; ++n)
 #pragma unroll
@@ -415,10 +423,33 @@ __global__ void __launch_bounds__(32 * (BN / 16) * WD)
       const long long j = n0 + kb + g + (e >> 1) * 8;
       const long long d = wd * DW + n * 8 + 2 * t + (e & 1);
       if (j < p.Sk && d < p.D) {
-        dk[b * p.dk_b + j * p.dk_s + c * p.dk_h + d] = attn_cast<T>(scale * dkacc[n][e]);
-        dv[b * p.dv_b + j * p.dv_s + c * p.dv_h + d] = attn_cast<T>(dvacc[n][e]);
+        if (p.split == 1) {
+          dk[b * p.dk_b + j * p.dk_s + c * p.dk_h + d] = attn_cast<T>(scale * dkacc[n][e]);
+          dv[b * p.dv_b + j * p.dv_s + c * p.dv_h + d] = attn_cast<T>(dvacc[n][e]);
+        } else {
+          float* pk = part + sp * n_kv + ((b * p.Sk + j) * p.Hkv + c) * p.D + d;
+          pk[0] = scale * dkacc[n][e];
+          pk[p.split * n_kv] = dvacc[n][e];
+        }
       }
     }
+}
+
+// dk, dv = the sums of the split partials of attn_fa2_main, in split order (deterministic).
+template <typename T>
+__global__ void __launch_bounds__(256) attn_split_sum(AttnParams p, const float* __restrict__ part, T* __restrict__ dk,
+                                                      T* __restrict__ dv) {
+  const long long n = p.B * p.Sk * p.Hkv * p.D;
+  for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (long long)gridDim.x * blockDim.x) {
+    float sk = 0.0f, sv = 0.0f;
+    for (long long s = 0; s < p.split; ++s) {
+      sk += part[s * n + e];
+      sv += part[(p.split + s) * n + e];
+    }
+    const long long d = e % p.D, rest = e / p.D, c = rest % p.Hkv, bj = rest / p.Hkv, j = bj % p.Sk, b = bj / p.Sk;
+    dk[b * p.dk_b + j * p.dk_s + c * p.dk_h + d] = attn_cast<T>(sk);
+    dv[b * p.dv_b + j * p.dv_s + c * p.dv_h + d] = attn_cast<T>(sv);
+  }
 }
 
 // ---------------------------------------------------------------------------------- deterministic dq

@@ -40,7 +40,7 @@ TC_DTYPES = ("bf16", "f16")
 MAX_D = 256
 FIELDS = ("B", "Sq", "Sk", "Hq", "Hkv", "D", "G", "left", "right", "aligned",
           "q_b", "q_s", "q_h", "k_b", "k_s", "k_h", "v_b", "v_s", "v_h", "o_b", "o_s", "o_h", "do_b", "do_s", "do_h",
-          "lse_b", "lse_h", "lse_s", "dq_b", "dq_s", "dq_h", "dk_b", "dk_s", "dk_h", "dv_b", "dv_s", "dv_h")
+          "lse_b", "lse_h", "lse_s", "dq_b", "dq_s", "dq_h", "dk_b", "dk_s", "dk_h", "dv_b", "dv_s", "dv_h", "split")
 PARAMS_DTYPE = np.dtype([("words", np.int64, (len(FIELDS),))])
 # Candidate (BM query rows, BN keys, WD head-dim slices per key group) of the main kernel, per DP,
 # the default first.  Warps: (BN / 16) * WD; D = 256 splits dK, dV over two warps per key group
@@ -54,6 +54,7 @@ DQ_CFGS = {64: [(64, 64), (128, 64), (64, 128)], 128: [(64, 64), (128, 64), (64,
 TUNE_ENV = "GRADORACLE_CUPY_ATTN_TUNE"   # 0: always the default configuration
 CFG_ENV = "GRADORACLE_CUPY_ATTN_CFG"     # "main=BMxBNxWD,dq=BMxBN": force one (tests, experiments)
 TUNE_MIN_FLOPS = 2e10  # smaller calls keep the default (timing candidates would cost more than it saves)
+SPLIT_WAVES = 3    # split a kv head's query heads over blocks until the main grid has this many per SM
 PRE_ROWS = 4       # query rows per block of attn_pre (one warp each)
 CONVERT_BLOCK = 256
 
@@ -83,6 +84,18 @@ def dq_smem(dp: int, bm: int, bn: int) -> int:
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def split_for(g: int, programs: int, sms: int | None) -> int:
+    """How many blocks share the g query heads of a kv head (a power of two dividing g): the fewest
+    that give the main kernel SPLIT_WAVES blocks per SM.  GQA with few kv heads otherwise leaves
+    SMs idle, and under a causal mask the first key blocks (every query attends them) hold the
+    whole grid up (llama-3 8B at 2k tokens: 16 key blocks x 8 kv heads = 128 blocks, each over 4
+    heads, for 132 SMs).  A share costs one fp32 write and read of dk, dv."""
+    split = 1
+    while sms and programs * split < SPLIT_WAVES * sms and g % (2 * split) == 0:
+        split *= 2
+    return split
 
 
 def mask_params(params: dict, d: int) -> tuple[float, float, int, int]:
@@ -120,7 +133,8 @@ def kernel_exprs(variant: str, dt: str, d: int, every: bool = True) -> list[str]
     """The name expressions a call of (variant, dtype, head dim) may launch: with `every`, those
     of every candidate configuration (the compile tests instantiate each one)."""
     cfgs = candidates(variant, dt, d) if every else [default_cfg(variant, dt, d)]
-    return sorted({launch.expr for cfg in cfgs for launch in _launches(variant, dt, (1, 1, 1, 1, 1, d), cfg)})
+    return sorted({launch.expr for cfg in cfgs for split in (1, 2)
+                   for launch in _launches(variant, dt, (1, 1, 1, 2, 1, d), cfg, split)})
 
 
 def candidates(variant: str, dt: str, d: int) -> list[tuple]:
@@ -158,7 +172,7 @@ def default_cfg(variant: str, dt: str, d: int):
     return forced_cfg(variant, dt, d) or candidates(variant, dt, d)[0]
 
 
-def _launches(variant: str, dt: str, sizes, cfg) -> tuple[Launch, ...]:
+def _launches(variant: str, dt: str, sizes, cfg, split: int = 1) -> tuple[Launch, ...]:
     b, sq, sk, hq, hkv, d = sizes
     t = CUDA_TYPE[dt]
     acc = "double" if dt == "f64" else "float"
@@ -174,28 +188,37 @@ def _launches(variant: str, dt: str, sizes, cfg) -> tuple[Launch, ...]:
     dp = padded_dim(d)
     (bm, bn, wd), dqc = cfg
     det = variant == "fa2_det"
-    main = Launch(f"attn_fa2_main<{t}, {dp}, {bm}, {bn}, {wd}, {'false' if det else 'true'}>", (_cdiv(sk, bn), b * hkv),
-                  32 * (bn // 16) * wd, main_smem(dp, bm, bn), common + ("null" if det else "dq_acc", "dk", "dv"))
+    main = Launch(f"attn_fa2_main<{t}, {dp}, {bm}, {bn}, {wd}, {'false' if det else 'true'}>",
+                  (_cdiv(sk, bn), b * hkv * split), 32 * (bn // 16) * wd, main_smem(dp, bm, bn),
+                  common + ("null" if det else "dq_acc", "part" if split > 1 else "null", "dk", "dv"))
+    n_kv = b * sk * hkv * d
+    tail = (Launch(f"attn_split_sum<{t}>", (min(_cdiv(n_kv, CONVERT_BLOCK), 8192), 1), CONVERT_BLOCK, 0,
+                   ("P", "part", "dk", "dv")),) if split > 1 else ()
     pre = Launch(f"attn_pre<{t}, float>", pre_grid, 32 * PRE_ROWS, 0,
                  ("P", "o", "do", "lse", "lse_ws", "delta_ws", "null" if det else "dq_acc"))
     if det:
         qbm, qbn = dqc
         dq = Launch(f"attn_fa2_dq<{t}, {dp}, {qbm}, {qbn}>", (_cdiv(sq, qbm), b * hq), 32 * (qbm // 16),
                     dq_smem(dp, qbm, qbn), common + ("dq",))
-        return pre, main, dq
+        return (pre, main, dq) + tail
     n = b * sq * hq * d
     conv = Launch(f"attn_dq_convert<{t}>", (min(_cdiv(n, CONVERT_BLOCK), 8192), 1), CONVERT_BLOCK, 0,
                   ("P", "scale", "dq_acc", "dq"))
-    return pre, main, conv
+    return (pre, main, conv) + tail
 
 
-def plan(variant: str, dt: str, sizes, strides: dict, aligned: bool, params: dict, cfg=None) -> Plan:
+def plan(variant: str, dt: str, sizes, strides: dict, aligned: bool, params: dict, cfg=None,
+         sms: int | None = None) -> Plan:
     """The launches and packed parameters of one call.  sizes (B, Sq, Sk, Hq, Hkv, D); strides:
     name -> element strides of q, k, v, o, do, lse, dq, dk, dv (head-dim strides 1); cfg one of
-    `candidates` (None: the default)."""
+    `candidates` (None: the default); sms: the device's SM count (None: no head split)."""
     b, sq, sk, hq, hkv, d = sizes
     scale, softcap, left, right = mask_params(params, d)
-    values = dict(B=b, Sq=sq, Sk=sk, Hq=hq, Hkv=hkv, D=d, G=hq // hkv, left=left, right=right, aligned=int(aligned))
+    if cfg is None:
+        cfg = default_cfg(variant, dt, d)
+    split = split_for(hq // hkv, _cdiv(sk, cfg[0][1]) * b * hkv, sms) if cfg is not None else 1
+    values = dict(B=b, Sq=sq, Sk=sk, Hq=hq, Hkv=hkv, D=d, G=hq // hkv, left=left, right=right, aligned=int(aligned),
+                  split=split)
     for name in ("q", "k", "v", "o", "do", "dq", "dk", "dv"):
         values[f"{name}_b"], values[f"{name}_s"], values[f"{name}_h"] = strides[name][:3]
     values["lse_b"], values["lse_h"], values["lse_s"] = strides["lse"]
@@ -204,9 +227,9 @@ def plan(variant: str, dt: str, sizes, strides: dict, aligned: bool, params: dic
     ws = {"lse_ws": (b * hq * sq, acc), "delta_ws": (b * hq * sq, acc)}
     if dt in TC_DTYPES and variant != "fa2_det":
         ws["dq_acc"] = (b * sq * hq * d, np.float32)
-    if cfg is None:
-        cfg = default_cfg(variant, dt, d)
-    return Plan(_launches(variant, dt, sizes, cfg), words, scale, softcap, ws, cfg)
+    if split > 1:
+        ws["part"] = (2 * split * b * sk * hkv * d, np.float32)
+    return Plan(_launches(variant, dt, sizes, cfg, split), words, scale, softcap, ws, cfg)
 
 
 def params_struct(words: list[int]) -> np.ndarray:
@@ -258,6 +281,11 @@ class CupyDevice:
                 fn.max_dynamic_shared_size_bytes = launch.smem
             self._fns[launch.expr] = fn
         return fn
+
+    def num_sms(self) -> int:
+        from backends.cupy.common import num_sms
+
+        return num_sms()
 
     def launch(self, launch: Launch, args) -> None:
         self.function(launch)(launch.grid, (launch.block,), args, shared_mem=launch.smem)
@@ -337,7 +365,7 @@ def call(dev, variant: str, inputs: dict, outs: dict, params: dict, xp=None, add
             cfg = _TUNED.get(tkey)
             if cfg is None:
                 cfg = _TUNED[tkey] = _tune(dev, variant, dt, sizes, strides, aligned, params, tensors)
-        p = _PLANS[key] = plan(variant, dt, sizes, strides, aligned, params, cfg)
+        p = _PLANS[key] = plan(variant, dt, sizes, strides, aligned, params, cfg, dev.num_sms())
     run(dev, p, tensors)
     for y, tmp in copy_back:
         y[...] = tmp
@@ -358,7 +386,7 @@ def _tune(dev, variant: str, dt: str, sizes, strides, aligned: bool, params: dic
     every candidate writes the same outputs, and the caller's own run follows)."""
     best, best_ms = None, math.inf
     for i, cfg in enumerate(candidates(variant, dt, sizes[5])):
-        trial = plan(variant, dt, sizes, strides, aligned, params, cfg)
+        trial = plan(variant, dt, sizes, strides, aligned, params, cfg, dev.num_sms())
         try:
             ms = dev.time_ms(lambda: run(dev, trial, tensors))
         except Exception:  # noqa: BLE001 - a candidate that cannot launch here (resources) is skipped

@@ -6,7 +6,8 @@
 // field order (the .cuh's struct; AttnParamsH is its host copy, all int64):
 //   kind      0 fa2 (atomic dq), 1 fa2_det (dq kernel), 2 SIMT (f32 / f64)
 //   dp bm bn wd qbm qbn npl     template parameters of the kernels (checked against what is built)
-//   g0x       attn_pre's grid;  g1x g1y  the main (or attn_simt_dq) grid;  g2x g2y  the third launch's
+//   g0x       attn_pre's grid;  g1x g1y  the main (or attn_simt_dq) grid;  g2x g2y  the third launch's;
+//   g3x       attn_split_sum's grid (0: no split, AttnParams.split == 1)
 #pragma once
 
 #include <cstdint>
@@ -18,18 +19,19 @@
 
 namespace gradoracle {
 
-constexpr int64_t kAttnHeader = 13;
+constexpr int64_t kAttnHeader = 14;
 enum AttnKind : int64_t { kAttnFa2 = 0, kAttnFa2Det = 1, kAttnSimt = 2 };
 
 struct AttnParamsH {
   int64_t B, Sq, Sk, Hq, Hkv, D, G, left, right, aligned;
   int64_t q_b, q_s, q_h, k_b, k_s, k_h, v_b, v_s, v_h, o_b, o_s, o_h, do_b, do_s, do_h;
   int64_t lse_b, lse_h, lse_s, dq_b, dq_s, dq_h, dk_b, dk_s, dk_h, dv_b, dv_s, dv_h;
+  int64_t split;
 };
 constexpr int64_t kAttnWords = kAttnHeader + static_cast<int64_t>(sizeof(AttnParamsH) / sizeof(int64_t));
 
 struct AttnHeader {
-  int64_t kind, dp, bm, bn, wd, qbm, qbn, npl, g0x, g1x, g1y, g2x, g2y;
+  int64_t kind, dp, bm, bn, wd, qbm, qbn, npl, g0x, g1x, g1y, g2x, g2y, g3x;
 };
 static_assert(sizeof(AttnHeader) == kAttnHeader * sizeof(int64_t), "AttnHeader words");
 

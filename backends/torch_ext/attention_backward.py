@@ -34,19 +34,21 @@ def _params(softmax_scale, causal, window, softcap) -> dict:
             "softcap": float(softcap or 0.0)}
 
 
-def plan_words(variant: str, dt: str, sizes, strides: dict, aligned: bool, params: dict) -> tuple[list[int], float,
-                                                                                                  float]:
-    """(plan words, scale, softcap) for the run op: header + AttnParams (attention_backward.h)."""
+def plan_words(variant: str, dt: str, sizes, strides: dict, aligned: bool, params: dict,
+               sms: int | None = None) -> tuple[list[int], float, float]:
+    """(plan words, scale, softcap) for the run op: header + AttnParams (attention_backward.h);
+    sms: the CUDA device's SM count (None on the CPU: no head split)."""
     d = sizes[5]
     cfg = A.candidates(variant, dt, d)[0]  # the default tiles: what the extension builds
-    p = A.plan(variant, dt, sizes, strides, aligned, params, cfg)
+    p = A.plan(variant, dt, sizes, strides, aligned, params, cfg, sms)
     launches = p.launches
     if cfg is None:
         kind, dp, (bm, bn, wd), (qbm, qbn), npl = KIND["simt"], 0, (0, 0, 0), (0, 0), A.lanes_per_row(d)
     else:
         kind, dp, (bm, bn, wd), npl = KIND[variant], A.padded_dim(d), cfg[0], 0
         qbm, qbn = cfg[1] if cfg[1] is not None else (0, 0)
-    header = [kind, dp, bm, bn, wd, qbm, qbn, npl, launches[0].grid[0], *launches[1].grid, *launches[2].grid]
+    g3x = launches[3].grid[0] if len(launches) > 3 else 0  # attn_split_sum
+    header = [kind, dp, bm, bn, wd, qbm, qbn, npl, launches[0].grid[0], *launches[1].grid, *launches[2].grid, g3x]
     return header + p.words, p.scale, p.softcap
 
 
@@ -63,7 +65,8 @@ def _plan_for(variant: str, t: dict, params: dict):
            params["softcap"], params["softmax_scale"], q.device.type)
     entry = _PLANS.get(key)
     if entry is None:
-        words, scale, softcap = plan_words(variant, dt, sizes, strides, aligned, params)
+        sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else None
+        words, scale, softcap = plan_words(variant, dt, sizes, strides, aligned, params, sms)
         entry = _PLANS[key] = (torch.tensor(words, dtype=torch.int64), scale, softcap)
     return entry
 

@@ -39,7 +39,7 @@ void allow_smem(K kernel, int bytes) {
 template <typename T, int DP>
 void run_tc(const AttnHeader& hd, const AttnParams& p, double scale, double softcap, const T* q, const T* k,
             const T* v, const T* o, const T* dout, const float* lse, float* lse_ws, float* delta_ws, float* dq_acc,
-            T* dq, T* dk, T* dv, cudaStream_t stream) {
+            float* part, T* dq, T* dk, T* dv, cudaStream_t stream) {
   using Tl = AttnTiles<DP>;
   TORCH_CHECK(hd.bm == Tl::BM && hd.bn == Tl::BN && hd.wd == Tl::WD && (hd.kind != kAttnFa2Det ||
               (hd.qbm == Tl::QBM && hd.qbn == Tl::QBN)),
@@ -53,7 +53,7 @@ void run_tc(const AttnHeader& hd, const AttnParams& p, double scale, double soft
     auto main = attn_fa2_main<T, DP, Tl::BM, Tl::BN, Tl::WD, false>;
     allow_smem(main, smem);
     main<<<dim3(hd.g1x, hd.g1y), threads, smem, stream>>>(p, scale, softcap, q, k, v, dout, lse_ws, delta_ws,
-                                                          nullptr, dk, dv);
+                                                          nullptr, part, dk, dv);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     constexpr int qsmem = attn_dq_smem<DP, Tl::QBM, Tl::QBN>();
     auto dqk = attn_fa2_dq<T, DP, Tl::QBM, Tl::QBN>;
@@ -65,9 +65,13 @@ void run_tc(const AttnHeader& hd, const AttnParams& p, double scale, double soft
     auto main = attn_fa2_main<T, DP, Tl::BM, Tl::BN, Tl::WD, true>;
     allow_smem(main, smem);
     main<<<dim3(hd.g1x, hd.g1y), threads, smem, stream>>>(p, scale, softcap, q, k, v, dout, lse_ws, delta_ws,
-                                                          dq_acc, dk, dv);
+                                                          dq_acc, part, dk, dv);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     attn_dq_convert<T><<<dim3(hd.g2x), 256, 0, stream>>>(p, scale, dq_acc, dq);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  if (p.split > 1) {
+    attn_split_sum<T><<<dim3(hd.g3x), 256, 0, stream>>>(p, part, dk, dv);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
 }
@@ -109,6 +113,11 @@ void attention_backward_run_cuda(const at::Tensor& q, const at::Tensor& k, const
   if (tc) {
     at::Tensor dq_acc = hd.kind == kAttnFa2 ? at::empty({rows * ph.D}, q.options().dtype(at::kFloat)) : at::Tensor();
     float* acc_p = dq_acc.defined() ? dq_acc.data_ptr<float>() : nullptr;
+    TORCH_CHECK_VALUE(ph.split >= 1 && ph.G % ph.split == 0 && (ph.split == 1) == (hd.g3x == 0),
+                      "attention_backward: the plan's split ", ph.split, " (grid ", hd.g3x, ") does not divide G = ", ph.G);
+    at::Tensor part = ph.split > 1 ? at::empty({2 * ph.split * ph.B * ph.Sk * ph.Hkv * ph.D}, q.options().dtype(at::kFloat))
+                                   : at::Tensor();
+    float* part_p = part.defined() ? part.data_ptr<float>() : nullptr;
     auto go = [&](auto tag, auto dpc) {
       using S = decltype(tag);
       using T = typename CudaType<S>::type;
@@ -116,7 +125,7 @@ void attention_backward_run_cuda(const at::Tensor& q, const at::Tensor& k, const
       auto P = [](const at::Tensor& t) { return reinterpret_cast<const T*>(t.const_data_ptr()); };
       auto M = [](at::Tensor& t) { return reinterpret_cast<T*>(t.mutable_data_ptr()); };
       run_tc<T, DP>(hd, p, scale, softcap, P(q), P(k), P(v), P(o), P(dout), lse.const_data_ptr<float>(),
-                    lse_ws.data_ptr<float>(), delta_ws.data_ptr<float>(), acc_p, M(dq), M(dk), M(dv), stream);
+                    lse_ws.data_ptr<float>(), delta_ws.data_ptr<float>(), acc_p, part_p, M(dq), M(dk), M(dv), stream);
     };
     auto by_dp = [&](auto tag) {
       if (hd.dp == 64) go(tag, std::integral_constant<int, 64>{});
@@ -128,6 +137,7 @@ void attention_backward_run_cuda(const at::Tensor& q, const at::Tensor& k, const
     else by_dp(at::BFloat16{});
     return;
   }
+  TORCH_CHECK_VALUE(ph.split == 1, "attention_backward: the SIMT path takes no split, the plan has ", ph.split);
   auto go = [&](auto tag, auto nplc) {
     using T = decltype(tag);
     using A = T;
