@@ -9,11 +9,16 @@ Variants:
                   K, V in shared memory and dK, dV in registers over every query block of the
                   group's heads (Q, dO double-buffered by cp.async, mma.sync m16n8k16 + ldmatrix,
                   unmasked blocks on a path with no mask code), dQ += dS K by fp32 atomics, then a
-                  convert kernel.  Not bitwise reproducible (atomics).
+                  convert kernel.  Not bitwise reproducible (atomics).  When the main grid
+                  would be short (GQA with few kv heads), a kv head's query heads are split over
+                  blocks (`split_for`) whose fp32 dk, dv partials attn_split_sum adds in order.
   @fa2_det        the same main kernel without dQ, then a dQ kernel per (query block, head) over its
                   key blocks (S and dP recomputed): no float atomics, deterministic.
   f32 and f64 (both variants): a SIMT path (no TF32: its error is outside the fp32 tolerance), one
   warp per query row for dq and per key row for dk, dv, accumulating in float / double.
+Tiles: candidates per padded head dim (MAIN_CFGS, DQ_CFGS), the default first; on CUDA a call of
+TUNE_MIN_FLOPS or more times them once per (variant, dtype, sizes, mask) and keeps the fastest
+(GRADORACLE_CUPY_ATTN_TUNE=0: the defaults; GRADORACLE_CUPY_ATTN_CFG forces one).
 Head dims up to 256: the tensor-core kernels compute on DP = 64, 128 or 256 columns, zero-filled
 past D.  Larger head dims are declared unsupported.
 

@@ -63,8 +63,8 @@ dev = A.device()
 seen = set()
 for variant in ("fa2", "fa2_det"):
     for d in (64, 128, 256, 40):
-        for cfg in A.candidates(variant, dt, d):
-            for launch in A._launches(variant, dt, (1, 1, 1, 1, 1, d), A.default_cfg(variant, dt, d) if cfg is None else cfg):
+        for cfg, split in [(c, s) for c in A.candidates(variant, dt, d) for s in ((1, 2) if c else (1,))]:
+            for launch in A._launches(variant, dt, (1, 1, 1, 2, 1, d), cfg, split):
                 if launch.expr in seen:
                     continue
                 seen.add(launch.expr)
