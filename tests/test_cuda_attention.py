@@ -136,3 +136,19 @@ def test_params_struct_matches_the_cuh():
     fields = re.findall(r"\b(\w+)\s*[,;]", body.replace("long long", ""))
     assert tuple(fields) == A.FIELDS
     assert np.dtype(A.PARAMS_DTYPE).itemsize == 8 * len(A.FIELDS)
+
+
+def test_outputs_must_be_contiguous_and_separate():
+    rng = np.random.default_rng(0)
+    f = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
+    inputs = {"q": f(1, 4, 2, 8), "k": f(1, 4, 1, 8), "v": f(1, 4, 1, 8), "o": f(1, 4, 2, 8), "do": f(1, 4, 2, 8),
+              "lse": f(1, 2, 4) + 3}
+    params = {"causal": True}
+    good = {"dq": np.empty_like(inputs["q"]), "dk": np.empty_like(inputs["k"]), "dv": np.empty_like(inputs["v"])}
+    H.call(DEVICE, "fa2", inputs, good, params)
+    assert np.isfinite(good["dq"]).all() and np.abs(good["dk"]).sum() > 0
+    strided = dict(good, dk=np.empty((1, 4, 1, 16), np.float32)[..., ::2])
+    with pytest.raises(ValueError, match="dk must be contiguous"):
+        H.call(DEVICE, "fa2", inputs, strided, params)
+    with pytest.raises(ValueError, match="dq shares memory with q"):
+        H.call(DEVICE, "fa2_det", inputs, dict(good, dq=inputs["q"]), params)

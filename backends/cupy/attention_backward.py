@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from backends.cupy import cupy_backend
-from backends.cupy.common import CUDA_TYPE
+from backends.cupy.common import CUDA_TYPE, overlap
 from harness import argcheck, dtypes
 
 OP = "attention_backward"
@@ -335,7 +335,8 @@ def element_strides(x) -> tuple[int, ...]:
 
 def call(dev, variant: str, inputs: dict, outs: dict, params: dict, xp=None, address=None) -> None:
     """One attention_backward call on `dev`.  xp: the array module (cupy, numpy in tests);
-    address(x) -> int, the data pointer (alignment of the cp.async path)."""
+    address(x) -> int, the data pointer (alignment of the cp.async path, overlap checks).  Inputs
+    whose head-dim stride is not 1 go through contiguous copies; outputs must be contiguous."""
     if xp is None:
         import cupy as xp
     if address is None:
@@ -346,14 +347,9 @@ def call(dev, variant: str, inputs: dict, outs: dict, params: dict, xp=None, add
     for name in _INPUTS:
         x = inputs[name]
         tensors[name] = x if name == "lse" or x.strides[-1] == x.dtype.itemsize else xp.ascontiguousarray(x)
-    copy_back = []
+    _check_outputs(inputs, outs, address)
     for name in _OUTPUTS:
-        y = outs[name]
-        if y.strides[-1] != y.dtype.itemsize:
-            tmp = xp.empty(y.shape, dtype=y.dtype)
-            copy_back.append((y, tmp))
-            y = tmp
-        tensors[name] = y
+        tensors[name] = outs[name]
     strides = {name: element_strides(x) for name, x in tensors.items()}
     sizes = (q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3])
     d = sizes[5]
@@ -372,8 +368,30 @@ def call(dev, variant: str, inputs: dict, outs: dict, params: dict, xp=None, add
                 cfg = _TUNED[tkey] = _tune(dev, variant, dt, sizes, strides, aligned, params, tensors)
         p = _PLANS[key] = plan(variant, dt, sizes, strides, aligned, params, cfg, dev.num_sms())
     run(dev, p, tensors)
-    for y, tmp in copy_back:
-        y[...] = tmp
+
+
+def _span(x, address) -> tuple[int, int]:
+    """[first, end) bytes of x's elements (non-negative strides: arrays the harness and cupy make)."""
+    start = address(x)
+    return start, start + sum((n - 1) * s for n, s in zip(x.shape, x.strides)) + x.dtype.itemsize
+
+
+def _check_outputs(inputs: dict, outs: dict, address) -> None:
+    """Outputs are written densely while the inputs are read: each must be C-contiguous and share
+    no memory with an input or another output (ValueError naming both)."""
+    spans = {}
+    for name in _OUTPUTS:
+        y = outs[name]
+        if not y.flags.c_contiguous:
+            raise ValueError(f"cupy {OP}: {name} must be contiguous, got strides {y.strides} (bytes) for shape "
+                             f"{tuple(y.shape)}")
+        spans[name] = _span(y, address)
+    for name in _INPUTS:
+        spans[name] = _span(inputs[name], address)
+    for name in _OUTPUTS:
+        for other, span in spans.items():
+            if other != name and overlap(spans[name], span):
+                raise ValueError(f"cupy {OP}: {name} shares memory with {other}, expected a separate array")
 
 
 _TUNED: dict = {}

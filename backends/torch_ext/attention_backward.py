@@ -11,7 +11,8 @@ The plan is cupy@fa2's (backends/cupy/attention_backward.py, pure Python, never 
 with its default tiles (the ones the extension builds; no tuning): header words (kind, template
 parameters, grids; attention_backward.h) then AttnParams.  CUDA runs the .cuh's kernels (bf16 /
 f16 on tensor cores with atomic dq, f32 / f64 SIMT); the CPU runs plain C++ loops.  Plans are
-cached per layout; a tensor whose head-dim stride is not 1 goes through a contiguous copy.
+cached per layout; an input whose head-dim stride is not 1 goes through a contiguous copy;
+outputs must be contiguous (ValueError otherwise, as every kernel backend here).
 Both public ops have fake (meta) kernels running harness.argcheck's checks, so they trace under
 torch.compile(fullgraph=True).
 """
@@ -78,17 +79,13 @@ def run(q, k, v, o, dout, lse, dq, dk, dv, params: dict, variant: str = "fa2") -
         if t[name].stride(-1) != 1:
             t[name] = t[name].contiguous()
     outs = {"dq": dq, "dk": dk, "dv": dv}
-    back = []
     for name, y in outs.items():
-        if y.stride(-1) != 1:
-            tmp = y.new_empty(y.shape)
-            back.append((y, tmp))
-            outs[name] = tmp
+        if not y.is_contiguous():
+            raise ValueError(f"torch_ext {OP}: {name} must be contiguous, got strides {tuple(y.stride())} for shape "
+                             f"{tuple(y.shape)}")
     t.update(outs)
     plan, scale, softcap = _plan_for(variant, t, params)
-    _RUN(t["q"], t["k"], t["v"], t["o"], t["do"], t["lse"], plan, scale, softcap, dq=t["dq"], dk=t["dk"], dv=t["dv"])
-    for y, tmp in back:
-        y.copy_(tmp)
+    _RUN(t["q"], t["k"], t["v"], t["o"], t["do"], t["lse"], plan, scale, softcap, dq=dq, dk=dk, dv=dv)
 
 
 def _check(q, k, v, o, dout, lse, params, dq=None, dk=None, dv=None) -> None:
