@@ -261,6 +261,8 @@ def run(dev, p: Plan, tensors: dict) -> None:
 # ----------------------------------------------------------------------------- the cupy side
 
 _PLANS: dict = {}
+_FAST: dict = {}     # (variant, params, pointers, layouts) -> plan: repeated calls skip every check
+_FAST_MAX = 4096
 _DEVICE: list = []
 _INPUTS = ("q", "k", "v", "o", "do", "lse")
 _OUTPUTS = ("dq", "dk", "dv")
@@ -341,6 +343,16 @@ def call(dev, variant: str, inputs: dict, outs: dict, params: dict, xp=None, add
         import cupy as xp
     if address is None:
         address = lambda x: x.data.ptr  # noqa: E731
+    # A call with the pointers, layouts and params of an earlier checked one: its plan, no checks
+    # to redo (they depend on nothing else).  Only keys are kept, never the arrays.
+    fast = (variant, os.environ.get(CFG_ENV), params.get("causal", False), str(params.get("window")),
+            params.get("softcap"), params.get("softmax_scale"),
+            *[(address(x), x.shape, x.strides, x.dtype) for x in (inputs[n] for n in _INPUTS)],
+            *[(address(x), x.shape, x.strides, x.dtype) for x in (outs[n] for n in _OUTPUTS)])
+    p = _FAST.get(fast)
+    if p is not None:
+        run(dev, p, {**inputs, **outs})
+        return
     q, k = inputs["q"], inputs["k"]
     dt = dtypes.from_any(q.dtype)
     tensors = {}
@@ -367,6 +379,10 @@ def call(dev, variant: str, inputs: dict, outs: dict, params: dict, xp=None, add
             if cfg is None:
                 cfg = _TUNED[tkey] = _tune(dev, variant, dt, sizes, strides, aligned, params, tensors)
         p = _PLANS[key] = plan(variant, dt, sizes, strides, aligned, params, cfg, dev.num_sms())
+    if all(tensors[n] is inputs[n] for n in _INPUTS):  # no copies made: the next such call is a lookup
+        if len(_FAST) >= _FAST_MAX:
+            _FAST.clear()
+        _FAST[fast] = p
     run(dev, p, tensors)
 
 
