@@ -105,11 +105,12 @@ for b, sq, sk, hq, hkv, d, causal in shapes:
     strides = {n: A.element_strides(t) for n, t in tensors.items()}
     for variant in ("fa2", "fa2_det"):
         tried = []
-        for cfg in A.candidates(variant, "bf16", d):
+        cands = A.candidates(variant, "bf16", d)
+        for cfg, sms in [(c, dev.num_sms()) for c in cands] + [(cands[0], None)]:  # the last: no head split
             try:
-                pl = A.plan(variant, "bf16", (b, sq, sk, hq, hkv, d), strides, True, p, cfg)
+                pl = A.plan(variant, "bf16", (b, sq, sk, hq, hkv, d), strides, True, p, cfg, sms)
                 ms = dev.time_ms(lambda: A.run(dev, pl, tensors), reps=5)
-                tried.append({"cfg": str(cfg), "ms": ms, "tflops": flops / ms / 1e9})
+                tried.append({"cfg": str(cfg), "split": pl.words[-1], "ms": ms, "tflops": flops / ms / 1e9})
             except Exception as exc:  # noqa: BLE001
                 tried.append({"cfg": str(cfg), "error": f"{type(exc).__name__}: {exc}"[:300]})
             print(json.dumps({"shape": row["shape"], "variant": variant, **tried[-1]}), flush=True)
