@@ -119,6 +119,7 @@ for b, sq, sk, hq, hkv, d, causal in shapes:
         cupy.cuda.Device().synchronize(); t = time.perf_counter()
         for _ in range(20):
             fn.unchecked(x, outs, p)
+        cupy.cuda.Device().synchronize()
         host = (time.perf_counter() - t) / 20 * 1e3
         chosen = next((str(v) for k, v in A._TUNED.items() if k[0] == variant and k[2] == (b, sq, sk, hq, hkv, d)), "default")
         row[variant] = {"tried": tried, "chosen": chosen, "first_call_s": first, "ms_per_call_incl_host": host}
