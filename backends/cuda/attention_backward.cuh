@@ -211,8 +211,10 @@ __host__ __device__ constexpr int attn_dq_smem() {
 }
 
 // P and dS of one 16 x 8 accumulator tile element: s the raw score, dp = dO.v, with the row's
-// lse and delta.  MASK: whether (i, j) is checked against the band.
-template <bool MASK, typename ACC>
+// lse and delta.  MASK: whether (i, j) is checked against the band.  EXP2: exp as exp2f of the
+// exponent times log2(e) (the tensor-core path: P and dS are rounded to bf16 / f16 before their
+// matmuls, far coarser than the float error this adds); the SIMT path keeps expf / exp.
+template <bool MASK, typename ACC, bool EXP2 = false>
 __device__ __forceinline__ void attn_pds(const AttnParams& p, ACC s, ACC dp, ACC lse, ACC delta, ACC scale,
                                          ACC softcap, long long i, long long j, ACC& pr, ACC& ds) {
   s *= scale;
@@ -222,7 +224,10 @@ __device__ __forceinline__ void attn_pds(const AttnParams& p, ACC s, ACC dp, ACC
     s = softcap * th;
     dcap = 1 - th * th;
   }
-  pr = attn_exp(s - lse);
+  if constexpr (EXP2)
+    pr = exp2f((s - lse) * 1.4426950408889634f);
+  else
+    pr = attn_exp(s - lse);
   ds = pr * (dp - delta) * dcap;
   if (MASK && !attn_allowed(p, i, j)) {  // select, not multiply: lse / delta may be anything there
     pr = 0;
@@ -270,7 +275,8 @@ __device__ __forceinline__ void attn_main_step(const AttnParams& p, float scale,
     for (int e = 0; e < 4; ++e) {
       const int key = kb + g + (e >> 1) * 8, qr = n * 8 + 2 * t + (e & 1);
       float pr, ds;
-      attn_pds<MASK, float>(p, sacc[n][e], pacc[n][e], sl[qr], sd[qr], scale, softcap, m0 + qr, n0 + key, pr, ds);
+      attn_pds<MASK, float, true>(p, sacc[n][e], pacc[n][e], sl[qr], sd[qr], scale, softcap, m0 + qr, n0 + key, pr,
+                                  ds);
       sacc[n][e] = pr;
       pacc[n][e] = ds;
     }
@@ -490,7 +496,8 @@ __device__ __forceinline__ void attn_dq_step(const AttnParams& p, float scale, f
     for (int e = 0; e < 4; ++e) {
       const int qr = qb + g + (e >> 1) * 8, key = n * 8 + 2 * t + (e & 1);
       float pr, ds;
-      attn_pds<MASK, float>(p, sacc[n][e], pacc[n][e], sl[qr], sd[qr], scale, softcap, m0 + qr, n0 + key, pr, ds);
+      attn_pds<MASK, float, true>(p, sacc[n][e], pacc[n][e], sl[qr], sd[qr], scale, softcap, m0 + qr, n0 + key, pr,
+                                  ds);
       pacc[n][e] = ds;
     }
   // dQ += dS K.
