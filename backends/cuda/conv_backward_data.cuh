@@ -1,0 +1,125 @@
+// conv_backward_data (dgrad) as an implicit GEMM per filter phase, on tensor cores for bf16 / f16.
+//
+//   dx[n, ci, i] = sum_{co in group(ci), k : i = o*s + k*d - p, 0 <= o < O} dy[n, co, o] * w[co, ci - first, k]
+//
+// Filter phases (strided dgrad without the zero-inserted positions): the input positions split by
+// their residue r = (i + p) mod s per dim; in phase r only the taps with k*d = r (mod s) reach a
+// position, and then o = t + (i0 + p - k*d) / s for the phase's t-th position i = i0 + s*t: a dense,
+// shifted window of dy.  Per phase and group the GEMM is
+//   rows m = (n, td, th, tw) of the phase's grid (M_phase = N * Td * Th * Tw),
+//   cols   = the group's Cin/g input channels,
+//   reduction = (tap of the phase, co of the group).
+// A phase with no taps (s above the dilated kernel) still runs: its positions are written as 0.
+//
+// Launch contract (plan: backends/_plans/conv_cuda.py `dgrad_plan`):
+//   cv_dgrad<T, MODE>  grid (mblocks, phases * groups * cblocks), CV_THREADS threads, no dynamic smem.
+//   T: float, double (SIMT FMA) or __half, __nv_bfloat16 (mma.sync, fp32 accumulate).
+//   MODE: how a row m maps to (n, td, th, tw): 0 plain / and % everywhere (`div`); 1 fast divmod on
+//     the load path (the rows' dy coordinates), / and % on the store path (`fastdiv_load`); 2 fast
+//     divmod on both (`fastdiv`, the default).
+//   table: int32, `trow` ints per phase: T[3] (d, h, w), i0[3], (mul, shift) of Tw, Th, Td, M_phase,
+//     the tap count, then per tap the dy shift (cd, ch, cw) and the tap's weight offset.
+// Every dx element is written once, from registers: deterministic, no atomics.
+#pragma once
+
+#include "conv_common.cuh"
+
+#define CVD_HEAD 14
+
+// (n, td, th, tw) of row m of a phase.
+template <bool FAST>
+__device__ __forceinline__ void cvd_coords(int m, const int* row, int& n, int& td, int& th, int& tw) {
+  int q;
+  cv_divmod<FAST>(m, row[2], (unsigned)row[6], (unsigned)row[7], q, tw);
+  cv_divmod<FAST>(q, row[1], (unsigned)row[8], (unsigned)row[9], q, th);
+  cv_divmod<FAST>(q, row[0], (unsigned)row[10], (unsigned)row[11], n, td);
+}
+
+template <typename T, int MODE>
+__global__ void __launch_bounds__(CV_THREADS)
+    cv_dgrad(const ConvParams p, const T* __restrict__ dy, const T* __restrict__ w, T* __restrict__ dx,
+             const int* __restrict__ table) {
+  typedef typename CvType<T>::Acc Acc;
+  constexpr int LDS = CV_LDS(T);
+  const int tid = threadIdx.x;
+  const int per_phase = (int)(p.groups * p.cblocks);
+  const int phase = blockIdx.y / per_phase, rest = blockIdx.y % per_phase;
+  const int g = rest / (int)p.cblocks, cb = rest % (int)p.cblocks;
+  const int* row = table + phase * p.trow;
+  const int mp = row[12];
+  const int m0 = blockIdx.x * CV_BM;
+  if (m0 >= mp) return;  // the phase has fewer rows than the largest one: the whole block leaves
+
+  CV_SHARED16 T As[CV_BM * LDS];
+  CV_SHARED16 T Bs[CV_BN * LDS];
+  __shared__ long long rbase[CV_BM];  // the row's dy offset of n (-1: past the phase's rows)
+  __shared__ int rt[3][CV_BM];        // the row's (td, th, tw)
+
+  if (tid < CV_BM) {  // the load path's index math: once per row per block
+    const int m = m0 + tid;
+    if (m < mp) {
+      int n, td, th, tw;
+      cvd_coords<(MODE >= 1)>(m, row, n, td, th, tw);
+      rbase[tid] = n * p.sa[0];
+      rt[0][tid] = td;
+      rt[1][tid] = th;
+      rt[2][tid] = tw;
+    } else {
+      rbase[tid] = -1;
+    }
+  }
+  __syncthreads();
+
+  const int cog = (int)p.cog, cig = (int)p.cig;
+  const long long co_first = (long long)g * cog;
+  const int ci0 = cb * CV_BN;
+  const int od_n = (int)p.out[0], oh_n = (int)p.out[1], ow_n = (int)p.out[2];
+  CvTile<T> tile;
+  tile.clear();
+  const int ntaps = row[13];
+  for (int tap = 0; tap < ntaps; ++tap) {
+    const int* tp = row + CVD_HEAD + 4 * tap;
+    const int cd = tp[0], ch = tp[1], cw = tp[2];
+    const long long woff = tp[3];
+    for (int co0 = 0; co0 < cog; co0 += CV_BK) {
+      // A: dy rows (the phase's positions shifted by the tap) x BK output channels, zero-filled.
+      for (int e = tid; e < CV_BM * CV_BK; e += CV_THREADS) {
+        const int m = p.cfast ? e / CV_BK : e % CV_BM;
+        const int kk = p.cfast ? e % CV_BK : e / CV_BM;
+        T v = cv_zero<T>();
+        const long long base = rbase[m];
+        const int co = co0 + kk;
+        if (base >= 0 && co < cog) {
+          const int od = rt[0][m] + cd, oh = rt[1][m] + ch, ow = rt[2][m] + cw;
+          if (od >= 0 && od < od_n && oh >= 0 && oh < oh_n && ow >= 0 && ow < ow_n)
+            v = dy[base + (co_first + co) * p.sa[1] + od * p.sa[2] + oh * p.sa[3] + ow * p.sa[4]];
+        }
+        As[m * LDS + kk] = v;
+      }
+      // B: the tap's weights, Bs[ci][co].
+      for (int e = tid; e < CV_BN * CV_BK; e += CV_THREADS) {
+        const int c = e % CV_BN, kk = e / CV_BN;
+        const int ci = ci0 + c, co = co0 + kk;
+        T v = cv_zero<T>();
+        if (ci < cig && co < cog) v = w[(co_first + co) * p.sb[0] + ci * p.sb[1] + woff];
+        Bs[c * LDS + kk] = v;
+      }
+      __syncthreads();
+      tile.step(As, Bs);
+      __syncthreads();
+    }
+  }
+
+  // Store path: each accumulator's row back to its input position (MODE 2: fast divmod).
+  const int* i0 = row + 3;
+  const long long c_first = (long long)g * cig;
+  tile.for_each([&](int r, int c, Acc v) {
+    const int m = m0 + r, ci = ci0 + c;
+    if (m < mp && ci < cig) {
+      int n, td, th, tw;
+      cvd_coords<(MODE == 2)>(m, row, n, td, th, tw);
+      const long long id = i0[0] + p.s[0] * td, ih = i0[1] + p.s[1] * th, iw = i0[2] + p.s[2] * tw;
+      dx[n * p.sc[0] + (c_first + ci) * p.sc[1] + id * p.sc[2] + ih * p.sc[3] + iw * p.sc[4]] = CvType<T>::from(v);
+    }
+  });
+}

@@ -1,0 +1,110 @@
+// conv_backward_weight (wgrad) as an implicit GEMM, on tensor cores for bf16 / f16.
+//
+//   dw[co, c, k] = sum_{n, o < O} dy[n, co, o] * x[n, first(co) + c, o*s + k*d - p]
+//
+// Per tap and group the GEMM is rows = the group's Cout/g output channels, cols = its Cin/g input
+// channels, reduction = the N * prod(O) (n, o) pairs.  The reduction is long, so it is split in
+// `splits` chunks of `chunk` pairs: each block writes its tile's fp32 (fp64 for f64) partial sums
+// to a workspace, and cv_wgrad_finish adds the chunks in chunk order (no atomics: deterministic).
+// With one chunk the block writes dw itself.
+//
+// Launch contract (plan: backends/_plans/conv_cuda.py `wgrad_plan`):
+//   cv_wgrad<T>         grid (mblocks * cblocks, taps * groups * splits), CV_THREADS threads;
+//                       ws: the workspace [splits][Cout][taps][Cin/g] (null when splits == 1).
+//   cv_wgrad_finish<T>  grid-stride over the Cout * taps * Cin/g elements: the chunks' sum, cast, stored.
+//   The pair index r -> (n, od, oh, ow) is a fast divmod by O (ConvParams.magic).
+#pragma once
+
+#include "conv_common.cuh"
+
+template <typename T>
+__global__ void __launch_bounds__(CV_THREADS)
+    cv_wgrad(const ConvParams p, const T* __restrict__ dy, const T* __restrict__ x, T* __restrict__ dw,
+             typename CvType<T>::Acc* __restrict__ ws) {
+  typedef typename CvType<T>::Acc Acc;
+  constexpr int LDS = CV_LDS(T);
+  const int tid = threadIdx.x;
+  const int splits = (int)p.splits, groups = (int)p.groups;
+  const int split = blockIdx.y % splits, rest = blockIdx.y / splits;
+  const int g = rest % groups, tap = rest / groups;
+  const int mb = blockIdx.x / (int)p.cblocks, cb = blockIdx.x % (int)p.cblocks;
+  const int kw = tap % (int)p.k[2], kh = (tap / (int)p.k[2]) % (int)p.k[1], kd = tap / (int)(p.k[2] * p.k[1]);
+  const long long r_begin = split * p.chunk;
+  const long long r_end = r_begin + p.chunk < p.rows ? r_begin + p.chunk : p.rows;
+  const int cog = (int)p.cog, cig = (int)p.cig;
+  const int co0 = mb * CV_BM, ci0 = cb * CV_BN;
+  const long long co_first = (long long)g * cog + co0, ci_first = (long long)g * cig + ci0;
+
+  CV_SHARED16 T As[CV_BM * LDS];
+  CV_SHARED16 T Bs[CV_BN * LDS];
+  __shared__ long long ry[CV_BK], rx[CV_BK];  // per pair: dy and x offsets of (n, o); -1: none / padding
+
+  CvTile<T> tile;
+  tile.clear();
+  for (long long r0 = r_begin; r0 < r_end; r0 += CV_BK) {
+    if (tid < CV_BK) {
+      const long long r = r0 + tid;
+      long long oy = -1, ox = -1;
+      if (r < r_end) {
+        int q, ow, oh, od, n;
+        cv_divmod<true>((int)r, (int)p.out[2], (unsigned)p.magic[0], (unsigned)p.magic[1], q, ow);
+        cv_divmod<true>(q, (int)p.out[1], (unsigned)p.magic[2], (unsigned)p.magic[3], q, oh);
+        cv_divmod<true>(q, (int)p.out[0], (unsigned)p.magic[4], (unsigned)p.magic[5], n, od);
+        oy = n * p.sa[0] + od * p.sa[2] + oh * p.sa[3] + ow * p.sa[4];
+        const long long id = od * p.s[0] + kd * p.d[0] - p.p[0];
+        const long long ih = oh * p.s[1] + kh * p.d[1] - p.p[1];
+        const long long iw = ow * p.s[2] + kw * p.d[2] - p.p[2];
+        if (id >= 0 && id < p.in[0] && ih >= 0 && ih < p.in[1] && iw >= 0 && iw < p.in[2])
+          ox = n * p.sb[0] + id * p.sb[2] + ih * p.sb[3] + iw * p.sb[4];
+      }
+      ry[tid] = oy;
+      rx[tid] = ox;
+    }
+    __syncthreads();
+    // A: As[co][pair] from dy; B: Bs[ci][pair] from x; zero-filled past the tile's channels and pairs.
+    for (int e = tid; e < CV_BM * CV_BK; e += CV_THREADS) {
+      const int c = p.cfast ? e % CV_BM : e / CV_BK;
+      const int kk = p.cfast ? e / CV_BM : e % CV_BK;
+      T v = cv_zero<T>();
+      if (ry[kk] >= 0 && co0 + c < cog) v = dy[ry[kk] + (co_first + c) * p.sa[1]];
+      As[c * LDS + kk] = v;
+    }
+    for (int e = tid; e < CV_BN * CV_BK; e += CV_THREADS) {
+      const int c = p.cfast ? e % CV_BN : e / CV_BK;
+      const int kk = p.cfast ? e / CV_BN : e % CV_BK;
+      T v = cv_zero<T>();
+      if (rx[kk] >= 0 && ci0 + c < cig) v = x[rx[kk] + (ci_first + c) * p.sb[1]];
+      Bs[c * LDS + kk] = v;
+    }
+    __syncthreads();
+    tile.step(As, Bs);
+    __syncthreads();
+  }
+
+  const long long taps = p.taps, total = p.cout * taps * p.cig;
+  tile.for_each([&](int r, int c, Acc v) {
+    if (co0 + r < cog && ci0 + c < cig) {
+      if (ws != nullptr) {
+        ws[split * total + ((co_first + r) * taps + tap) * p.cig + ci0 + c] = v;
+      } else {
+        dw[(co_first + r) * p.sc[0] + (ci0 + c) * p.sc[1] + kd * p.sc[2] + kh * p.sc[3] + kw * p.sc[4]] =
+            CvType<T>::from(v);
+      }
+    }
+  });
+}
+
+template <typename T>
+__global__ void __launch_bounds__(256)
+    cv_wgrad_finish(const ConvParams p, const typename CvType<T>::Acc* __restrict__ ws, T* __restrict__ dw) {
+  typedef typename CvType<T>::Acc Acc;
+  const long long taps = p.taps, total = p.cout * taps * p.cig;
+  const long long step = (long long)gridDim.x * blockDim.x;
+  for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += step) {
+    Acc s = ws[e];
+    for (long long sp = 1; sp < p.splits; ++sp) s += ws[sp * total + e];  // chunk order: deterministic
+    const long long ci = e % p.cig, q = e / p.cig, tap = q % taps, co = q / taps;
+    const long long kw = tap % p.k[2], kh = (tap / p.k[2]) % p.k[1], kd = tap / (p.k[2] * p.k[1]);
+    dw[co * p.sc[0] + ci * p.sc[1] + kd * p.sc[2] + kh * p.sc[3] + kw * p.sc[4]] = CvType<T>::from(s);
+  }
+}
