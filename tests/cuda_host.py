@@ -90,10 +90,10 @@ SET_SCHEDULE = 'extern "C" void set_schedule(int s) { cuhost::schedule = s; }\n'
 SCHEDULES = 3  # cuda_host_runtime.h: round robin, warp-serial, warp-serial from the last warp
 
 
-def _wrappers(exprs: list[str]) -> str:
+def _wrappers(exprs: list[str], signature=None) -> str:
     out = [SET_SCHEDULE]
     for i, expr in enumerate(exprs):
-        sig = _signature(expr)
+        sig = (signature or _signature)(expr)
         unpack = "\n".join(f"  {ty} a{k} = *reinterpret_cast<{ty}*>(args[{k}]);" for k, ty in enumerate(sig))
         call = ", ".join(f"a{k}" for k in range(len(sig)))
         out.append(f"""// {expr}
@@ -103,6 +103,78 @@ extern "C" int launch_{i}(unsigned gx, unsigned gy, unsigned block, unsigned sme
   return cuhost::launch(dim3{{gx, gy, 1}}, dim3{{block, 1, 1}}, [&] {{ {expr}({call}); }}, err, errlen, smem);
 }}""")
     return "\n".join(out) + "\n"
+
+
+def build(tag: str, source: str, flags=()) -> ctypes.CDLL:
+    """`source` (C++ that includes cuda_host_runtime.h first) compiled with g++ into a shared library,
+    cached in the temp folder under a hash of the source, the flags and every stand-in and
+    backends/cuda header."""
+    deps = [HERE / n for n in sorted(os.listdir(HERE))] + sorted(_nvrtc.CUDA_DIR.glob("*.cuh")) + \
+        sorted(_nvrtc.CUDA_DIR.glob("*.h"))
+    flags = FLAGS + list(flags)
+    key = hashlib.sha256((source + " ".join(flags)).encode() + b"".join(p.read_bytes() for p in deps))
+    folder = Path(tempfile.gettempdir()) / "gradoracle-cuda-host"
+    folder.mkdir(exist_ok=True)
+    lib = folder / f"{tag}-{key.hexdigest()[:16]}.so"
+    if not lib.exists():
+        src = lib.with_suffix(".cpp")
+        src.write_text(source)
+        tmp = lib.with_suffix(f".{os.getpid()}.tmp")
+        proc = subprocess.run([CXX, *flags, f"-I{HERE}", str(src), "-o", str(tmp)], capture_output=True, text=True)
+        if proc.returncode:
+            raise RuntimeError(f"g++ failed for {tag}:\n{proc.stderr[-6000:]}")
+        tmp.replace(lib)
+    return ctypes.CDLL(str(lib))
+
+
+_SCALARS = {"long long": ctypes.c_int64, "int": ctypes.c_int32, "unsigned": ctypes.c_uint32,
+            "unsigned int": ctypes.c_uint32, "float": ctypes.c_float, "double": ctypes.c_double}
+
+
+class Kernels:
+    """Kernels of a CUDA source run on the CPU stand-in, for any op: `kernels` maps each name
+    expression (e.g. 'mm_naive<float>') to its parameter types as C++ spells them.  `launch`
+    takes Python values in that order: numpy arrays (or None) for pointers, ints / floats for
+    the scalar types above, numpy arrays / bytes holding a by-value struct's bytes for any other
+    type.  Launches cycle through the stand-in's thread schedules (`SCHEDULES`)."""
+
+    def __init__(self, tag: str, source: str, kernels: dict[str, list[str]], defines=()):
+        self.exprs = list(kernels)
+        self.sigs = dict(kernels)
+        text = f'#include "cuda_host_runtime.h"\n{source}\n' + _wrappers(self.exprs, self.sigs.__getitem__)
+        self.lib = build(tag, text, defines)
+        self.lib.set_schedule.argtypes = [ctypes.c_int]
+        self.fns = {}
+        for i, expr in enumerate(self.exprs):
+            fn = getattr(self.lib, f"launch_{i}")
+            fn.argtypes = [ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.POINTER(ctypes.c_void_p),
+                           ctypes.c_char_p, ctypes.c_int]
+            fn.restype = ctypes.c_int
+            self.fns[expr] = fn
+        self.launches = 0
+
+    def launch(self, expr: str, grid, block: int, args, smem: int = 0, schedule: int | None = None) -> None:
+        """Runs one launch; raises AssertionError with the stand-in's report on a fault."""
+        sig = self.sigs[expr]
+        if len(args) != len(sig):
+            raise TypeError(f"{expr} takes {len(sig)} arguments, got {len(args)}")
+        keep, argv = [], (ctypes.c_void_p * len(args))()
+        for k, (ty, a) in enumerate(zip(sig, args)):
+            ty = ty.replace("const ", "").strip()
+            if ty.endswith("*"):
+                box = ctypes.c_void_p(None if a is None else data_address(a))
+            elif ty in _SCALARS:
+                box = _SCALARS[ty](a)
+            else:  # a struct by value: its bytes
+                box = ctypes.create_string_buffer(bytes(a) if not isinstance(a, np.ndarray) else a.tobytes())
+            keep.append(box)
+            argv[k] = ctypes.addressof(box)
+        gx, gy = grid if isinstance(grid, tuple) else (grid, 1)
+        err = ctypes.create_string_buffer(4096)
+        self.lib.set_schedule(self.launches % SCHEDULES if schedule is None else schedule)
+        self.launches += 1
+        if self.fns[expr](int(gx), int(gy), int(block), int(smem), argv, err, len(err)):
+            raise AssertionError(f"{expr} grid ({gx}, {gy}) block {block}: {err.value.decode()}")
 
 
 class Library:

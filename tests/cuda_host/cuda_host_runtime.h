@@ -18,7 +18,11 @@
 // is queued, the destination written only when a wait retires its group, so a thread that reads
 // a slot before waiting for it sees the old bytes; copies still queued when a block ends are
 // reported.  A grid-wide barrier cannot run here (blocks run one after another): `grid_sync`
-// reports it.  Only what the norm kernels use is here.
+// reports it.  Warp collectives beyond shuffles (backends/cuda/mma.cuh: ldmatrix, mma.sync) meet at
+// the same rendezvous: every lane deposits its inputs and waits; once all 32 lanes of the warp are
+// there, the collective is computed for all of them and they go on.  Lanes of one warp at different
+// collectives, a collective some lanes never reach, and a misaligned ldmatrix row are reported.
+// Only what the kernels under test use is here.
 #pragma once
 
 #define CUHOST_RUNTIME 1
@@ -41,6 +45,7 @@
 #define __launch_bounds__(...)
 #define __grid_constant__
 #define __shared__ static
+#define __align__(n) __attribute__((aligned(n)))
 
 struct dim3 {
   unsigned int x = 1, y = 1, z = 1;
@@ -65,11 +70,27 @@ struct Fiber {
   uint64_t shfl_in = 0, shfl_out = 0;
   int shfl_xor = 0;
   unsigned shfl_mask = 0;
+  int coll = 0;                 // which collective the lane waits at: kShfl, or a kLd* / kMma* below
+  uint32_t coll_in[6] = {};     // mma: a[4], b[2]
+  float coll_acc[4] = {};       // mma: the accumulators in and out
+  const void* coll_ptr = nullptr;  // ldmatrix: this lane's row address
+  uint32_t coll_out[4] = {};    // ldmatrix: the registers
   std::vector<Copy> open;                // queued since the last commit
   std::deque<std::vector<Copy>> groups;  // committed, not yet waited for (oldest first)
 };
 
 constexpr size_t kStack = 256 * 1024;
+
+// Collective kinds (Fiber::coll).  ldmatrix: kLd + number of matrices (1, 2, 4), + kTrans for .trans.
+enum : int { kShfl = 0, kLd = 0x10, kTrans = 0x08, kMmaBf16 = 0x40, kMmaF16 = 0x41 };
+
+inline std::string coll_name(int c) {
+  if (c == kShfl) return "__shfl_xor_sync";
+  if (c == kMmaBf16) return "mma.m16n8k16.bf16";
+  if (c == kMmaF16) return "mma.m16n8k16.f16";
+  if (c & kLd) return "ldmatrix.x" + std::to_string(c & 7) + (c & kTrans ? ".trans" : "");
+  return "collective " + std::to_string(c);
+}
 
 struct Scheduler {
   std::vector<Fiber> fibers;
@@ -114,6 +135,72 @@ inline void run_fiber(unsigned i) {
   swapcontext(&S.main, &S.fibers[i].ctx);
 }
 
+inline float half_bits_to_float(uint16_t h, bool bf16) {
+  if (bf16) {
+    const uint32_t u = (uint32_t)h << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  }
+  _Float16 f;
+  std::memcpy(&f, &h, 2);
+  return (float)f;
+}
+
+// ldmatrix for the 32 lanes of a warp: matrix i's row r is at lane 8i + r's address.
+inline bool run_ldmatrix(Fiber* lane, unsigned w) {
+  const int n = lane[0].coll & 7;
+  const bool trans = lane[0].coll & kTrans;
+  for (int l = 0; l < 8 * n; ++l) {
+    if (reinterpret_cast<uintptr_t>(lane[l].coll_ptr) % 16) {
+      S.error = where() + " warp " + std::to_string(w) + " lane " + std::to_string(l) + ": " +
+                coll_name(lane[0].coll) + " row address not 16-byte aligned";
+      return false;
+    }
+  }
+  for (int l = 0; l < 32; ++l) {
+    for (int i = 0; i < n; ++i) {
+      uint16_t e[2];
+      for (int h = 0; h < 2; ++h) {
+        // element (row, col) of matrix i: plain (l/4, 2(l%4)+h); .trans (2(l%4)+h, l/4)
+        const int row = trans ? 2 * (l % 4) + h : l / 4, col = trans ? l / 4 : 2 * (l % 4) + h;
+        std::memcpy(&e[h], static_cast<const unsigned char*>(lane[8 * i + row].coll_ptr) + 2 * col, 2);
+      }
+      lane[l].coll_out[i] = (uint32_t)e[0] | ((uint32_t)e[1] << 16);
+    }
+  }
+  return true;
+}
+
+// mma.m16n8k16 row.col with fp32 accumulators: the fragments gathered into A (16x16) and B (16x8),
+// each D element = C + the 16 exact products summed in double, rounded once to float.
+inline void run_mma(Fiber* lane) {
+  const bool bf16 = lane[0].coll == kMmaBf16;
+  float A[16][16], B[16][8];
+  for (int l = 0; l < 32; ++l) {
+    const int g = l >> 2, t = l & 3;
+    const uint32_t* a = lane[l].coll_in;
+    for (int h = 0; h < 2; ++h) {
+      const int sh = 16 * h;
+      A[g][2 * t + h] = half_bits_to_float((uint16_t)(a[0] >> sh), bf16);
+      A[g + 8][2 * t + h] = half_bits_to_float((uint16_t)(a[1] >> sh), bf16);
+      A[g][2 * t + 8 + h] = half_bits_to_float((uint16_t)(a[2] >> sh), bf16);
+      A[g + 8][2 * t + 8 + h] = half_bits_to_float((uint16_t)(a[3] >> sh), bf16);
+      B[2 * t + h][g] = half_bits_to_float((uint16_t)(a[4] >> sh), bf16);
+      B[2 * t + 8 + h][g] = half_bits_to_float((uint16_t)(a[5] >> sh), bf16);
+    }
+  }
+  for (int l = 0; l < 32; ++l) {
+    const int g = l >> 2, t = l & 3;
+    for (int k = 0; k < 4; ++k) {
+      const int row = g + 8 * (k >> 1), col = 2 * t + (k & 1);
+      double acc = lane[l].coll_acc[k];
+      for (int j = 0; j < 16; ++j) acc += (double)A[row][j] * (double)B[j][col];
+      lane[l].coll_acc[k] = (float)acc;
+    }
+  }
+}
+
 // Warp w (lanes [32w, 32w + 32) of n): -1 fault, 0 nothing to release, 1 shuffle done (lanes run again).
 inline int release_shuffle(unsigned n, unsigned w) {
   const unsigned w0 = 32 * w, lanes = n - w0 < 32 ? n - w0 : 32;
@@ -125,19 +212,30 @@ inline int release_shuffle(unsigned n, unsigned w) {
   if (waiting == 0) return 0;
   if (waiting != 32) {
     if (blocked != lanes) return 0;  // the rest have not arrived yet
-    S.error = where() + " warp " + std::to_string(w) + ": a shuffle only " + std::to_string(waiting) +
-              " of 32 lanes take part in (divergent shuffle, or a partial warp)";
+    S.error = where() + " warp " + std::to_string(w) + ": a shuffle or warp collective only " + std::to_string(waiting) +
+              " of 32 lanes take part in (divergent collective, or a partial warp)";
     return -1;
   }
   Fiber* lane = &S.fibers[w0];
   for (unsigned l = 0; l < 32; ++l) {
+    if (lane[l].coll != lane[0].coll) {
+      S.error = where() + " warp " + std::to_string(w) + ": lanes at different collectives (lane 0 at " +
+                coll_name(lane[0].coll) + ", lane " + std::to_string(l) + " at " + coll_name(lane[l].coll) + ")";
+      return -1;
+    }
     if (lane[l].shfl_mask != 0xffffffffu || lane[l].shfl_xor != lane[0].shfl_xor || lane[l].shfls != lane[0].shfls) {
       S.error = where() + " warp " + std::to_string(w) + " lane " + std::to_string(l) +
                 ": shuffle mask / xor / count differs from lane 0's";
       return -1;
     }
   }
-  for (unsigned l = 0; l < 32; ++l) lane[l].shfl_out = lane[l ^ lane[0].shfl_xor].shfl_in;
+  if (lane[0].coll == kShfl) {
+    for (unsigned l = 0; l < 32; ++l) lane[l].shfl_out = lane[l ^ lane[0].shfl_xor].shfl_in;
+  } else if (lane[0].coll == kMmaBf16 || lane[0].coll == kMmaF16) {
+    run_mma(lane);
+  } else if (!run_ldmatrix(lane, w)) {
+    return -1;
+  }
   for (unsigned l = 0; l < 32; ++l) lane[l].state = RUN;
   return 1;
 }
@@ -150,6 +248,7 @@ inline bool run_block(unsigned n) {
     if (!f.stack) f.stack = static_cast<char*>(std::malloc(kStack));
     f.state = RUN;
     f.syncs = f.shfls = 0;
+    f.coll = kShfl;
     f.open.clear();
     f.groups.clear();
     getcontext(&f.ctx);
@@ -226,8 +325,8 @@ inline bool run_block(unsigned n) {
       unsigned waiting = 0;
       for (unsigned l = 32 * w; l < n && l < 32 * w + 32; ++l) waiting += S.fibers[l].state == AT_SHFL;
       if (waiting) {
-        S.error = where() + " warp " + std::to_string(w) + ": a shuffle only " + std::to_string(waiting) +
-                  " of 32 lanes take part in (divergent shuffle, or lanes waiting at __syncthreads())";
+        S.error = where() + " warp " + std::to_string(w) + ": a shuffle or warp collective only " + std::to_string(waiting) +
+                  " of 32 lanes take part in (divergent collective, or lanes waiting at __syncthreads())";
         return false;
       }
     }
@@ -274,6 +373,51 @@ inline void cp_async(void* dst, const void* src, int bytes) {
   c.n = bytes;
   std::memcpy(c.bytes, src, bytes);
   S.fibers[S.cur].open.push_back(c);
+}
+
+// cp.async with a source size: the first src_bytes bytes of `src` are read (none when 0), the rest
+// of the `bytes` written as zeros.
+inline void cp_async_zfill(void* dst, const void* src, int bytes, int src_bytes) {
+  if (src_bytes < 0 || src_bytes > bytes) {
+    std::fprintf(stderr, "cuda_host: cp.async src_bytes %d outside [0, %d]\n", src_bytes, bytes);
+    std::abort();
+  }
+  if (reinterpret_cast<uintptr_t>(dst) % bytes || (src_bytes && reinterpret_cast<uintptr_t>(src) % bytes)) {
+    std::fprintf(stderr, "cuda_host: cp.async of %d bytes with a misaligned address\n", bytes);
+    std::abort();
+  }
+  Copy c;
+  c.dst = static_cast<unsigned char*>(dst);
+  c.n = bytes;
+  std::memset(c.bytes, 0, sizeof c.bytes);
+  if (src_bytes) std::memcpy(c.bytes, src, src_bytes);
+  S.fibers[S.cur].open.push_back(c);
+}
+
+// Waits at warp collective `kind` (Fiber::coll's inputs filled in by the caller) until all 32 lanes arrive.
+inline void collective(int kind) {
+  Fiber& f = S.fibers[S.cur];
+  f.coll = kind;
+  f.shfl_mask = 0xffffffffu;
+  f.shfl_xor = 0;
+  f.shfls++;
+  yield(AT_SHFL);
+  S.fibers[S.cur].coll = kShfl;
+}
+
+inline void ldmatrix(unsigned* r, int n, bool trans, const void* row) {
+  S.fibers[S.cur].coll_ptr = row;
+  collective(kLd + n + (trans ? kTrans : 0));
+  std::memcpy(r, S.fibers[S.cur].coll_out, 4 * n);
+}
+
+inline void mma16816(float* d, const unsigned* a, const unsigned* b, int kind) {
+  Fiber& f = S.fibers[S.cur];
+  std::memcpy(f.coll_in, a, 16);
+  std::memcpy(f.coll_in + 4, b, 8);
+  std::memcpy(f.coll_acc, d, 16);
+  collective(kind ? kMmaF16 : kMmaBf16);
+  std::memcpy(d, S.fibers[S.cur].coll_acc, 16);
 }
 
 inline void cp_async_commit() {
