@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# conv dgrad / wgrad CUDA kernels (cupy@div, @fastdiv_load, @fastdiv, @best; wgrad @best): the GPU batch.
+# Run from the repo root on a CUDA machine:   OUT=/some/dir scripts/gpu/cuda_conv.sh
+# 0. every instantiation compiled (NVRTC), its registers / local memory / shared memory, and the
+#    perf cases' plans (grid, phases, splits): plans.txt;
+# 1. every cupy variant of both ops on the smoke set: smoke.json / smoke.log;
+# 2. cupy@best on the full sets, 8 shards side by side (scripts/jobs/cuda-conv-full.txt through
+#    scripts/gpu_parallel_run.sh): full/summary.txt, full/runs.tar.gz;
+# 3. bench (cold) of the perf cases: torch (cuDNN), triton, cupy@best, both ops: bench/;
+# 4. the fast-divmod A/B: cupy@div, @fastdiv_load, @fastdiv on the strided dgrad perf cases
+#    (ab/), then `harness compare` div -> fastdiv_load and div -> fastdiv: ab/compare-*.txt.
+# Everything lands in $OUT/cuda_conv.tgz (plus summary.txt, the script's own log).
+# About 7-8 minutes on an H100; every step has its own time limit.
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+: "${OUT:?set OUT to a folder for the results}"
+PY=${PY:-python3}
+W="$OUT/cuda_conv"
+mkdir -p "$W"
+exec > >(tee "$OUT/summary.txt") 2>&1
+t0=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
+
+pip install -q -e . --no-deps --no-build-isolation 2>&1 | tail -2
+stamp "== device"
+{
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,memory.total --format=csv
+  $PY -c "import sys, torch, cupy; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cupy', cupy.__version__)"
+} 2>&1 | tee "$W/env.txt"
+
+stamp "== 0. compile, registers, plans"
+timeout -s INT 120 $PY - > "$W/plans.txt" 2>&1 <<'PYEOF'
+import time
+from backends._plans import conv_cuda as plan
+from backends.cupy import _conv
+from backends.cupy.common import function, num_sms
+from cases import select
+
+print(f"SMs {num_sms()}")
+for op in _conv.SOURCES:
+    for dt in _conv.DTYPES:
+        t = time.perf_counter()
+        for expr in plan.all_exprs(op, dt):
+            fn = function(_conv.SOURCES[op], expr)
+            k = fn.kernel if hasattr(fn, "kernel") else fn
+            print(f"{expr:40s} regs {fn.num_regs:3d} local {fn.local_size_bytes:4d} B smem {fn.shared_size_bytes:5d} B")
+        print(f"   ({op} {dt} compiled in {time.perf_counter() - t:.1f} s)")
+print()
+for op in _conv.SOURCES:
+    for case in select("perf", op=op):
+        g = plan.geo3(case.params, op)
+        cl = g.channels_last
+        def strides(shape):
+            out, s = [], 1
+            for n in reversed(shape):
+                out.append(s)
+                s *= n
+            return tuple(reversed(out))
+        from oracle import conv_common as cc
+        geo = cc.geometry(case.params, op)
+        if op == "conv_backward_data":
+            la = plan.dgrad_plan(case.params, case.dtype, strides(geo.y_shape), strides(geo.w_shape),
+                                 strides(geo.x_shape), "fastdiv")
+            extra = f"phases {la.words[46]} trow {la.words[47]}"
+        else:
+            la = plan.wgrad_plan(case.params, case.dtype, strides(geo.y_shape), strides(geo.x_shape),
+                                 strides(geo.w_shape), num_sms())
+            extra = f"splits {la.words[42]} chunk {la.words[43]}"
+        print(f"{case.id:80s} {la.expr:30s} grid {la.grid} {extra}")
+PYEOF
+echo "exit $?"; grep -E "regs" "$W/plans.txt" | head -24
+
+stamp "== 1. every cupy variant on the smoke sets"
+timeout -s TERM 150 $PY -m harness run --op conv_backward_data --op conv_backward_weight --backend cupy --cases smoke \
+  --seed 2 --json "$W/smoke.json" > "$W/smoke.log" 2>&1
+echo "exit $?"; grep -E "^(FAIL|ERROR|CRASH)" -A3 "$W/smoke.log" | head -30; tail -3 "$W/smoke.log"
+
+stamp "== 2. cupy@best on the full sets (8 shards)"
+OUT="$W/full" bash scripts/gpu_parallel_run.sh scripts/jobs/cuda-conv-full.txt 150 2>&1 | tail -40
+
+stamp "== 3. bench: torch (cuDNN), triton, cupy@best on the perf cases"
+timeout -s INT 170 $PY -m harness bench --op conv_backward_data --op conv_backward_weight --backend torch \
+  --backend triton --backend cupy@best --cases perf --budget 0.25 --time-limit 140 --report "$W/bench" -q \
+  > "$W/bench.log" 2>&1
+echo "exit $?"; tail -5 "$W/bench.log"
+[ -f "$W/bench/report.md" ] && head -80 "$W/bench/report.md"
+
+stamp "== 4. fast-divmod A/B on the strided dgrad perf cases"
+timeout -s INT 20 $PY - "$W/strided.json" <<'PYEOF'
+import json, sys
+from cases import select
+cases = [{"op": c.op, "dtype": c.dtype, "params": c.params} for c in select("perf", op="conv_backward_data")
+         if max(c.params.get("stride", [1])) > 1]
+json.dump(cases, open(sys.argv[1], "w"))
+print(len(cases), "strided dgrad perf cases")
+PYEOF
+timeout -s INT 150 $PY -m harness bench --op conv_backward_data --backend cupy@div --backend cupy@fastdiv_load \
+  --backend cupy@fastdiv --cases "$W/strided.json" --budget 0.3 --interleave --time-limit 120 --report "$W/ab" -q \
+  > "$W/ab.log" 2>&1
+echo "exit $?"; tail -3 "$W/ab.log"
+timeout -s INT 30 $PY - "$W/ab" <<'PYEOF'
+import json, sys
+from pathlib import Path
+d = Path(sys.argv[1])
+doc = json.loads((d / "results.json").read_text())
+for v in ("div", "fastdiv_load", "fastdiv"):
+    one = dict(doc, rows=[dict(r, impl="cupy@mapping") for r in doc.get("rows", []) if r.get("impl") == f"cupy@{v}"])
+    (d / f"{v}.json").write_text(json.dumps(one))
+    print(v, len(one["rows"]), "rows")
+PYEOF
+for b in fastdiv_load fastdiv; do
+  timeout 30 $PY -m harness compare "$W/ab/div.json" "$W/ab/$b.json" --all --json "$W/ab/compare-$b.json" \
+    > "$W/ab/compare-$b.txt" 2>&1
+  echo "== div -> $b"; cat "$W/ab/compare-$b.txt" | head -30
+done
+
+stamp "== pack"
+tar -czf "$OUT/cuda_conv.tgz" -C "$OUT" cuda_conv
+ls -la "$OUT"
+stamp "done"
