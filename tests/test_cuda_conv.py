@@ -82,9 +82,9 @@ def _declare(expr: str) -> str:
     name, targs = expr.split("<", 1)
     t = targs.split(",")[0].rstrip(">").strip()
     acc = f"typename CvType<{t}>::Acc"
-    if name == "cv_dgrad":
+    if name in ("cv_dgrad", "cv_dgrad_vec", "cv_dgrad_dw"):
         return f"{expr}(const ConvParams, const {t}*, const {t}*, {t}*, const int*)"
-    if name == "cv_wgrad":
+    if name in ("cv_wgrad", "cv_wgrad_vec", "cv_wgrad_dw"):
         return f"{expr}(const ConvParams, const {t}*, const {t}*, {t}*, {acc}*)"
     return f"{expr}(const ConvParams, const {acc}*, {t}*)"
 
@@ -188,9 +188,9 @@ def _signature(expr: str) -> list[str]:
     name, targs = expr.split("<", 1)
     t = targs.split(",")[0].rstrip(">").strip()
     acc = "double" if t == "double" else "float"
-    if name == "cv_dgrad":
+    if name in ("cv_dgrad", "cv_dgrad_vec", "cv_dgrad_dw"):
         return ["ConvParams", f"const {t}*", f"const {t}*", f"{t}*", "const int*"]
-    if name == "cv_wgrad":
+    if name in ("cv_wgrad", "cv_wgrad_vec", "cv_wgrad_dw"):
         return ["ConvParams", f"const {t}*", f"const {t}*", f"{t}*", f"{acc}*"]
     return ["ConvParams", f"const {acc}*", f"{t}*"]
 
@@ -238,16 +238,29 @@ convhost = Backend("convhost", framework="numpy", devices=("cpu",), register=Fal
 _ENTRIES: dict = {}
 
 
-def _impl(op: str, variant: str, sms: int):
+def _impl(op: str, variant: str, sms: int, aligned: bool = False, gemm: bool = False):
+    """aligned=True plans as if every pointer were 16-byte aligned (the channels-last fast path where
+    it applies): the stand-in's cp.async copies any address, so the path's index math is checked on
+    the harness's guarded buffers too.  gemm=True: the GEMM kernels even for small channel groups
+    (plan.DIRECT_MAX 0), so the smoke set's small cases test their tiles' edges."""
     dev = HostConvDevice(sms)
     names = ("dy", "w", "dx") if op == "conv_backward_data" else ("dy", "x", "dw")
 
     def fn(inputs, outs, params):
         a, b, out = inputs[names[0]], inputs[names[1]], outs[names[2]]
-        key = (op, variant, sms, a.dtype, a.shape, a.strides, b.shape, b.strides, out.strides, _conv.params_key(params))
+        key = (op, variant, sms, aligned, gemm, a.dtype, a.shape, a.strides, b.shape, b.strides, out.strides,
+               _conv.params_key(params))
         entry = _ENTRIES.get(key)
         if entry is None:
-            entry = _ENTRIES[key] = _conv.make_entry(op, variant, a, b, out, params, dev)
+            saved = plan.DIRECT_MAX
+            plan.DIRECT_MAX = 0 if gemm else saved
+            try:
+                entry = _ENTRIES[key] = _conv.make_entry(op, variant, a, b, out, params, dev, aligned)
+            finally:
+                plan.DIRECT_MAX = saved
+            kind = entry.launch.expr.split("<")[0]
+            assert kind.endswith("_vec") == (aligned and _vec_case(op, params, a)), entry.launch.expr
+            assert kind.endswith("_dw") == (not gemm and _direct_case(op, params)), entry.launch.expr
         _conv.run(op, entry, dev, a, b, out)
     return fn
 
@@ -255,10 +268,34 @@ def _impl(op: str, variant: str, sms: int):
 for _v in DGRAD_VARIANTS:
     convhost.impl("conv_backward_data", variant=_v, dtypes=_conv.DTYPES, deterministic=True)(
         _impl("conv_backward_data", _v, 3))
+for _v in DGRAD_VARIANTS:
+    convhost.impl("conv_backward_data", variant=f"{_v}_gemm", dtypes=_conv.DTYPES, deterministic=True)(
+        _impl("conv_backward_data", _v, 3, gemm=True))
+convhost.impl("conv_backward_weight", variant="best_gemm", dtypes=_conv.DTYPES, deterministic=True)(
+    _impl("conv_backward_weight", "best", 3, gemm=True))
+for _v in DGRAD_VARIANTS:
+    convhost.impl("conv_backward_data", variant=f"{_v}_vec", dtypes=_conv.DTYPES, deterministic=True)(
+        _impl("conv_backward_data", _v, 3, aligned=True))
+convhost.impl("conv_backward_weight", variant="best_vec", dtypes=_conv.DTYPES, deterministic=True)(
+    _impl("conv_backward_weight", "best", 3, aligned=True))
 convhost.impl("conv_backward_weight", variant="best", dtypes=_conv.DTYPES, deterministic=True)(
     _impl("conv_backward_weight", "best", 3))
 convhost.impl("conv_backward_weight", variant="one_split", dtypes=_conv.DTYPES, deterministic=True)(
     _impl("conv_backward_weight", "best", 0))  # 0 SMs: one chunk, the block writes dw itself
+
+
+def _vec_case(op, params, a) -> bool:
+    """What the plan's vec_ok decides, restated: 16-bit, channels last, contiguous views, channels per
+    group multiples of 8."""
+    g = cc.geometry(params, op)
+    views = ("dy_layout", "w_layout") if op == "conv_backward_data" else ("dy_layout", "x_layout")
+    return (a.dtype.itemsize == 2 and g.channels_last and (g.cin // g.groups) * (g.cout // g.groups) >= plan.DIRECT_MAX and all(params.get(k, "contig") == "contig" for k in views)
+            and (g.cin // g.groups) % 8 == 0 and (g.cout // g.groups) % 8 == 0)
+
+
+def _direct_case(op, params) -> bool:
+    g = cc.geometry(params, op)
+    return (g.cin // g.groups) * (g.cout // g.groups) < plan.DIRECT_MAX
 
 
 def _check(op, variant, case):
@@ -282,14 +319,60 @@ WSMOKE = select("smoke", op="conv_backward_weight")
 def test_dgrad_smoke(case):
     _check("conv_backward_data", "fastdiv", case)
     g = cc.geometry(case.params, case.op)
+    if _direct_case(case.op, case.params):
+        _check("conv_backward_data", "fastdiv_gemm", case)
     if max(g.stride) > 1 and _small(case):  # the coordinate-mapping variants differ on strided cases
         for v in ("div", "fastdiv_load"):
             _check("conv_backward_data", v, case)
+            if _direct_case(case.op, case.params):
+                _check("conv_backward_data", f"{v}_gemm", case)
 
 
 @needs_host
 @pytest.mark.parametrize("case", WSMOKE, ids=[c.id for c in WSMOKE])
 def test_wgrad_smoke(case):
     _check("conv_backward_weight", "best", case)
+    if _direct_case(case.op, case.params):
+        _check("conv_backward_weight", "best_gemm", case)
     if _small(case):
         _check("conv_backward_weight", "one_split", case)
+
+
+# Channels-last cases for the 16-byte fast path (16-bit, channels per group multiples of 8): stride,
+# dilation, padding, groups, 1D / 3D, tails of the 64-wide tiles, and long reductions (wgrad splits).
+def _vcase(op, dtype, **p):
+    from cases.registry import Case
+    from harness.registry import get_op
+
+    rank = len(p["spatial"])
+    full = {"stride": [1] * rank, "padding": [0] * rank, "dilation": [1] * rank, "groups": 1,
+            "layout": "channels_last", **{k: ([v] * rank if isinstance(v, int) and k in ("stride", "padding",
+                                                                                          "dilation") else v)
+                                          for k, v in p.items()}}
+    c = Case(op, dtype, full, frozenset({"full"}), "test")
+    get_op(op).validate(c)
+    return c
+
+
+VEC_GEOS = [
+    dict(n=2, cin=16, cout=24, spatial=[7, 9], kernel=[3, 3], stride=2, padding=1),
+    dict(n=1, cin=8, cout=72, spatial=[6, 5], kernel=[3, 3], padding=2, dilation=2),
+    dict(n=2, cin=80, cout=16, spatial=[5, 6], kernel=[1, 1], stride=2),
+    dict(n=2, cin=16, cout=32, spatial=[6, 6], kernel=[3, 3], padding=1, groups=2),
+    dict(n=2, cin=8, cout=8, spatial=[21], kernel=[5], stride=3, padding=2),
+    dict(n=1, cin=8, cout=16, spatial=[4, 5, 6], kernel=[3, 1, 3], stride=[2, 1, 1], padding=[1, 0, 1]),
+    dict(n=4, cin=16, cout=8, spatial=[20, 20], kernel=[3, 3], padding=1),
+]
+VEC_CASES = [_vcase(op, dt, **geo) for geo in VEC_GEOS for op in OPS for dt in ("bf16", "f16")][:len(VEC_GEOS) * 4]
+
+
+@needs_host
+@pytest.mark.parametrize("case", VEC_CASES, ids=[c.id for c in VEC_CASES])
+def test_channels_last_fast_path(case):
+    if case.op == "conv_backward_data":
+        _check(case.op, "fastdiv_vec", case)
+        if case.dtype == "bf16" and max(case.params["stride"]) > 1:
+            for v in ("div_vec", "fastdiv_load_vec"):
+                _check(case.op, v, case)
+    else:
+        _check(case.op, "best_vec", case)

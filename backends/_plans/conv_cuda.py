@@ -29,6 +29,8 @@ DGRAD_HEAD = 14       # CVD_HEAD: ints before a phase's taps in its table row
 INDEX_LIMIT = 2 ** 31  # dividends of the fast divmod stay below this
 GRID_Y_MAX = 65535
 MODES = {"div": 0, "fastdiv_load": 1, "fastdiv": 2}
+DIRECT_MAX = 64       # Cin/g * Cout/g below this: the direct kernels (cv_*_dw), not a GEMM tile
+DIRECT_THREADS = 256
 
 
 def magic(d: int) -> tuple[int, int]:
@@ -144,8 +146,21 @@ def phases(g: Geo3):
     return out
 
 
-def dgrad_plan(params: dict, dt: str, dy_strides, w_strides, dx_strides, mode: str) -> Launch:
-    """The cv_dgrad launch for these tensors (element strides in their case layout)."""
+VEC = 8  # elements of a 16-byte copy (16-bit types)
+
+
+def vec_ok(dt: str, aligned: bool, g: Geo3, *strides) -> bool:
+    """Whether the channels-last fast path (cv_*_vec: 16-byte cp.async of 8 channels) applies: a
+    16-bit type, 16-byte aligned pointers, unit channel strides (strides[k][1]) and Cin/g, Cout/g and
+    every other stride multiples of 8, so a copy never straddles a tensor's edge."""
+    if dt not in ("f16", "bf16") or not aligned or g.cig % VEC or g.cog % VEC:
+        return False
+    return all(st[1] == 1 and all(v % VEC == 0 for i, v in enumerate(st) if i != 1) for st in strides)
+
+
+def dgrad_plan(params: dict, dt: str, dy_strides, w_strides, dx_strides, mode: str, aligned: bool = False) -> Launch:
+    """The cv_dgrad launch for these tensors (element strides in their case layout); `aligned`: every
+    pointer is 16-byte aligned."""
     g = geo3(params, "conv_backward_data")
     sa = data_strides(dy_strides, g.channels_last)
     sb = weight_strides(w_strides, g.channels_last)
@@ -178,13 +193,18 @@ def dgrad_plan(params: dict, dt: str, dy_strides, w_strides, dx_strides, mode: s
                    cfast=int(sa[1] == 1))
     # The table as int32 words (the magic multipliers as their unsigned 32-bit patterns).
     table32 = (table & 0xFFFFFFFF).astype(np.uint32).view(np.int32).reshape(-1).copy()
-    return Launch(f"cv_dgrad<{CUDA_TYPE[dt]}, {MODES[mode]}>", (mblocks, gy), THREADS, words, table32)
+    expr = f"<{CUDA_TYPE[dt]}, {MODES[mode]}>"
+    if g.cig * g.cog < DIRECT_MAX:
+        elems = max(g.n * prod(T) for T, _, _ in ph) * g.cin
+        return Launch("cv_dgrad_dw" + expr, (_cdiv(elems, DIRECT_THREADS), len(ph)), DIRECT_THREADS, words, table32)
+    name = "cv_dgrad_vec" if vec_ok(dt, aligned, g, sa, sb) else "cv_dgrad"
+    return Launch(name + expr, (mblocks, gy), THREADS, words, table32)
 
 
 CUDA_TYPE = {"f32": "float", "f64": "double", "f16": "__half", "bf16": "__nv_bfloat16"}
 
 
-def wgrad_plan(params: dict, dt: str, dy_strides, x_strides, dw_strides, num_sms: int) -> Launch:
+def wgrad_plan(params: dict, dt: str, dy_strides, x_strides, dw_strides, num_sms: int, aligned: bool = False) -> Launch:
     """The cv_wgrad launch (and its finish) for these tensors on a GPU of num_sms SMs."""
     g = geo3(params, "conv_backward_weight")
     sa = data_strides(dy_strides, g.channels_last)
@@ -194,12 +214,15 @@ def wgrad_plan(params: dict, dt: str, dy_strides, x_strides, dw_strides, num_sms
     if rows >= INDEX_LIMIT:
         raise ValueError(f"cupy conv_backward_weight: N * prod(O) = {rows} pairs, the kernel's limit is 2**31 - 1")
     mblocks, cblocks, taps = _cdiv(g.cog, BM), _cdiv(g.cig, BN), prod(g.k)
-    tiles = mblocks * cblocks * taps * g.groups
-    # Split the reduction until about 4 blocks per SM are busy, each chunk at least 8 K-steps long.
-    splits = max(1, min(_cdiv(4 * num_sms, tiles), _cdiv(rows, 8 * BK), GRID_Y_MAX // (taps * g.groups)))
+    direct = g.cig * g.cog < DIRECT_MAX
+    tiles = _cdiv(g.cout * g.cig, 32) * taps if direct else mblocks * cblocks * taps * g.groups
+    ylanes = taps if direct else taps * g.groups
+    # Split the reduction until about 4 blocks per SM are busy, each chunk at least 8 K-steps long
+    # (direct: 8 steps of its 8 reduction lanes).
+    splits = max(1, min(_cdiv(4 * num_sms, tiles), _cdiv(rows, 8 * (64 if direct else BK)), GRID_Y_MAX // ylanes))
     chunk = _cdiv(_cdiv(rows, splits), BK) * BK
     splits = _cdiv(rows, chunk)
-    if taps * g.groups * splits > GRID_Y_MAX:
+    if ylanes * splits > GRID_Y_MAX:
         raise ValueError(f"cupy conv_backward_weight: {taps} taps x {g.groups} groups exceeds the grid's y limit "
                          f"{GRID_Y_MAX}")
     magics = [*magic(g.out[2]), *magic(g.out[1]), *magic(g.out[0])]
@@ -209,13 +232,20 @@ def wgrad_plan(params: dict, dt: str, dy_strides, x_strides, dw_strides, num_sms
     total = g.cout * taps * g.cig
     finish = (f"cv_wgrad_finish<{t}>", (max(1, min(_cdiv(total, FINISH_THREADS), 8 * num_sms)), 1)) \
         if splits > 1 else None
-    return Launch(f"cv_wgrad<{t}>", (mblocks * cblocks, taps * g.groups * splits), THREADS, words,
+    ws_elems = splits * total if splits > 1 else 0
+    if direct:
+        return Launch(f"cv_wgrad_dw<{t}>", (_cdiv(g.cout * g.cig, 32), taps * splits), DIRECT_THREADS, words,
+                      finish=finish, ws_elems=ws_elems)
+    name = "cv_wgrad_vec" if vec_ok(dt, aligned, g, sa, sb) else "cv_wgrad"
+    return Launch(f"{name}<{t}>", (mblocks * cblocks, taps * g.groups * splits), THREADS, words,
                   finish=finish, ws_elems=splits * total if splits > 1 else 0)
 
 
 def all_exprs(op: str, dt: str) -> list[str]:
     """Every kernel instantiation the plans launch for op and dtype."""
     t = CUDA_TYPE[dt]
+    vec = dt in ("f16", "bf16")
     if op == "conv_backward_data":
-        return [f"cv_dgrad<{t}, {m}>" for m in MODES.values()]
-    return [f"cv_wgrad<{t}>", f"cv_wgrad_finish<{t}>"]
+        kinds = ("cv_dgrad", "cv_dgrad_dw", "cv_dgrad_vec")[:2 + vec]
+        return [f"{k}<{t}, {m}>" for k in kinds for m in MODES.values()]
+    return [f"cv_wgrad<{t}>", f"cv_wgrad_dw<{t}>", f"cv_wgrad_finish<{t}>"] + [f"cv_wgrad_vec<{t}>"] * vec

@@ -123,3 +123,158 @@ __global__ void __launch_bounds__(CV_THREADS)
     }
   });
 }
+
+// The channels-last fast path (16-bit types; the plan checks: dy's and w's channel stride 1, Cout/g and
+// Cin/g multiples of 8, every other stride a multiple of 8 and the pointers 16-byte aligned, so a
+// 16-byte run of 8 channels is wholly inside or wholly outside the tensor): both tiles arrive by
+// cp.async, two stages deep, zero-filled where a row falls outside dy or past the channels.
+//   A  As[m][k]  (K-major): 8 output channels of a row's shifted dy position per copy;
+//   B  Bs[k][n]  (MN-major): 8 input channels of a (co, tap) weight row per copy, read by ldmatrix.trans.
+// Same rows, phases, table and store path as cv_dgrad.
+template <typename T, int MODE>
+__global__ void __launch_bounds__(CV_THREADS)
+    cv_dgrad_vec(const ConvParams p, const T* __restrict__ dy, const T* __restrict__ w, T* __restrict__ dx,
+                 const int* __restrict__ table) {
+  typedef typename CvType<T>::Acc Acc;
+  constexpr int LDS = CV_LDS(T);
+  const int tid = threadIdx.x;
+  const int per_phase = (int)(p.groups * p.cblocks);
+  const int phase = blockIdx.y / per_phase, rest = blockIdx.y % per_phase;
+  const int g = rest / (int)p.cblocks, cb = rest % (int)p.cblocks;
+  const int* row = table + phase * p.trow;
+  const int mp = row[12];
+  const int m0 = blockIdx.x * CV_BM;
+  if (m0 >= mp) return;
+
+  CV_SHARED16 T As[2][CV_BM * LDS];
+  CV_SHARED16 T Bs[2][CV_BK * CV_LDT];
+  __shared__ long long rbase[CV_BM];
+  __shared__ int rt[3][CV_BM];
+  if (tid < CV_BM) {
+    const int m = m0 + tid;
+    if (m < mp) {
+      int n, td, th, tw;
+      cvd_coords<(MODE >= 1)>(m, row, n, td, th, tw);
+      rbase[tid] = n * p.sa[0];
+      rt[0][tid] = td;
+      rt[1][tid] = th;
+      rt[2][tid] = tw;
+    } else {
+      rbase[tid] = -1;
+    }
+  }
+  __syncthreads();
+
+  const int cog = (int)p.cog, cig = (int)p.cig;
+  const long long co_first = (long long)g * cog;
+  const int ci0 = cb * CV_BN;
+  const int od_n = (int)p.out[0], oh_n = (int)p.out[1], ow_n = (int)p.out[2];
+  const int nco = (cog + CV_BK - 1) / CV_BK;
+  const int nsteps = row[13] * nco;
+  auto load = [&](int s, int stage) {
+    const int tap = s / nco, co0 = (s - tap * nco) * CV_BK;
+    const int* tp = row + CVD_HEAD + 4 * tap;
+    const int cd = tp[0], ch = tp[1], cw = tp[2];
+    const long long woff = tp[3];
+#pragma unroll
+    for (int c = tid; c < CV_BM * (CV_BK / 8); c += CV_THREADS) {
+      const int m = c >> 2, kc = c & 3, co = co0 + kc * 8;
+      const T* src = dy;
+      int bytes = 0;
+      const long long base = rbase[m];
+      if (base >= 0 && co < cog) {
+        const int od = rt[0][m] + cd, oh = rt[1][m] + ch, ow = rt[2][m] + cw;
+        if (od >= 0 && od < od_n && oh >= 0 && oh < oh_n && ow >= 0 && ow < ow_n) {
+          src = dy + base + (co_first + co) + od * p.sa[2] + oh * p.sa[3] + ow * p.sa[4];
+          bytes = 16;
+        }
+      }
+      tc_cp_async16(&As[stage][m * LDS + kc * 8], src, bytes);
+    }
+#pragma unroll
+    for (int c = tid; c < CV_BK * (CV_BN / 8); c += CV_THREADS) {
+      const int kk = c >> 3, nc = c & 7, co = co0 + kk, ci = ci0 + nc * 8;
+      const T* src = w;
+      int bytes = 0;
+      if (co < cog && ci < cig) {
+        src = w + (co_first + co) * p.sb[0] + ci + woff;
+        bytes = 16;
+      }
+      tc_cp_async16(&Bs[stage][kk * CV_LDT + nc * 8], src, bytes);
+    }
+    tc_cp_commit();
+  };
+
+  CvTile<T> tile;
+  tile.clear();
+  if (nsteps > 0) load(0, 0);
+  for (int s = 0; s < nsteps; ++s) {
+    if (s + 1 < nsteps) {
+      load(s + 1, (s + 1) & 1);  // the stage the previous step read: free after its trailing barrier
+      tc_cp_wait<1>();
+    } else {
+      tc_cp_wait<0>();
+    }
+    __syncthreads();
+    tile.template step2<false, true>(As[s & 1], Bs[s & 1]);
+    __syncthreads();
+  }
+
+  const int* i0 = row + 3;
+  const long long c_first = (long long)g * cig;
+  tile.for_each([&](int r, int c, Acc v) {
+    const int m = m0 + r, ci = ci0 + c;
+    if (m < mp && ci < cig) {
+      int n, td, th, tw;
+      cvd_coords<(MODE == 2)>(m, row, n, td, th, tw);
+      const long long id = i0[0] + p.s[0] * td, ih = i0[1] + p.s[1] * th, iw = i0[2] + p.s[2] * tw;
+      dx[n * p.sc[0] + (c_first + ci) * p.sc[1] + id * p.sc[2] + ih * p.sc[3] + iw * p.sc[4]] = CvType<T>::from(v);
+    }
+  });
+}
+
+// Small channel groups (Cin/g * Cout/g below the plan's DIRECT_MAX; depthwise included): a GEMM tile
+// would be mostly padding, so each thread computes one dx element of a phase directly: the sum over
+// the phase's taps and the group's Cout/g channels, in the accumulator type.
+//   cv_dgrad_dw<T, MODE>  grid (max over phases of ceil(M_phase * Cin / 256), phases), 256 threads.
+// Elements are numbered channel-fastest when dy's channel stride is 1 (coalesced in channels-last),
+// else row-fastest.  MODE as for cv_dgrad (a row's coordinates: load path = the dy reads, store
+// path = the dx write; here both use the same coordinates, so MODE >= 1 takes the fast divmod and
+// MODE 1 recomputes them with / and % for the store, as the GEMM's store path does).
+template <typename T, int MODE>
+__global__ void __launch_bounds__(256)
+    cv_dgrad_dw(const ConvParams p, const T* __restrict__ dy, const T* __restrict__ w, T* __restrict__ dx,
+                const int* __restrict__ table) {
+  typedef typename CvType<T>::Acc Acc;
+  const int* row = table + blockIdx.y * p.trow;
+  const int mp = row[12];
+  const int cin = (int)p.cin, cig = (int)p.cig, cog = (int)p.cog;
+  const long long e = (long long)blockIdx.x * 256 + threadIdx.x;
+  if (e >= (long long)mp * cin) return;
+  int m, c;
+  if (p.cfast) {
+    m = (int)(e / cin);
+    c = (int)(e - (long long)m * cin);
+  } else {
+    c = (int)(e / mp);
+    m = (int)(e - (long long)c * mp);
+  }
+  int n, td, th, tw;
+  cvd_coords<(MODE >= 1)>(m, row, n, td, th, tw);
+  const int g = c / cig, cl = c - g * cig;
+  const long long co_first = (long long)g * cog;
+  Acc acc = Acc(0);
+  const int ntaps = row[13];
+  for (int tap = 0; tap < ntaps; ++tap) {
+    const int* tp = row + CVD_HEAD + 4 * tap;
+    const int od = td + tp[0], oh = th + tp[1], ow = tw + tp[2];
+    if (od < 0 || od >= p.out[0] || oh < 0 || oh >= p.out[1] || ow < 0 || ow >= p.out[2]) continue;
+    const T* yp = dy + n * p.sa[0] + od * p.sa[2] + oh * p.sa[3] + ow * p.sa[4] + co_first * p.sa[1];
+    const T* wp = w + co_first * p.sb[0] + cl * p.sb[1] + tp[3];
+    for (int j = 0; j < cog; ++j) acc += (Acc)cv_f(yp[j * p.sa[1]]) * (Acc)cv_f(wp[j * p.sb[0]]);
+  }
+  if (MODE == 1) cvd_coords<false>(m, row, n, td, th, tw);  // the store path's own / and %
+  const int* i0 = row + 3;
+  const long long id = i0[0] + p.s[0] * td, ih = i0[1] + p.s[1] * th, iw = i0[2] + p.s[2] * tw;
+  dx[n * p.sc[0] + c * p.sc[1] + id * p.sc[2] + ih * p.sc[3] + iw * p.sc[4]] = CvType<T>::from(acc);
+}

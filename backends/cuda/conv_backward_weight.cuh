@@ -94,6 +94,144 @@ __global__ void __launch_bounds__(CV_THREADS)
   });
 }
 
+// The channels-last fast path (16-bit types; the plan checks: dy's and x's channel stride 1, Cout/g
+// and Cin/g multiples of 8, every other stride a multiple of 8 and the pointers 16-byte aligned):
+// both tiles MN-major (row = a (n, o) pair, 8 channels per 16-byte cp.async), two stages deep,
+// zero-filled past the pairs, the channels and where the tap reads the padding; fragments by
+// ldmatrix.trans.  Each thread decomposes the pairs of its own copies (fast divmod).
+template <typename T>
+__global__ void __launch_bounds__(CV_THREADS)
+    cv_wgrad_vec(const ConvParams p, const T* __restrict__ dy, const T* __restrict__ x, T* __restrict__ dw,
+                 typename CvType<T>::Acc* __restrict__ ws) {
+  typedef typename CvType<T>::Acc Acc;
+  const int tid = threadIdx.x;
+  const int splits = (int)p.splits, groups = (int)p.groups;
+  const int split = blockIdx.y % splits, rest = blockIdx.y / splits;
+  const int g = rest % groups, tap = rest / groups;
+  const int mb = blockIdx.x / (int)p.cblocks, cb = blockIdx.x % (int)p.cblocks;
+  const int kw = tap % (int)p.k[2], kh = (tap / (int)p.k[2]) % (int)p.k[1], kd = tap / (int)(p.k[2] * p.k[1]);
+  const long long r_begin = split * p.chunk;
+  const long long r_end = r_begin + p.chunk < p.rows ? r_begin + p.chunk : p.rows;
+  const int cog = (int)p.cog, cig = (int)p.cig;
+  const int co0 = mb * CV_BM, ci0 = cb * CV_BN;
+  const long long co_first = (long long)g * cog + co0, ci_first = (long long)g * cig + ci0;
+
+  CV_SHARED16 T As[2][CV_BK * CV_LDT];
+  CV_SHARED16 T Bs[2][CV_BK * CV_LDT];
+  const int nsteps = (int)((r_end - r_begin + CV_BK - 1) / CV_BK);
+  auto load = [&](int s, int stage) {
+    const long long r0 = r_begin + (long long)s * CV_BK;
+#pragma unroll
+    for (int c = tid; c < CV_BK * (CV_BM / 8); c += CV_THREADS) {
+      const int kk = c >> 3, mc = c & 7;
+      const long long r = r0 + kk;
+      const T* sa = dy;
+      const T* sb = x;
+      int ba = 0, bb = 0;
+      if (r < r_end) {
+        int q, ow, oh, od, n;
+        cv_divmod<true>((int)r, (int)p.out[2], (unsigned)p.magic[0], (unsigned)p.magic[1], q, ow);
+        cv_divmod<true>(q, (int)p.out[1], (unsigned)p.magic[2], (unsigned)p.magic[3], q, oh);
+        cv_divmod<true>(q, (int)p.out[0], (unsigned)p.magic[4], (unsigned)p.magic[5], n, od);
+        if (co0 + mc * 8 < cog) {
+          sa = dy + n * p.sa[0] + od * p.sa[2] + oh * p.sa[3] + ow * p.sa[4] + co_first + mc * 8;
+          ba = 16;
+        }
+        const long long id = od * p.s[0] + kd * p.d[0] - p.p[0];
+        const long long ih = oh * p.s[1] + kh * p.d[1] - p.p[1];
+        const long long iw = ow * p.s[2] + kw * p.d[2] - p.p[2];
+        if (ci0 + mc * 8 < cig && id >= 0 && id < p.in[0] && ih >= 0 && ih < p.in[1] && iw >= 0 && iw < p.in[2]) {
+          sb = x + n * p.sb[0] + id * p.sb[2] + ih * p.sb[3] + iw * p.sb[4] + ci_first + mc * 8;
+          bb = 16;
+        }
+      }
+      tc_cp_async16(&As[stage][kk * CV_LDT + mc * 8], sa, ba);
+      tc_cp_async16(&Bs[stage][kk * CV_LDT + mc * 8], sb, bb);
+    }
+    tc_cp_commit();
+  };
+
+  CvTile<T> tile;
+  tile.clear();
+  if (nsteps > 0) load(0, 0);
+  for (int s = 0; s < nsteps; ++s) {
+    if (s + 1 < nsteps) {
+      load(s + 1, (s + 1) & 1);
+      tc_cp_wait<1>();
+    } else {
+      tc_cp_wait<0>();
+    }
+    __syncthreads();
+    tile.template step2<true, true>(As[s & 1], Bs[s & 1]);
+    __syncthreads();
+  }
+
+  const long long taps = p.taps, total = p.cout * taps * p.cig;
+  tile.for_each([&](int r, int c, Acc v) {
+    if (co0 + r < cog && ci0 + c < cig) {
+      if (ws != nullptr) {
+        ws[split * total + ((co_first + r) * taps + tap) * p.cig + ci0 + c] = v;
+      } else {
+        dw[(co_first + r) * p.sc[0] + (ci0 + c) * p.sc[1] + kd * p.sc[2] + kh * p.sc[3] + kw * p.sc[4]] =
+            CvType<T>::from(v);
+      }
+    }
+  });
+}
+
+// Small channel groups (Cin/g * Cout/g below the plan's DIRECT_MAX; depthwise included): no GEMM
+// tile.  A block of 256 threads = 32 output lanes (consecutive (co, ci) pairs j = co * Cin/g + ci,
+// so consecutive output channels: coalesced dy reads in channels-last) x 8 reduction lanes; each
+// thread sums its lane's pairs of the block's chunk, then the 8 lanes are added in a fixed order
+// through shared memory.  Partials and finish as cv_wgrad.
+//   cv_wgrad_dw<T>  grid (ceil(Cout * Cin/g / 32), taps * splits), 256 threads.
+template <typename T>
+__global__ void __launch_bounds__(256)
+    cv_wgrad_dw(const ConvParams p, const T* __restrict__ dy, const T* __restrict__ x, T* __restrict__ dw,
+                typename CvType<T>::Acc* __restrict__ ws) {
+  typedef typename CvType<T>::Acc Acc;
+  const int lane = threadIdx.x & 31, rl = threadIdx.x >> 5;
+  const int splits = (int)p.splits;
+  const int split = blockIdx.y % splits, tap = blockIdx.y / splits;
+  const int kw = tap % (int)p.k[2], kh = (tap / (int)p.k[2]) % (int)p.k[1], kd = tap / (int)(p.k[2] * p.k[1]);
+  const int cig = (int)p.cig, cog = (int)p.cog;
+  const long long j = (long long)blockIdx.x * 32 + lane;
+  const bool live = j < p.cout * cig;
+  const int co = live ? (int)(j / cig) : 0, ci = live ? (int)(j - (long long)co * cig) : 0;
+  const long long cx = (long long)(co / cog) * cig + ci;  // x's channel
+  const long long r_begin = split * p.chunk;
+  const long long r_end = r_begin + p.chunk < p.rows ? r_begin + p.chunk : p.rows;
+  Acc acc = Acc(0);
+  if (live) {
+    for (long long r = r_begin + rl; r < r_end; r += 8) {
+      int q, ow, oh, od, n;
+      cv_divmod<true>((int)r, (int)p.out[2], (unsigned)p.magic[0], (unsigned)p.magic[1], q, ow);
+      cv_divmod<true>(q, (int)p.out[1], (unsigned)p.magic[2], (unsigned)p.magic[3], q, oh);
+      cv_divmod<true>(q, (int)p.out[0], (unsigned)p.magic[4], (unsigned)p.magic[5], n, od);
+      const long long id = od * p.s[0] + kd * p.d[0] - p.p[0];
+      const long long ih = oh * p.s[1] + kh * p.d[1] - p.p[1];
+      const long long iw = ow * p.s[2] + kw * p.d[2] - p.p[2];
+      if (id < 0 || id >= p.in[0] || ih < 0 || ih >= p.in[1] || iw < 0 || iw >= p.in[2]) continue;
+      acc += (Acc)cv_f(dy[n * p.sa[0] + od * p.sa[2] + oh * p.sa[3] + ow * p.sa[4] + co * p.sa[1]]) *
+             (Acc)cv_f(x[n * p.sb[0] + id * p.sb[2] + ih * p.sb[3] + iw * p.sb[4] + cx * p.sb[1]]);
+    }
+  }
+  __shared__ Acc part[8][32];
+  part[rl][lane] = acc;
+  __syncthreads();
+  if (rl == 0 && live) {
+    Acc s = part[0][lane];
+#pragma unroll
+    for (int k = 1; k < 8; ++k) s += part[k][lane];  // fixed order: deterministic
+    const long long taps = p.taps, total = p.cout * taps * p.cig;
+    if (ws != nullptr) {
+      ws[split * total + ((long long)co * taps + tap) * cig + ci] = s;
+    } else {
+      dw[co * p.sc[0] + ci * p.sc[1] + kd * p.sc[2] + kh * p.sc[3] + kw * p.sc[4]] = CvType<T>::from(s);
+    }
+  }
+}
+
 template <typename T>
 __global__ void __launch_bounds__(256)
     cv_wgrad_finish(const ConvParams p, const typename CvType<T>::Acc* __restrict__ ws, T* __restrict__ dw) {

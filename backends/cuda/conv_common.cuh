@@ -114,6 +114,7 @@ __device__ __forceinline__ void cv_divmod(int n, int d, unsigned mul, unsigned s
 
 #define CV_PAD(T) (CvType<T>::kTC ? 8 : (sizeof(T) == 8 ? 1 : 1))
 #define CV_LDS(T) (CV_BK + CV_PAD(T))
+#define CV_LDT (CV_BM + 8)  // MN-major tiles (16-bit types): row k of BM (or BN) elements, padded
 
 template <typename T>
 struct CvTile {
@@ -169,6 +170,58 @@ struct CvTile {
 #pragma unroll
           for (int j = 0; j < 4; ++j) acc[i * 4 + j] = fma(a[i], b[j], acc[i * 4 + j]);
       }
+    }
+  }
+
+  // Tensor cores only: acc += A * B^T from tiles in either layout.  K-major (AMN / BMN false): the
+  // step() layout above.  MN-major (true): At[BK][LDT] (row k, col m), LDT = BM + 8, the layout a
+  // 16-byte copy of a channels-last row gives; its fragments come by ldmatrix.trans (rows of 144
+  // bytes: the 8 rows of one 8x8 matrix fall on distinct 16-byte bank groups).
+  template <bool AMN, bool BMN>
+  __device__ void step2(const T* As, const T* Bs) {
+    static_assert(CvType<T>::kTC, "step2 is the tensor-core step");
+    constexpr int LDT = CV_BM + 8;
+    const int tid = threadIdx.x;
+    const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int mat = lane >> 3, mr = lane & 7;
+    const int r0 = (warp >> 1) * 32, c0 = (warp & 1) * 32;
+#pragma unroll
+    for (int ks = 0; ks < CV_BK; ks += 16) {
+      unsigned a[2][4], b[4][2];
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi) {
+        if constexpr (AMN) {  // matrices (k 0-7, m 0-7), (k 0-7, m 8-15), (k 8-15, m 0-7), (k 8-15, m 8-15)
+          tc_ldmatrix_x4_trans(a[mi], As + (ks + mr + (mat >> 1) * 8) * LDT + r0 + mi * 16 + (mat & 1) * 8);
+        } else {
+          const T* q = As + (r0 + mi * 16 + g) * LDS + ks + 2 * t;
+          a[mi][0] = *reinterpret_cast<const unsigned*>(q);
+          a[mi][1] = *reinterpret_cast<const unsigned*>(q + 8 * LDS);
+          a[mi][2] = *reinterpret_cast<const unsigned*>(q + 8);
+          a[mi][3] = *reinterpret_cast<const unsigned*>(q + 8 * LDS + 8);
+        }
+      }
+#pragma unroll
+      for (int ni = 0; ni < 4; ni += 2) {
+        if constexpr (BMN) {  // matrices (k 0-7, n 0-7), (k 8-15, n 0-7), (k 0-7, n 8-15), (k 8-15, n 8-15)
+          unsigned q[4];
+          tc_ldmatrix_x4_trans(q, Bs + (ks + mr + (mat & 1) * 8) * LDT + c0 + ni * 8 + (mat >> 1) * 8);
+          b[ni][0] = q[0];
+          b[ni][1] = q[1];
+          b[ni + 1][0] = q[2];
+          b[ni + 1][1] = q[3];
+        } else {
+#pragma unroll
+          for (int nj = ni; nj < ni + 2; ++nj) {
+            const T* q = Bs + (c0 + nj * 8 + g) * LDS + ks + 2 * t;
+            b[nj][0] = *reinterpret_cast<const unsigned*>(q);
+            b[nj][1] = *reinterpret_cast<const unsigned*>(q + 8);
+          }
+        }
+      }
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < 4; ++ni) tc_mma16816<T>(acc + (mi * 4 + ni) * 4, a[mi], b[ni]);
     }
   }
 

@@ -91,14 +91,14 @@ def check_buffers(op: str, named: dict, out: str) -> None:
                              f"are read), got memory shared with {name}")
 
 
-def make_entry(op: str, variant: str, a, b, out, params: dict, dev) -> Entry:
+def make_entry(op: str, variant: str, a, b, out, params: dict, dev, aligned: bool = False) -> Entry:
     dt = dtype_name(a)
     sa, sb, sc = (element_strides(t, name, f"cupy {op}") for t, name in ((a, "dy"), (b, "w" if op == OP_D else "x"),
                                                                         (out, "dx" if op == OP_D else "dw")))
     if op == OP_D:
-        launch = plan.dgrad_plan(params, dt, sa, sb, sc, "fastdiv" if variant == "best" else variant)
+        launch = plan.dgrad_plan(params, dt, sa, sb, sc, "fastdiv" if variant == "best" else variant, aligned)
     else:
-        launch = plan.wgrad_plan(params, dt, sa, sb, sc, dev.num_sms())
+        launch = plan.wgrad_plan(params, dt, sa, sb, sc, dev.num_sms(), aligned)
     return Entry(launch, dev)
 
 
@@ -128,15 +128,16 @@ _MAX_ENTRIES = 1024
 
 def call(op: str, variant: str, a, b, out, params: dict) -> None:
     """One call on cupy arrays: the plan once per (variant, shapes, strides, dtype, geometry, device)."""
+    ptrs = (a.data.ptr, b.data.ptr, out.data.ptr)
+    aligned = not (ptrs[0] | ptrs[1] | ptrs[2]) & 15
     key = (op, variant, a.dtype, a.shape, a.strides, b.shape, b.strides, out.shape, out.strides, a.device.id,
-           params_key(params))
+           aligned, params_key(params))
     entry = _ENTRIES.get(key)
     dev = device()
     if entry is None:
         if len(_ENTRIES) >= _MAX_ENTRIES:
             _ENTRIES.clear()
-        entry = _ENTRIES[key] = make_entry(op, variant, a, b, out, params, dev)
-    ptrs = (a.data.ptr, b.data.ptr, out.data.ptr)
+        entry = _ENTRIES[key] = make_entry(op, variant, a, b, out, params, dev, aligned)
     if ptrs not in entry.checked:
         names = ("dy", "w", "dx") if op == OP_D else ("dy", "x", "dw")
         check_buffers(op, dict(zip(names, (a, b, out))), names[2])
