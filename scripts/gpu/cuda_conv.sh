@@ -4,9 +4,10 @@
 # 0. every instantiation compiled (NVRTC), its registers / local memory / shared memory, and the
 #    perf cases' plans (grid, phases, splits): plans.txt;
 # 1. every cupy variant of both ops on the smoke set: smoke.json / smoke.log;
-# 2. cupy@best on the full sets, 8 shards side by side (scripts/jobs/cuda-conv-full.txt through
+# (the torch_ext build runs in the background meanwhile: torch_ext_build.log)
+# 2. cupy@best and torch_ext on the full sets, 8 shards side by side (scripts/jobs/cuda-conv-full.txt through
 #    scripts/gpu_parallel_run.sh): full/summary.txt, full/runs.tar.gz;
-# 3. bench (cold) of the perf cases: torch (cuDNN), triton, cupy@best, both ops: bench/;
+# 3. bench (cold) of the perf cases: torch (cuDNN), triton, cupy@best, torch_ext, both ops: bench/;
 # 4. the fast-divmod A/B: cupy@div, @fastdiv_load, @fastdiv on the strided dgrad perf cases
 #    (ab/), then `harness compare` div -> fastdiv_load and div -> fastdiv: ab/compare-*.txt.
 # Everything lands in $OUT/cuda_conv.tgz (plus summary.txt, the script's own log).
@@ -28,46 +29,64 @@ stamp "== device"
   $PY -c "import sys, torch, cupy; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cupy', cupy.__version__)"
 } 2>&1 | tee "$W/env.txt"
 
+stamp "== torch_ext build (background; about 2.5 min)"
+( export MAX_JOBS=16 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} TORCH_CUDA_ARCH_LIST=9.0
+  timeout 400 $PY -c "from backends import torch_ext; print('torch_ext cuda check:', torch_ext._check('cuda'))" \
+    > "$W/torch_ext_build.log" 2>&1 ) &
+BUILD_PID=$!
+
 stamp "== 0. compile, registers, plans"
-timeout -s INT 120 $PY - > "$W/plans.txt" 2>&1 <<'PYEOF'
+cat > "$W/compile_report.py" <<'PYEOF'
+# Every instantiation compiled once, 8 processes side by side (cupy's disk cache then serves the
+# later steps' processes), with its registers, local memory and static shared memory.
 import time
+from concurrent.futures import ProcessPoolExecutor
+
 from backends._plans import conv_cuda as plan
 from backends.cupy import _conv
 from backends.cupy.common import function, num_sms
 from cases import select
 
-print(f"SMs {num_sms()}")
-for op in _conv.SOURCES:
-    for dt in _conv.DTYPES:
-        t = time.perf_counter()
-        for expr in plan.all_exprs(op, dt):
-            fn = function(_conv.SOURCES[op], expr)
-            k = fn.kernel if hasattr(fn, "kernel") else fn
-            print(f"{expr:40s} regs {fn.num_regs:3d} local {fn.local_size_bytes:4d} B smem {fn.shared_size_bytes:5d} B")
-        print(f"   ({op} {dt} compiled in {time.perf_counter() - t:.1f} s)")
-print()
-for op in _conv.SOURCES:
-    for case in select("perf", op=op):
-        g = plan.geo3(case.params, op)
-        cl = g.channels_last
-        def strides(shape):
-            out, s = [], 1
-            for n in reversed(shape):
-                out.append(s)
-                s *= n
-            return tuple(reversed(out))
-        from oracle import conv_common as cc
-        geo = cc.geometry(case.params, op)
-        if op == "conv_backward_data":
-            la = plan.dgrad_plan(case.params, case.dtype, strides(geo.y_shape), strides(geo.w_shape),
-                                 strides(geo.x_shape), "fastdiv")
-            extra = f"phases {la.words[46]} trow {la.words[47]}"
-        else:
-            la = plan.wgrad_plan(case.params, case.dtype, strides(geo.y_shape), strides(geo.x_shape),
-                                 strides(geo.w_shape), num_sms())
-            extra = f"splits {la.words[42]} chunk {la.words[43]}"
-        print(f"{case.id:80s} {la.expr:30s} grid {la.grid} {extra}")
+
+def compile_one(job):
+    op, expr = job
+    t = time.perf_counter()
+    fn = function(_conv.SOURCES[op], expr)
+    return (f"{expr:36s} regs {fn.num_regs:3d} local {fn.local_size_bytes:4d} B smem {fn.shared_size_bytes:5d} B "
+            f"({time.perf_counter() - t:.1f} s)")
+
+
+if __name__ == "__main__":
+    jobs = [(op, e) for op in _conv.SOURCES for dt in _conv.DTYPES for e in plan.all_exprs(op, dt)]
+    t = time.perf_counter()
+    with ProcessPoolExecutor(8) as pool:
+        for line in pool.map(compile_one, jobs):
+            print(line, flush=True)
+    print(f"{len(jobs)} instantiations in {time.perf_counter() - t:.1f} s; SMs {num_sms()}")
+    print()
+    for op in _conv.SOURCES:
+        for case in select("perf", op=op):
+            g = plan.geo3(case.params, op)
+            cl = g.channels_last
+            def strides(shape):
+                out, s = [], 1
+                for n in reversed(shape):
+                    out.append(s)
+                    s *= n
+                return tuple(reversed(out))
+            from oracle import conv_common as cc
+            geo = cc.geometry(case.params, op)
+            if op == "conv_backward_data":
+                la = plan.dgrad_plan(case.params, case.dtype, strides(geo.y_shape), strides(geo.w_shape),
+                                     strides(geo.x_shape), "fastdiv", True)
+                extra = f"phases {la.words[45]} trow {la.words[46]}"
+            else:
+                la = plan.wgrad_plan(case.params, case.dtype, strides(geo.y_shape), strides(geo.x_shape),
+                                     strides(geo.w_shape), num_sms(), True)
+                extra = f"splits {la.words[42]} chunk {la.words[43]}"
+            print(f"{case.id:80s} {la.expr:30s} grid {la.grid} {extra}")
 PYEOF
+PYTHONPATH=$PWD timeout -s INT 150 $PY "$W/compile_report.py" > "$W/plans.txt" 2>&1
 echo "exit $?"; grep -E "regs" "$W/plans.txt" | head -24
 
 stamp "== 1. every cupy variant on the smoke sets"
@@ -75,12 +94,15 @@ timeout -s TERM 150 $PY -m harness run --op conv_backward_data --op conv_backwar
   --seed 2 --json "$W/smoke.json" > "$W/smoke.log" 2>&1
 echo "exit $?"; grep -E "^(FAIL|ERROR|CRASH)" -A3 "$W/smoke.log" | head -30; tail -3 "$W/smoke.log"
 
-stamp "== 2. cupy@best on the full sets (8 shards)"
+stamp "== waiting for the torch_ext build"
+wait $BUILD_PID; cat "$W/torch_ext_build.log" | tail -3
+
+stamp "== 2. cupy@best and torch_ext on the full sets (8 shards)"
 OUT="$W/full" bash scripts/gpu_parallel_run.sh scripts/jobs/cuda-conv-full.txt 150 2>&1 | tail -40
 
-stamp "== 3. bench: torch (cuDNN), triton, cupy@best on the perf cases"
+stamp "== 3. bench: torch (cuDNN), triton, cupy@best, torch_ext on the perf cases"
 timeout -s INT 170 $PY -m harness bench --op conv_backward_data --op conv_backward_weight --backend torch \
-  --backend triton --backend cupy@best --cases perf --budget 0.25 --time-limit 140 --report "$W/bench" -q \
+  --backend triton --backend cupy@best --backend torch_ext --cases perf --budget 0.25 --time-limit 140 --report "$W/bench" -q \
   > "$W/bench.log" 2>&1
 echo "exit $?"; tail -5 "$W/bench.log"
 [ -f "$W/bench/report.md" ] && head -80 "$W/bench/report.md"
