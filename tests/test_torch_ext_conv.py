@@ -134,3 +134,48 @@ def test_cuda_source_compiles(tmp_path):
                            f"-I{tmp_path / 'stub'}", "-o", str(tmp_path / "x.o"), str(src)],
                           capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-5000:] + proc.stdout[-3000:]
+
+
+class _FakeCuda:
+    """A CPU tensor that says it is on CUDA: what make_record reads of a CUDA tensor (no GPU here)."""
+
+    def __init__(self, t, ptr: int = 0):
+        self.t, self.ptr = t, ptr
+        self.is_cuda = True
+        self.dtype, self.shape = t.dtype, t.shape
+        self.device = type("Dev", (), {"index": 0, "type": "cuda"})()
+
+    def stride(self):
+        return self.t.stride()
+
+    def data_ptr(self):
+        return self.ptr
+
+
+@pytest.mark.parametrize("case", [c for c in select("perf", op=tcb.OPS[0])][::5] +
+                         [c for c in select("perf", op=tcb.OPS[1])][::5], ids=lambda c: c.id)
+def test_cuda_records(monkeypatch, case):
+    """The records conv_backward.py would hand the CUDA op for the perf cases: the kind the planner's
+    kernel maps to, a grid within CUDA's limits, the finish and workspace of split wgrads, the table."""
+    monkeypatch.setattr(tcb, "_num_sms", lambda index: 132)
+    monkeypatch.setattr(torch.Tensor, "to", lambda self, *a, **k: self)
+    geo = cc.geometry(case.params, case.op)
+    shapes = (geo.y_shape, geo.w_shape, geo.x_shape) if case.op == tcb.OPS[0] else \
+        (geo.y_shape, geo.x_shape, geo.w_shape)
+    a, b, out = (_FakeCuda(torch.empty(s, dtype=torch.bfloat16 if case.dtype == "bf16" else torch.float32))
+                 for s in shapes)
+    record, table = tcb.make_record(case.op, a, b, out, case.params)
+    words = record.tolist()
+    assert len(words) == tcb.HEADER + plan.WORDS
+    op, kind, gx, gy, block, finish, ws, tlen = words[:tcb.HEADER]
+    assert op == tcb.OPS.index(case.op) and kind in (1, 2, 3)
+    assert 1 <= gx < 2 ** 31 and 1 <= gy <= 65535 and block in (plan.THREADS, plan.DIRECT_THREADS)
+    vec = case.dtype == "bf16" and geo.channels_last and (geo.cin // geo.groups) % 8 == 0 and \
+        (geo.cout // geo.groups) % 8 == 0 and (geo.cin // geo.groups) * (geo.cout // geo.groups) >= plan.DIRECT_MAX
+    assert (kind == 2) == vec, (kind, case.id)
+    if case.op == tcb.OPS[0]:
+        assert table is not None and tlen == table.numel() and finish == 0 and ws == 0
+    else:
+        splits = words[tcb.HEADER + 42]
+        assert table is None and (finish > 0) == (splits > 1) and ws == (splits > 1) * splits * geo.cout * \
+            (geo.cin // geo.groups) * np.prod(geo.kernel)
