@@ -17,6 +17,7 @@ scripts/gpu/cuda_conv.sh runs the same cases on the device.
 """
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from math import prod
@@ -102,8 +103,9 @@ def test_params_word_count_matches_the_header():
             count += int(name[name.index("[") + 1:name.index("]")]) if "[" in name else 1
     assert count == plan.WORDS
     assert f"#define CV_WORDS {plan.WORDS}" in text
-    for macro, value in (("CV_BM", plan.BM), ("CV_BN", plan.BN), ("CV_BK", plan.BK), ("CV_THREADS", plan.THREADS)):
-        assert f"#define {macro} {value}\n" in text
+    for macro, value in (("CV_BM", plan.BM), ("CV_BM_TC", plan.BM_TC), ("CV_BN", plan.BN), ("CV_BK", plan.BK),
+                         ("CV_THREADS", plan.THREADS)):
+        assert re.search(rf"^#define {macro} {value}\b", text, re.M), macro
     assert f"#define CVD_HEAD {plan.DGRAD_HEAD}" in (_nvrtc.CUDA_DIR / "conv_backward_data.cuh").read_text()
 
 

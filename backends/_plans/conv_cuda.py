@@ -20,7 +20,8 @@ import numpy as np
 
 from oracle import conv_common as cc
 
-BM = BN = 64          # CV_BM, CV_BN
+BM = BN = 64          # CV_BM (SIMT tile rows), CV_BN
+BM_TC = 128           # CV_BM_TC: tile rows on tensor cores
 BK = 32               # CV_BK
 THREADS = 128         # CV_THREADS
 FINISH_THREADS = 256
@@ -99,6 +100,11 @@ def weight_strides(strides, channels_last: bool) -> tuple:
     return (so, si, *([0] * (3 - len(sk)) + list(sk)))
 
 
+def bm(dt: str) -> int:
+    """Tile rows of the GEMM kernels for dtype dt (CvTile<T>::BM)."""
+    return BM_TC if dt in ("f16", "bf16") else BM
+
+
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -174,7 +180,7 @@ def dgrad_plan(params: dict, dt: str, dy_strides, w_strides, dx_strides, mode: s
         m = g.n * prod(T)
         if m >= INDEX_LIMIT:
             raise ValueError(f"cupy conv_backward_data: a filter phase has {m} rows, the kernel's limit is 2**31 - 1")
-        mblocks = max(mblocks, _cdiv(m, BM))
+        mblocks = max(mblocks, _cdiv(m, bm(dt)))
         mw, shw = magic(T[2])
         mh, shh = magic(T[1])
         md, shd = magic(T[0])
@@ -213,7 +219,7 @@ def wgrad_plan(params: dict, dt: str, dy_strides, x_strides, dw_strides, num_sms
     rows = g.n * prod(g.out)
     if rows >= INDEX_LIMIT:
         raise ValueError(f"cupy conv_backward_weight: N * prod(O) = {rows} pairs, the kernel's limit is 2**31 - 1")
-    mblocks, cblocks, taps = _cdiv(g.cog, BM), _cdiv(g.cig, BN), prod(g.k)
+    mblocks, cblocks, taps = _cdiv(g.cog, bm(dt)), _cdiv(g.cig, BN), prod(g.k)
     direct = g.cig * g.cog < DIRECT_MAX
     tiles = _cdiv(g.cout * g.cig, 32) * taps if direct else mblocks * cblocks * taps * g.groups
     ylanes = taps if direct else taps * g.groups

@@ -40,22 +40,22 @@ __global__ void __launch_bounds__(CV_THREADS)
     cv_dgrad(const ConvParams p, const T* __restrict__ dy, const T* __restrict__ w, T* __restrict__ dx,
              const int* __restrict__ table) {
   typedef typename CvType<T>::Acc Acc;
-  constexpr int LDS = CV_LDS(T);
+  constexpr int LDS = CV_LDS(T), BM = CvTile<T>::BM;
   const int tid = threadIdx.x;
   const int per_phase = (int)(p.groups * p.cblocks);
   const int phase = blockIdx.y / per_phase, rest = blockIdx.y % per_phase;
   const int g = rest / (int)p.cblocks, cb = rest % (int)p.cblocks;
   const int* row = table + phase * p.trow;
   const int mp = row[12];
-  const int m0 = blockIdx.x * CV_BM;
+  const int m0 = blockIdx.x * BM;
   if (m0 >= mp) return;  // the phase has fewer rows than the largest one: the whole block leaves
 
-  CV_SHARED16 T As[CV_BM * LDS];
+  CV_SHARED16 T As[BM * LDS];
   CV_SHARED16 T Bs[CV_BN * LDS];
-  __shared__ long long rbase[CV_BM];  // the row's dy offset of n (-1: past the phase's rows)
-  __shared__ int rt[3][CV_BM];        // the row's (td, th, tw)
+  __shared__ long long rbase[BM];  // the row's dy offset of n (-1: past the phase's rows)
+  __shared__ int rt[3][BM];        // the row's (td, th, tw)
 
-  if (tid < CV_BM) {  // the load path's index math: once per row per block
+  if (tid < BM) {  // the load path's index math: once per row per block
     const int m = m0 + tid;
     if (m < mp) {
       int n, td, th, tw;
@@ -83,9 +83,9 @@ __global__ void __launch_bounds__(CV_THREADS)
     const long long woff = tp[3];
     for (int co0 = 0; co0 < cog; co0 += CV_BK) {
       // A: dy rows (the phase's positions shifted by the tap) x BK output channels, zero-filled.
-      for (int e = tid; e < CV_BM * CV_BK; e += CV_THREADS) {
-        const int m = p.cfast ? e / CV_BK : e % CV_BM;
-        const int kk = p.cfast ? e % CV_BK : e / CV_BM;
+      for (int e = tid; e < BM * CV_BK; e += CV_THREADS) {
+        const int m = p.cfast ? e / CV_BK : e % BM;
+        const int kk = p.cfast ? e % CV_BK : e / BM;
         T v = cv_zero<T>();
         const long long base = rbase[m];
         const int co = co0 + kk;
@@ -127,30 +127,31 @@ __global__ void __launch_bounds__(CV_THREADS)
 // The channels-last fast path (16-bit types; the plan checks: dy's and w's channel stride 1, Cout/g and
 // Cin/g multiples of 8, every other stride a multiple of 8 and the pointers 16-byte aligned, so a
 // 16-byte run of 8 channels is wholly inside or wholly outside the tensor): both tiles arrive by
-// cp.async, two stages deep, zero-filled where a row falls outside dy or past the channels.
+// cp.async, CV_STAGES deep, zero-filled where a row falls outside dy or past the channels.
 //   A  As[m][k]  (K-major): 8 output channels of a row's shifted dy position per copy;
 //   B  Bs[k][n]  (MN-major): 8 input channels of a (co, tap) weight row per copy, read by ldmatrix.trans.
-// Same rows, phases, table and store path as cv_dgrad.
+// Same rows, phases, table and store path as cv_dgrad; the pipeline is cv_pipeline (conv_common.cuh).
 template <typename T, int MODE>
 __global__ void __launch_bounds__(CV_THREADS)
     cv_dgrad_vec(const ConvParams p, const T* __restrict__ dy, const T* __restrict__ w, T* __restrict__ dx,
                  const int* __restrict__ table) {
   typedef typename CvType<T>::Acc Acc;
-  constexpr int LDS = CV_LDS(T);
+  constexpr int LDS = CV_LDS(T), BM = CvTile<T>::BM;
   const int tid = threadIdx.x;
   const int per_phase = (int)(p.groups * p.cblocks);
   const int phase = blockIdx.y / per_phase, rest = blockIdx.y % per_phase;
   const int g = rest / (int)p.cblocks, cb = rest % (int)p.cblocks;
   const int* row = table + phase * p.trow;
   const int mp = row[12];
-  const int m0 = blockIdx.x * CV_BM;
+  const int m0 = blockIdx.x * BM;
   if (m0 >= mp) return;
 
-  CV_SHARED16 T As[2][CV_BM * LDS];
-  CV_SHARED16 T Bs[2][CV_BK * CV_LDT];
-  __shared__ long long rbase[CV_BM];
-  __shared__ int rt[3][CV_BM];
-  if (tid < CV_BM) {
+  constexpr int LDTB = CvTile<T>::LDTB;
+  CV_SHARED16 T As[CV_STAGES][BM * LDS];
+  CV_SHARED16 T Bs[CV_STAGES][CV_BK * LDTB];
+  __shared__ long long rbase[BM];
+  __shared__ int rt[3][BM];
+  if (tid < BM) {
     const int m = m0 + tid;
     if (m < mp) {
       int n, td, th, tw;
@@ -177,7 +178,7 @@ __global__ void __launch_bounds__(CV_THREADS)
     const int cd = tp[0], ch = tp[1], cw = tp[2];
     const long long woff = tp[3];
 #pragma unroll
-    for (int c = tid; c < CV_BM * (CV_BK / 8); c += CV_THREADS) {
+    for (int c = tid; c < BM * (CV_BK / 8); c += CV_THREADS) {
       const int m = c >> 2, kc = c & 3, co = co0 + kc * 8;
       const T* src = dy;
       int bytes = 0;
@@ -200,25 +201,13 @@ __global__ void __launch_bounds__(CV_THREADS)
         src = w + (co_first + co) * p.sb[0] + ci + woff;
         bytes = 16;
       }
-      tc_cp_async16(&Bs[stage][kk * CV_LDT + nc * 8], src, bytes);
+      tc_cp_async16(&Bs[stage][kk * LDTB + nc * 8], src, bytes);
     }
-    tc_cp_commit();
   };
 
   CvTile<T> tile;
   tile.clear();
-  if (nsteps > 0) load(0, 0);
-  for (int s = 0; s < nsteps; ++s) {
-    if (s + 1 < nsteps) {
-      load(s + 1, (s + 1) & 1);  // the stage the previous step read: free after its trailing barrier
-      tc_cp_wait<1>();
-    } else {
-      tc_cp_wait<0>();
-    }
-    __syncthreads();
-    tile.template step2<false, true>(As[s & 1], Bs[s & 1]);
-    __syncthreads();
-  }
+  cv_pipeline(nsteps, load, [&](int stage) { tile.template step<false, true>(As[stage], Bs[stage]); });
 
   const int* i0 = row + 3;
   const long long c_first = (long long)g * cig;

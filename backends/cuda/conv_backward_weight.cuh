@@ -9,7 +9,8 @@
 // With one chunk the block writes dw itself.
 //
 // Launch contract (plan: backends/_plans/conv_cuda.py `wgrad_plan`):
-//   cv_wgrad<T>         grid (mblocks * cblocks, taps * groups * splits), CV_THREADS threads;
+//   cv_wgrad<T>         grid (mblocks * cblocks, taps * groups * splits), CV_THREADS threads, tiles of
+//                       CvTile<T>::BM output channels x CV_BN input channels;
 //                       ws: the workspace [splits][Cout][taps][Cin/g] (null when splits == 1).
 //   cv_wgrad_finish<T>  grid-stride over the Cout * taps * Cin/g elements: the chunks' sum, cast, stored.
 //   The pair index r -> (n, od, oh, ow) is a fast divmod by O (ConvParams.magic).
@@ -22,7 +23,7 @@ __global__ void __launch_bounds__(CV_THREADS)
     cv_wgrad(const ConvParams p, const T* __restrict__ dy, const T* __restrict__ x, T* __restrict__ dw,
              typename CvType<T>::Acc* __restrict__ ws) {
   typedef typename CvType<T>::Acc Acc;
-  constexpr int LDS = CV_LDS(T);
+  constexpr int LDS = CV_LDS(T), BM = CvTile<T>::BM;
   const int tid = threadIdx.x;
   const int splits = (int)p.splits, groups = (int)p.groups;
   const int split = blockIdx.y % splits, rest = blockIdx.y / splits;
@@ -32,10 +33,10 @@ __global__ void __launch_bounds__(CV_THREADS)
   const long long r_begin = split * p.chunk;
   const long long r_end = r_begin + p.chunk < p.rows ? r_begin + p.chunk : p.rows;
   const int cog = (int)p.cog, cig = (int)p.cig;
-  const int co0 = mb * CV_BM, ci0 = cb * CV_BN;
+  const int co0 = mb * BM, ci0 = cb * CV_BN;
   const long long co_first = (long long)g * cog + co0, ci_first = (long long)g * cig + ci0;
 
-  CV_SHARED16 T As[CV_BM * LDS];
+  CV_SHARED16 T As[BM * LDS];
   CV_SHARED16 T Bs[CV_BN * LDS];
   __shared__ long long ry[CV_BK], rx[CV_BK];  // per pair: dy and x offsets of (n, o); -1: none / padding
 
@@ -62,9 +63,9 @@ __global__ void __launch_bounds__(CV_THREADS)
     }
     __syncthreads();
     // A: As[co][pair] from dy; B: Bs[ci][pair] from x; zero-filled past the tile's channels and pairs.
-    for (int e = tid; e < CV_BM * CV_BK; e += CV_THREADS) {
-      const int c = p.cfast ? e % CV_BM : e / CV_BK;
-      const int kk = p.cfast ? e / CV_BM : e % CV_BK;
+    for (int e = tid; e < BM * CV_BK; e += CV_THREADS) {
+      const int c = p.cfast ? e % BM : e / CV_BK;
+      const int kk = p.cfast ? e / BM : e % CV_BK;
       T v = cv_zero<T>();
       if (ry[kk] >= 0 && co0 + c < cog) v = dy[ry[kk] + (co_first + c) * p.sa[1]];
       As[c * LDS + kk] = v;
@@ -96,7 +97,7 @@ __global__ void __launch_bounds__(CV_THREADS)
 
 // The channels-last fast path (16-bit types; the plan checks: dy's and x's channel stride 1, Cout/g
 // and Cin/g multiples of 8, every other stride a multiple of 8 and the pointers 16-byte aligned):
-// both tiles MN-major (row = a (n, o) pair, 8 channels per 16-byte cp.async), two stages deep,
+// both tiles MN-major (row = a (n, o) pair, 8 channels per 16-byte cp.async), CV_STAGES deep,
 // zero-filled past the pairs, the channels and where the tap reads the padding; fragments by
 // ldmatrix.trans.  Each thread decomposes the pairs of its own copies (fast divmod).
 template <typename T>
@@ -113,17 +114,21 @@ __global__ void __launch_bounds__(CV_THREADS)
   const long long r_begin = split * p.chunk;
   const long long r_end = r_begin + p.chunk < p.rows ? r_begin + p.chunk : p.rows;
   const int cog = (int)p.cog, cig = (int)p.cig;
-  const int co0 = mb * CV_BM, ci0 = cb * CV_BN;
+  const int co0 = mb * CvTile<T>::BM, ci0 = cb * CV_BN;
   const long long co_first = (long long)g * cog + co0, ci_first = (long long)g * cig + ci0;
 
-  CV_SHARED16 T As[2][CV_BK * CV_LDT];
-  CV_SHARED16 T Bs[2][CV_BK * CV_LDT];
+  constexpr int BM = CvTile<T>::BM, LDTA = CvTile<T>::LDTA, LDTB = CvTile<T>::LDTB;
+  CV_SHARED16 T As[CV_STAGES][CV_BK * LDTA];
+  CV_SHARED16 T Bs[CV_STAGES][CV_BK * LDTB];
   const int nsteps = (int)((r_end - r_begin + CV_BK - 1) / CV_BK);
+  // Thread tid copies, for pairs kk = tid / 16 + 8j (j < 4), A's 8 channels at (tid % 16) * 8 and,
+  // when tid % 16 < 8, B's at (tid % 16) * 8: one pair decomposition serves both operands.
+  const int lc = tid & 15;
   auto load = [&](int s, int stage) {
     const long long r0 = r_begin + (long long)s * CV_BK;
 #pragma unroll
-    for (int c = tid; c < CV_BK * (CV_BM / 8); c += CV_THREADS) {
-      const int kk = c >> 3, mc = c & 7;
+    for (int j = 0; j < CV_BK / 8; ++j) {
+      const int kk = (tid >> 4) + 8 * j;
       const long long r = r0 + kk;
       const T* sa = dy;
       const T* sb = x;
@@ -133,38 +138,27 @@ __global__ void __launch_bounds__(CV_THREADS)
         cv_divmod<true>((int)r, (int)p.out[2], (unsigned)p.magic[0], (unsigned)p.magic[1], q, ow);
         cv_divmod<true>(q, (int)p.out[1], (unsigned)p.magic[2], (unsigned)p.magic[3], q, oh);
         cv_divmod<true>(q, (int)p.out[0], (unsigned)p.magic[4], (unsigned)p.magic[5], n, od);
-        if (co0 + mc * 8 < cog) {
-          sa = dy + n * p.sa[0] + od * p.sa[2] + oh * p.sa[3] + ow * p.sa[4] + co_first + mc * 8;
+        if (co0 + lc * 8 < cog) {
+          sa = dy + n * p.sa[0] + od * p.sa[2] + oh * p.sa[3] + ow * p.sa[4] + co_first + lc * 8;
           ba = 16;
         }
         const long long id = od * p.s[0] + kd * p.d[0] - p.p[0];
         const long long ih = oh * p.s[1] + kh * p.d[1] - p.p[1];
         const long long iw = ow * p.s[2] + kw * p.d[2] - p.p[2];
-        if (ci0 + mc * 8 < cig && id >= 0 && id < p.in[0] && ih >= 0 && ih < p.in[1] && iw >= 0 && iw < p.in[2]) {
-          sb = x + n * p.sb[0] + id * p.sb[2] + ih * p.sb[3] + iw * p.sb[4] + ci_first + mc * 8;
+        if (lc < 8 && ci0 + lc * 8 < cig && id >= 0 && id < p.in[0] && ih >= 0 && ih < p.in[1] && iw >= 0 &&
+            iw < p.in[2]) {
+          sb = x + n * p.sb[0] + id * p.sb[2] + ih * p.sb[3] + iw * p.sb[4] + ci_first + lc * 8;
           bb = 16;
         }
       }
-      tc_cp_async16(&As[stage][kk * CV_LDT + mc * 8], sa, ba);
-      tc_cp_async16(&Bs[stage][kk * CV_LDT + mc * 8], sb, bb);
+      tc_cp_async16(&As[stage][kk * LDTA + lc * 8], sa, ba);
+      if (lc < 8) tc_cp_async16(&Bs[stage][kk * LDTB + lc * 8], sb, bb);
     }
-    tc_cp_commit();
   };
 
   CvTile<T> tile;
   tile.clear();
-  if (nsteps > 0) load(0, 0);
-  for (int s = 0; s < nsteps; ++s) {
-    if (s + 1 < nsteps) {
-      load(s + 1, (s + 1) & 1);
-      tc_cp_wait<1>();
-    } else {
-      tc_cp_wait<0>();
-    }
-    __syncthreads();
-    tile.template step2<true, true>(As[s & 1], Bs[s & 1]);
-    __syncthreads();
-  }
+  cv_pipeline(nsteps, load, [&](int stage) { tile.template step<true, true>(As[stage], Bs[stage]); });
 
   const long long taps = p.taps, total = p.cout * taps * p.cig;
   tile.for_each([&](int r, int c, Acc v) {

@@ -1,15 +1,13 @@
 // What the conv dgrad and wgrad kernels share (conv_backward_data.cuh, conv_backward_weight.cuh):
 // the parameter words, element conversions, fast divmod, and the block tile of the implicit GEMM
-// (a BM x BN tile of fp32/fp64 accumulators fed from two K-contiguous shared-memory tiles).
+// (a BM x BN tile of fp32/fp64 accumulators fed from two shared-memory tiles).
 //
-// Tile: 128 threads (4 warps) own a 64 x 64 output tile; the reduction runs in steps of BK = 32.
-//   Tensor cores (bf16 / f16, TC = true): warp w owns rows 32*(w/2).., cols 32*(w%2)..: 2 x 4
-//     mma.m16n8k16 per k16, fp32 accumulators (32 per thread); fragments read from shared memory
-//     as 32-bit words (two consecutive k of one row: the operands are stored K-contiguous).
-//   SIMT (f32 / f64, TC = false): thread (tr = tid/16, tc = tid%16) owns rows tr + 8i (i < 8) and
-//     cols tc + 16j (j < 4), FMA in the element type (never TF32: the oracle's f32 is IEEE).
-// Shared tiles: As[BM][LDS] (row m, reduction index k) and Bs[BN][LDS] (col n, k), LDS = BK + pad:
-// the 16-bit pad of 8 puts the 8 rows a fragment load touches on distinct banks.
+// Tile: 128 threads (4 warps) own a BM x 64 output tile; the reduction runs in steps of BK = 32.
+//   Tensor cores (bf16 / f16): BM = 128, warp w owns a 64 x 32 warp tile: 4 x 4 mma.m16n8k16 per
+//     k16, fp32 accumulators (64 per thread).
+//   SIMT (f32 / f64): BM = 64, each thread 8 x 4 outputs, FMA in the accumulator type (never TF32:
+//     the oracle's f32 is IEEE).
+// Shared tiles K-major or (tensor cores) MN-major: see CvTile::step.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -22,10 +20,12 @@
 using std::fma;
 #endif
 
-#define CV_BM 64
+#define CV_BM 64       // tile rows, SIMT (f32 / f64)
+#define CV_BM_TC 128   // tile rows, tensor cores (bf16 / f16)
 #define CV_BN 64
 #define CV_BK 32
 #define CV_THREADS 128
+#define CV_STAGES 3    // cp.async pipeline depth of the channels-last kernels
 
 // The launch parameters, packed by the host plan (backends/_plans/conv_cuda.py) as int64 words in
 // field order.  Tensors are addressed through element strides in (n, c, d, h, w) order (weights:
@@ -112,51 +112,86 @@ __device__ __forceinline__ void cv_divmod(int n, int d, unsigned mul, unsigned s
 #define CV_SHARED16 __shared__ __align__(16)
 #endif
 
-#define CV_PAD(T) (CvType<T>::kTC ? 8 : (sizeof(T) == 8 ? 1 : 1))
-#define CV_LDS(T) (CV_BK + CV_PAD(T))
-#define CV_LDT (CV_BM + 8)  // MN-major tiles (16-bit types): row k of BM (or BN) elements, padded
+#define CV_PAD(T) (CvType<T>::kTC ? 8 : 1)
+#define CV_LDS(T) (CV_BK + CV_PAD(T))  // K-major tiles: row m (or n) of BK elements, padded
 
 template <typename T>
 struct CvTile {
   typedef typename CvType<T>::Acc Acc;
+  static constexpr bool TC = CvType<T>::kTC;
+  static constexpr int BM = TC ? CV_BM_TC : CV_BM;  // tile rows
   static constexpr int LDS = CV_LDS(T);
-  Acc acc[32];
+  static constexpr int LDTA = BM + 8, LDTB = CV_BN + 8;  // MN-major A / B tiles (TC only)
+  static constexpr int MI = BM / 32;                     // TC: m16 tiles per warp (warp tile BM/2 x 32)
+  static constexpr int NACC = TC ? MI * 4 * 4 : 32;
+  Acc acc[NACC];
 
   __device__ void clear() {
 #pragma unroll
-    for (int i = 0; i < 32; ++i) acc[i] = Acc(0);
+    for (int i = 0; i < NACC; ++i) acc[i] = Acc(0);
   }
 
-  // acc += As (BM x BK, row-major LDS) * Bs^T (Bs: BN x BK, row-major LDS).
+  // The mma.sync of one k16 slice: a[MI][4] x b[4][2].
+  __device__ void mma(const unsigned (&a)[MI][4], const unsigned (&b)[4][2]) {
+    if constexpr (TC) {
+#pragma unroll
+      for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < 4; ++ni) tc_mma16816<T>(acc + (mi * 4 + ni) * 4, a[mi], b[ni]);
+    }
+  }
+
+  // acc += A * B^T from tiles in either layout.  K-major (AMN / BMN false): As[BM][LDS] (row m,
+  // k contiguous), Bs[BN][LDS]; fragments read as 32-bit words (two consecutive k), the pad of 8
+  // putting a fragment's 8 rows on distinct banks.  MN-major (TC only): At[BK][LDTA] (row k, m
+  // contiguous), Bt[BK][LDTB], the layout a 16-byte copy of channels-last rows gives; fragments by
+  // ldmatrix.trans (row strides of 272 / 144 bytes: an 8x8 matrix's rows on distinct 16-byte bank
+  // groups).  TC: warp w owns rows (w/2) * BM/2.., cols (w%2) * 32..; SIMT: thread (tr = tid/16,
+  // tc = tid%16) owns rows tr + 8i (i < 8), cols tc + 16j (j < 4), FMA in the accumulator type.
+  template <bool AMN = false, bool BMN = false>
   __device__ void step(const T* As, const T* Bs) {
     const int tid = threadIdx.x;
-    if constexpr (CvType<T>::kTC) {
+    if constexpr (TC) {
       const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-      const int r0 = (warp >> 1) * 32, c0 = (warp & 1) * 32;
+      const int mat = lane >> 3, mr = lane & 7;
+      const int r0 = (warp >> 1) * (BM / 2), c0 = (warp & 1) * 32;
 #pragma unroll
       for (int ks = 0; ks < CV_BK; ks += 16) {
-        unsigned a[2][4], b[4][2];
-        const int k = ks + 2 * t;
+        unsigned a[MI][4], b[4][2];
 #pragma unroll
-        for (int mi = 0; mi < 2; ++mi) {
-          const T* p = As + (r0 + mi * 16 + g) * LDS + k;
-          a[mi][0] = *reinterpret_cast<const unsigned*>(p);
-          a[mi][1] = *reinterpret_cast<const unsigned*>(p + 8 * LDS);
-          a[mi][2] = *reinterpret_cast<const unsigned*>(p + 8);
-          a[mi][3] = *reinterpret_cast<const unsigned*>(p + 8 * LDS + 8);
+        for (int mi = 0; mi < MI; ++mi) {
+          if constexpr (AMN) {  // matrices (k 0-7, m 0-7), (k 0-7, m 8-15), (k 8-15, m 0-7), (k 8-15, m 8-15)
+            tc_ldmatrix_x4_trans(a[mi], As + (ks + mr + (mat >> 1) * 8) * LDTA + r0 + mi * 16 + (mat & 1) * 8);
+          } else {
+            const T* q = As + (r0 + mi * 16 + g) * LDS + ks + 2 * t;
+            a[mi][0] = *reinterpret_cast<const unsigned*>(q);
+            a[mi][1] = *reinterpret_cast<const unsigned*>(q + 8 * LDS);
+            a[mi][2] = *reinterpret_cast<const unsigned*>(q + 8);
+            a[mi][3] = *reinterpret_cast<const unsigned*>(q + 8 * LDS + 8);
+          }
         }
 #pragma unroll
-        for (int ni = 0; ni < 4; ++ni) {
-          const T* p = Bs + (c0 + ni * 8 + g) * LDS + k;
-          b[ni][0] = *reinterpret_cast<const unsigned*>(p);
-          b[ni][1] = *reinterpret_cast<const unsigned*>(p + 8);
+        for (int ni = 0; ni < 4; ni += 2) {
+          if constexpr (BMN) {  // matrices (k 0-7, n 0-7), (k 8-15, n 0-7), (k 0-7, n 8-15), (k 8-15, n 8-15)
+            unsigned q[4];
+            tc_ldmatrix_x4_trans(q, Bs + (ks + mr + (mat & 1) * 8) * LDTB + c0 + ni * 8 + (mat >> 1) * 8);
+            b[ni][0] = q[0];
+            b[ni][1] = q[1];
+            b[ni + 1][0] = q[2];
+            b[ni + 1][1] = q[3];
+          } else {
+#pragma unroll
+            for (int nj = ni; nj < ni + 2; ++nj) {
+              const T* q = Bs + (c0 + nj * 8 + g) * LDS + ks + 2 * t;
+              b[nj][0] = *reinterpret_cast<const unsigned*>(q);
+              b[nj][1] = *reinterpret_cast<const unsigned*>(q + 8);
+            }
+          }
         }
-#pragma unroll
-        for (int mi = 0; mi < 2; ++mi)
-#pragma unroll
-          for (int ni = 0; ni < 4; ++ni) tc_mma16816<T>(acc + (mi * 4 + ni) * 4, a[mi], b[ni]);
+        mma(a, b);
       }
     } else {
+      static_assert(!AMN && !BMN, "the SIMT step takes K-major tiles");
       const int tr = tid >> 4, tc = tid & 15;
 #pragma unroll 4
       for (int k = 0; k < CV_BK; ++k) {
@@ -173,67 +208,15 @@ struct CvTile {
     }
   }
 
-  // Tensor cores only: acc += A * B^T from tiles in either layout.  K-major (AMN / BMN false): the
-  // step() layout above.  MN-major (true): At[BK][LDT] (row k, col m), LDT = BM + 8, the layout a
-  // 16-byte copy of a channels-last row gives; its fragments come by ldmatrix.trans (rows of 144
-  // bytes: the 8 rows of one 8x8 matrix fall on distinct 16-byte bank groups).
-  template <bool AMN, bool BMN>
-  __device__ void step2(const T* As, const T* Bs) {
-    static_assert(CvType<T>::kTC, "step2 is the tensor-core step");
-    constexpr int LDT = CV_BM + 8;
-    const int tid = threadIdx.x;
-    const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    const int mat = lane >> 3, mr = lane & 7;
-    const int r0 = (warp >> 1) * 32, c0 = (warp & 1) * 32;
-#pragma unroll
-    for (int ks = 0; ks < CV_BK; ks += 16) {
-      unsigned a[2][4], b[4][2];
-#pragma unroll
-      for (int mi = 0; mi < 2; ++mi) {
-        if constexpr (AMN) {  // matrices (k 0-7, m 0-7), (k 0-7, m 8-15), (k 8-15, m 0-7), (k 8-15, m 8-15)
-          tc_ldmatrix_x4_trans(a[mi], As + (ks + mr + (mat >> 1) * 8) * LDT + r0 + mi * 16 + (mat & 1) * 8);
-        } else {
-          const T* q = As + (r0 + mi * 16 + g) * LDS + ks + 2 * t;
-          a[mi][0] = *reinterpret_cast<const unsigned*>(q);
-          a[mi][1] = *reinterpret_cast<const unsigned*>(q + 8 * LDS);
-          a[mi][2] = *reinterpret_cast<const unsigned*>(q + 8);
-          a[mi][3] = *reinterpret_cast<const unsigned*>(q + 8 * LDS + 8);
-        }
-      }
-#pragma unroll
-      for (int ni = 0; ni < 4; ni += 2) {
-        if constexpr (BMN) {  // matrices (k 0-7, n 0-7), (k 8-15, n 0-7), (k 0-7, n 8-15), (k 8-15, n 8-15)
-          unsigned q[4];
-          tc_ldmatrix_x4_trans(q, Bs + (ks + mr + (mat & 1) * 8) * LDT + c0 + ni * 8 + (mat >> 1) * 8);
-          b[ni][0] = q[0];
-          b[ni][1] = q[1];
-          b[ni + 1][0] = q[2];
-          b[ni + 1][1] = q[3];
-        } else {
-#pragma unroll
-          for (int nj = ni; nj < ni + 2; ++nj) {
-            const T* q = Bs + (c0 + nj * 8 + g) * LDS + ks + 2 * t;
-            b[nj][0] = *reinterpret_cast<const unsigned*>(q);
-            b[nj][1] = *reinterpret_cast<const unsigned*>(q + 8);
-          }
-        }
-      }
-#pragma unroll
-      for (int mi = 0; mi < 2; ++mi)
-#pragma unroll
-        for (int ni = 0; ni < 4; ++ni) tc_mma16816<T>(acc + (mi * 4 + ni) * 4, a[mi], b[ni]);
-    }
-  }
-
-  // f(row, col, value) for each of the thread's 32 accumulators.
+  // f(row, col, value) for each of the thread's accumulators.
   template <typename F>
   __device__ void for_each(F f) const {
     const int tid = threadIdx.x;
-    if constexpr (CvType<T>::kTC) {
+    if constexpr (TC) {
       const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-      const int r0 = (warp >> 1) * 32, c0 = (warp & 1) * 32;
+      const int r0 = (warp >> 1) * (BM / 2), c0 = (warp & 1) * 32;
 #pragma unroll
-      for (int mi = 0; mi < 2; ++mi)
+      for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
         for (int ni = 0; ni < 4; ++ni)
 #pragma unroll
@@ -248,3 +231,28 @@ struct CvTile {
     }
   }
 };
+
+// The channels-last kernels' main loop: `nsteps` reduction steps through CV_STAGES shared-memory
+// stages.  load(step, stage) issues the step's cp.async copies (no commit); compute(stage) reads a
+// stage.  One commit group per step (empty past the last step, so the wait count stays fixed); one
+// barrier per step: after it every thread has finished computing the step before, whose stage is
+// the one the new copies then overwrite.
+template <typename Load, typename Compute>
+__device__ __forceinline__ void cv_pipeline(int nsteps, Load load, Compute compute) {
+#pragma unroll
+  for (int s = 0; s < CV_STAGES - 1; ++s) {
+    if (s < nsteps) load(s, s);
+    tc_cp_commit();
+  }
+  int stage = 0;
+  for (int s = 0; s < nsteps; ++s) {
+    tc_cp_wait<CV_STAGES - 2>();  // this thread's copies of step s have landed
+    __syncthreads();              // everyone's have, and step s - 1 is computed
+    const int next = s + CV_STAGES - 1;
+    if (next < nsteps) load(next, stage == 0 ? CV_STAGES - 1 : stage - 1);
+    tc_cp_commit();
+    compute(stage);
+    stage = stage == CV_STAGES - 1 ? 0 : stage + 1;
+  }
+  tc_cp_wait<0>();  // the empty groups
+}
