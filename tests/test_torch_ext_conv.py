@@ -117,6 +117,8 @@ def test_every_planned_kernel_is_launched_by_the_extension():
                 name = expr.split("<")[0]
                 assert name in tcb.KINDS or name == "cv_wgrad_finish", expr
                 assert f"{name}<T" in source, f"{name} is never launched by conv_backward_cuda.cu"
+                if name.startswith("cv_wgrad") and "," in expr:
+                    assert f"{name}<T, {expr.split(',')[1].strip().rstrip('>')}>" in source, expr
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
@@ -167,7 +169,7 @@ def test_cuda_records(monkeypatch, case):
     record, table = tcb.make_record(case.op, a, b, out, case.params)
     words = record.tolist()
     assert len(words) == tcb.HEADER + plan.WORDS
-    op, kind, gx, gy, block, finish, ws, tlen = words[:tcb.HEADER]
+    op, kind, gx, gy, block, finish, ws, tlen, rows = words[:tcb.HEADER]
     assert op == tcb.OPS.index(case.op) and kind in (1, 2, 3)
     assert 1 <= gx < 2 ** 31 and 1 <= gy <= 65535 and block in (plan.THREADS, plan.DIRECT_THREADS)
     vec = case.dtype == "bf16" and geo.channels_last and (geo.cin // geo.groups) % 8 == 0 and \
@@ -177,5 +179,6 @@ def test_cuda_records(monkeypatch, case):
         assert table is not None and tlen == table.numel() and finish == 0 and ws == 0
     else:
         splits = words[tcb.HEADER + 42]
+        assert rows == (0 if kind == 3 else plan.wgrad_bm(case.dtype, geo.cout // geo.groups))
         assert table is None and (finish > 0) == (splits > 1) and ws == (splits > 1) * splits * geo.cout * \
             (geo.cin // geo.groups) * np.prod(geo.kernel)

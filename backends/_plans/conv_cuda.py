@@ -105,6 +105,12 @@ def bm(dt: str) -> int:
     return BM_TC if dt in ("f16", "bf16") else BM
 
 
+def wgrad_bm(dt: str, cog: int) -> int:
+    """wgrad's tile rows (output channels): 128 on tensor cores when Cout/g exceeds 64, else 64 (a
+    128-row tile would be half padding)."""
+    return BM_TC if dt in ("f16", "bf16") and cog > BM else BM
+
+
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -219,7 +225,8 @@ def wgrad_plan(params: dict, dt: str, dy_strides, x_strides, dw_strides, num_sms
     rows = g.n * prod(g.out)
     if rows >= INDEX_LIMIT:
         raise ValueError(f"cupy conv_backward_weight: N * prod(O) = {rows} pairs, the kernel's limit is 2**31 - 1")
-    mblocks, cblocks, taps = _cdiv(g.cog, bm(dt)), _cdiv(g.cig, BN), prod(g.k)
+    rows_tile = wgrad_bm(dt, g.cog)
+    mblocks, cblocks, taps = _cdiv(g.cog, rows_tile), _cdiv(g.cig, BN), prod(g.k)
     direct = g.cig * g.cog < DIRECT_MAX
     tiles = _cdiv(g.cout * g.cig, 32) * taps if direct else mblocks * cblocks * taps * g.groups
     ylanes = taps if direct else taps * g.groups
@@ -243,7 +250,7 @@ def wgrad_plan(params: dict, dt: str, dy_strides, x_strides, dw_strides, num_sms
         return Launch(f"cv_wgrad_dw<{t}>", (_cdiv(g.cout * g.cig, 32), taps * splits), DIRECT_THREADS, words,
                       finish=finish, ws_elems=ws_elems)
     name = "cv_wgrad_vec" if vec_ok(dt, aligned, g, sa, sb) else "cv_wgrad"
-    return Launch(f"{name}<{t}>", (mblocks * cblocks, taps * g.groups * splits), THREADS, words,
+    return Launch(f"{name}<{t}, {rows_tile}>", (mblocks * cblocks, taps * g.groups * splits), THREADS, words,
                   finish=finish, ws_elems=splits * total if splits > 1 else 0)
 
 
@@ -254,4 +261,6 @@ def all_exprs(op: str, dt: str) -> list[str]:
     if op == "conv_backward_data":
         kinds = ("cv_dgrad", "cv_dgrad_dw", "cv_dgrad_vec")[:2 + vec]
         return [f"{k}<{t}, {m}>" for k in kinds for m in MODES.values()]
-    return [f"cv_wgrad<{t}>", f"cv_wgrad_dw<{t}>", f"cv_wgrad_finish<{t}>"] + [f"cv_wgrad_vec<{t}>"] * vec
+    rows = (BM, BM_TC) if vec else (BM,)
+    return [f"cv_wgrad<{t}, {r}>" for r in rows] + [f"cv_wgrad_dw<{t}>", f"cv_wgrad_finish<{t}>"] + \
+        [f"cv_wgrad_vec<{t}, {r}>" for r in rows if vec]

@@ -9,8 +9,8 @@
 // With one chunk the block writes dw itself.
 //
 // Launch contract (plan: backends/_plans/conv_cuda.py `wgrad_plan`):
-//   cv_wgrad<T>         grid (mblocks * cblocks, taps * groups * splits), CV_THREADS threads, tiles of
-//                       CvTile<T>::BM output channels x CV_BN input channels;
+//   cv_wgrad<T, BM>     grid (mblocks * cblocks, taps * groups * splits), CV_THREADS threads, tiles of
+//                       BM output channels (64 or 128 on tensor cores, 64 SIMT) x CV_BN input channels;
 //                       ws: the workspace [splits][Cout][taps][Cin/g] (null when splits == 1).
 //   cv_wgrad_finish<T>  grid-stride over the Cout * taps * Cin/g elements: the chunks' sum, cast, stored.
 //   The pair index r -> (n, od, oh, ow) is a fast divmod by O (ConvParams.magic).
@@ -18,12 +18,12 @@
 
 #include "conv_common.cuh"
 
-template <typename T>
+template <typename T, int BM>
 __global__ void __launch_bounds__(CV_THREADS)
     cv_wgrad(const ConvParams p, const T* __restrict__ dy, const T* __restrict__ x, T* __restrict__ dw,
              typename CvType<T>::Acc* __restrict__ ws) {
   typedef typename CvType<T>::Acc Acc;
-  constexpr int LDS = CV_LDS(T), BM = CvTile<T>::BM;
+  constexpr int LDS = CV_LDS(T);
   const int tid = threadIdx.x;
   const int splits = (int)p.splits, groups = (int)p.groups;
   const int split = blockIdx.y % splits, rest = blockIdx.y / splits;
@@ -40,7 +40,7 @@ __global__ void __launch_bounds__(CV_THREADS)
   CV_SHARED16 T Bs[CV_BN * LDS];
   __shared__ long long ry[CV_BK], rx[CV_BK];  // per pair: dy and x offsets of (n, o); -1: none / padding
 
-  CvTile<T> tile;
+  CvTile<T, BM> tile;
   tile.clear();
   for (long long r0 = r_begin; r0 < r_end; r0 += CV_BK) {
     if (tid < CV_BK) {
@@ -100,7 +100,7 @@ __global__ void __launch_bounds__(CV_THREADS)
 // both tiles MN-major (row = a (n, o) pair, 8 channels per 16-byte cp.async), CV_STAGES deep,
 // zero-filled past the pairs, the channels and where the tap reads the padding; fragments by
 // ldmatrix.trans.  Each thread decomposes the pairs of its own copies (fast divmod).
-template <typename T>
+template <typename T, int BM>
 __global__ void __launch_bounds__(CV_THREADS)
     cv_wgrad_vec(const ConvParams p, const T* __restrict__ dy, const T* __restrict__ x, T* __restrict__ dw,
                  typename CvType<T>::Acc* __restrict__ ws) {
@@ -114,15 +114,16 @@ __global__ void __launch_bounds__(CV_THREADS)
   const long long r_begin = split * p.chunk;
   const long long r_end = r_begin + p.chunk < p.rows ? r_begin + p.chunk : p.rows;
   const int cog = (int)p.cog, cig = (int)p.cig;
-  const int co0 = mb * CvTile<T>::BM, ci0 = cb * CV_BN;
+  const int co0 = mb * BM, ci0 = cb * CV_BN;
   const long long co_first = (long long)g * cog + co0, ci_first = (long long)g * cig + ci0;
 
-  constexpr int BM = CvTile<T>::BM, LDTA = CvTile<T>::LDTA, LDTB = CvTile<T>::LDTB;
+  constexpr int LDTA = CvTile<T, BM>::LDTA, LDTB = CvTile<T, BM>::LDTB;
   CV_SHARED16 T As[CV_STAGES][CV_BK * LDTA];
   CV_SHARED16 T Bs[CV_STAGES][CV_BK * LDTB];
   const int nsteps = (int)((r_end - r_begin + CV_BK - 1) / CV_BK);
-  // Thread tid copies, for pairs kk = tid / 16 + 8j (j < 4), A's 8 channels at (tid % 16) * 8 and,
-  // when tid % 16 < 8, B's at (tid % 16) * 8: one pair decomposition serves both operands.
+  // Thread tid copies, for pairs kk = tid / 16 + 8j (j < 4), A's 8 channels at (tid % 16) * 8 (when
+  // inside the BM-row tile) and, when tid % 16 < 8, B's at (tid % 16) * 8: one pair decomposition
+  // serves both operands.
   const int lc = tid & 15;
   auto load = [&](int s, int stage) {
     const long long r0 = r_begin + (long long)s * CV_BK;
@@ -151,12 +152,12 @@ __global__ void __launch_bounds__(CV_THREADS)
           bb = 16;
         }
       }
-      tc_cp_async16(&As[stage][kk * LDTA + lc * 8], sa, ba);
+      if (lc * 8 < BM) tc_cp_async16(&As[stage][kk * LDTA + lc * 8], sa, ba);
       if (lc < 8) tc_cp_async16(&Bs[stage][kk * LDTB + lc * 8], sb, bb);
     }
   };
 
-  CvTile<T> tile;
+  CvTile<T, BM> tile;
   tile.clear();
   cv_pipeline(nsteps, load, [&](int stage) { tile.template step<true, true>(As[stage], Bs[stage]); });
 

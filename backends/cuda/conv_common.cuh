@@ -3,8 +3,8 @@
 // (a BM x BN tile of fp32/fp64 accumulators fed from two shared-memory tiles).
 //
 // Tile: 128 threads (4 warps) own a BM x 64 output tile; the reduction runs in steps of BK = 32.
-//   Tensor cores (bf16 / f16): BM = 128, warp w owns a 64 x 32 warp tile: 4 x 4 mma.m16n8k16 per
-//     k16, fp32 accumulators (64 per thread).
+//   Tensor cores (bf16 / f16): BM = 128 (wgrad: 64 where Cout/g <= 64), warp w owns a BM/2 x 32 warp
+//     tile: BM/32 x 4 mma.m16n8k16 per k16, fp32 accumulators (BM/2 per thread).
 //   SIMT (f32 / f64): BM = 64, each thread 8 x 4 outputs, FMA in the accumulator type (never TF32:
 //     the oracle's f32 is IEEE).
 // Shared tiles K-major or (tensor cores) MN-major: see CvTile::step.
@@ -115,11 +115,12 @@ __device__ __forceinline__ void cv_divmod(int n, int d, unsigned mul, unsigned s
 #define CV_PAD(T) (CvType<T>::kTC ? 8 : 1)
 #define CV_LDS(T) (CV_BK + CV_PAD(T))  // K-major tiles: row m (or n) of BK elements, padded
 
-template <typename T>
+template <typename T, int BM_ = (CvType<T>::kTC ? CV_BM_TC : CV_BM)>
 struct CvTile {
   typedef typename CvType<T>::Acc Acc;
   static constexpr bool TC = CvType<T>::kTC;
-  static constexpr int BM = TC ? CV_BM_TC : CV_BM;  // tile rows
+  static constexpr int BM = BM_;  // tile rows: 64 or 128 on tensor cores, 64 for SIMT
+  static_assert(TC ? (BM == 64 || BM == 128) : BM == CV_BM, "CvTile rows");
   static constexpr int LDS = CV_LDS(T);
   static constexpr int LDTA = BM + 8, LDTB = CV_BN + 8;  // MN-major A / B tiles (TC only)
   static constexpr int MI = BM / 32;                     // TC: m16 tiles per warp (warp tile BM/2 x 32)

@@ -32,6 +32,7 @@ struct ConvRecordH {
   int64_t finish_grid;  // wgrad: blocks of the finishing kernel (0: none, one chunk)
   int64_t ws_elems;     // wgrad: workspace elements in the accumulator type
   int64_t table_len;    // dgrad: int32 words of the phase table
+  int64_t bm;           // wgrad GEMM kinds: tile rows (64 or 128)
   ConvParamsH p;
 };
 constexpr int64_t kConvRecordWords = sizeof(ConvRecordH) / sizeof(int64_t);

@@ -23,7 +23,7 @@ from oracle import conv_common as cc
 
 OPS = ("conv_backward_data", "conv_backward_weight")
 DTYPES = ("f32", "f16", "bf16", "f64")
-HEADER = 8  # ConvRecordH words before its ConvParamsH
+HEADER = 9  # ConvRecordH words before its ConvParamsH
 KINDS = {"cv_dgrad": 1, "cv_wgrad": 1, "cv_dgrad_vec": 2, "cv_wgrad_vec": 2, "cv_dgrad_dw": 3, "cv_wgrad_dw": 3}
 _RECORDS: dict = {}
 _MAX_RECORDS = 1 << 12
@@ -59,7 +59,9 @@ def make_record(op: str, a, b, out, params: dict):
     kind = KINDS[la.expr.split("<")[0]] if cuda else 0
     finish = la.finish[1][0] if la.finish is not None else 0
     table_len = 0 if la.table is None else len(la.table)
-    head = [OPS.index(op), kind, la.grid[0], la.grid[1], la.block, finish, la.ws_elems if cuda else 0, table_len]
+    targs = la.expr.split("<", 1)[1].rstrip(">").split(",")
+    rows = int(targs[1]) if op == OPS[1] and len(targs) == 2 else 0
+    head = [OPS.index(op), kind, la.grid[0], la.grid[1], la.block, finish, la.ws_elems if cuda else 0, table_len, rows]
     table = None
     if la.table is not None and cuda:
         table = torch.from_numpy(la.table).to(a.device)

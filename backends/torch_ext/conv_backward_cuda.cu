@@ -91,16 +91,30 @@ void wgrad_run_cuda(const at::Tensor& dy, const at::Tensor& x, const at::Tensor&
     const dim3 grid = grid_of(r);
     if (r.kind == CONV_DIRECT) {
       cv_wgrad_dw<T><<<grid, 256, 0, stream>>>(p, a, b, o, part);
-    } else if (r.kind == CONV_VEC) {
-      if constexpr (CvType<T>::kTC) {
-        TORCH_CHECK_VALUE(!(reinterpret_cast<uintptr_t>(a) % 16) && !(reinterpret_cast<uintptr_t>(b) % 16),
-                          "conv_backward_weight: plan copies 16-byte vectors but dy or x is not 16-byte aligned");
-        cv_wgrad_vec<T><<<grid, CV_THREADS, 0, stream>>>(p, a, b, o, part);
-      } else {
-        TORCH_CHECK_VALUE(false, "conv_backward_weight: the vector path is for 16-bit dtypes");
-      }
     } else {
-      cv_wgrad<T><<<grid, CV_THREADS, 0, stream>>>(p, a, b, o, part);
+      TORCH_CHECK_VALUE(r.bm == 64 || (r.bm == 128 && CvType<T>::kTC), "conv_backward_weight: plan has tile rows ",
+                        r.bm);
+      if (r.kind == CONV_VEC) {
+        if constexpr (CvType<T>::kTC) {
+          TORCH_CHECK_VALUE(!(reinterpret_cast<uintptr_t>(a) % 16) && !(reinterpret_cast<uintptr_t>(b) % 16),
+                            "conv_backward_weight: plan copies 16-byte vectors but dy or x is not 16-byte aligned");
+          if (r.bm == 128)
+            cv_wgrad_vec<T, 128><<<grid, CV_THREADS, 0, stream>>>(p, a, b, o, part);
+          else
+            cv_wgrad_vec<T, 64><<<grid, CV_THREADS, 0, stream>>>(p, a, b, o, part);
+        } else {
+          TORCH_CHECK_VALUE(false, "conv_backward_weight: the vector path is for 16-bit dtypes");
+        }
+      } else {
+        if constexpr (CvType<T>::kTC) {
+          if (r.bm == 128)
+            cv_wgrad<T, 128><<<grid, CV_THREADS, 0, stream>>>(p, a, b, o, part);
+          else
+            cv_wgrad<T, 64><<<grid, CV_THREADS, 0, stream>>>(p, a, b, o, part);
+        } else {
+          cv_wgrad<T, 64><<<grid, CV_THREADS, 0, stream>>>(p, a, b, o, part);
+        }
+      }
     }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     if (part != nullptr) {

@@ -10,6 +10,8 @@
 # 3. bench (cold) of the perf cases: torch (cuDNN), triton, cupy@best, torch_ext, both ops: bench/;
 # 4. the fast-divmod A/B: cupy@div, @fastdiv_load, @fastdiv on the strided dgrad perf cases
 #    (ab/), then `harness compare` div -> fastdiv_load and div -> fastdiv: ab/compare-*.txt.
+# 5. (PROFILE=1, the default) harness profile of up to three bf16 layers while the clock is under
+#    PROFILE_BEFORE (400) / PROFILE_UNTIL (450) s: profile/.  PROFILE_BEFORE=9999 forces them.
 # Everything lands in $OUT/cuda_conv.tgz (plus summary.txt, the script's own log).
 # About 7-8 minutes on an H100; every step has its own time limit.
 set -uo pipefail
@@ -86,11 +88,11 @@ if __name__ == "__main__":
                 extra = f"splits {la.words[42]} chunk {la.words[43]}"
             print(f"{case.id:80s} {la.expr:30s} grid {la.grid} {extra}")
 PYEOF
-PYTHONPATH=$PWD timeout -s INT 150 $PY "$W/compile_report.py" > "$W/plans.txt" 2>&1
+PYTHONPATH=$PWD timeout -s INT 100 $PY "$W/compile_report.py" > "$W/plans.txt" 2>&1
 echo "exit $?"; grep -E "regs" "$W/plans.txt" | head -24
 
 stamp "== 1. every cupy variant on the smoke sets"
-timeout -s TERM 150 $PY -m harness run --op conv_backward_data --op conv_backward_weight --backend cupy --cases smoke \
+timeout -s TERM 110 $PY -m harness run --op conv_backward_data --op conv_backward_weight --backend cupy --cases smoke \
   --seed 2 --json "$W/smoke.json" > "$W/smoke.log" 2>&1
 echo "exit $?"; grep -E "^(FAIL|ERROR|CRASH)" -A3 "$W/smoke.log" | head -30; tail -3 "$W/smoke.log"
 
@@ -98,11 +100,11 @@ stamp "== waiting for the torch_ext build"
 wait $BUILD_PID; cat "$W/torch_ext_build.log" | tail -3
 
 stamp "== 2. cupy@best and torch_ext on the full sets (8 shards)"
-OUT="$W/full" bash scripts/gpu_parallel_run.sh scripts/jobs/cuda-conv-full.txt 150 2>&1 | tail -40
+OUT="$W/full" bash scripts/gpu_parallel_run.sh scripts/jobs/cuda-conv-full.txt 120 2>&1 | tail -40
 
 stamp "== 3. bench: torch (cuDNN), triton, cupy@best, torch_ext on the perf cases"
-timeout -s INT 170 $PY -m harness bench --op conv_backward_data --op conv_backward_weight --backend torch \
-  --backend triton --backend cupy@best --backend torch_ext --cases perf --budget 0.25 --time-limit 140 --report "$W/bench" -q \
+timeout -s INT 140 $PY -m harness bench --op conv_backward_data --op conv_backward_weight --backend torch \
+  --backend triton --backend cupy@best --backend torch_ext --cases perf --budget 0.2 --time-limit 110 --report "$W/bench" -q \
   > "$W/bench.log" 2>&1
 echo "exit $?"; tail -5 "$W/bench.log"
 [ -f "$W/bench/report.md" ] && head -80 "$W/bench/report.md"
@@ -116,8 +118,8 @@ cases = [{"op": c.op, "dtype": c.dtype, "params": c.params} for c in select("per
 json.dump(cases, open(sys.argv[1], "w"))
 print(len(cases), "strided dgrad perf cases")
 PYEOF
-timeout -s INT 150 $PY -m harness bench --op conv_backward_data --backend cupy@div --backend cupy@fastdiv_load \
-  --backend cupy@fastdiv --cases "$W/strided.json" --budget 0.3 --interleave --time-limit 120 --report "$W/ab" -q \
+timeout -s INT 110 $PY -m harness bench --op conv_backward_data --backend cupy@div --backend cupy@fastdiv_load \
+  --backend cupy@fastdiv --cases "$W/strided.json" --budget 0.3 --interleave --time-limit 85 --report "$W/ab" -q \
   > "$W/ab.log" 2>&1
 echo "exit $?"; tail -3 "$W/ab.log"
 timeout -s INT 30 $PY - "$W/ab" <<'PYEOF'
@@ -135,6 +137,22 @@ for b in fastdiv_load fastdiv; do
     > "$W/ab/compare-$b.txt" 2>&1
   echo "== div -> $b"; cat "$W/ab/compare-$b.txt" | head -30
 done
+
+# 5. harness profile (Nsight Compute) of three bf16 channels-last layers, while the batch's time allows:
+#    tensor-pipe use, occupancy, bank conflicts, stalls for the report's explanations of any misses.
+if [ "${PROFILE:-1}" = 1 ] && [ $(( $(date +%s) - t0 )) -lt "${PROFILE_BEFORE:-400}" ]; then
+  stamp "== 5. harness profile"
+  mkdir -p "$W/profile"
+  G3S1='"n": 32, "cin": 64, "cout": 64, "spatial": [56, 56], "kernel": [3, 3], "stride": [1, 1], "padding": [1, 1], "dilation": [1, 1], "groups": 1, "layout": "channels_last"'
+  G3S2='"n": 32, "cin": 128, "cout": 128, "spatial": [56, 56], "kernel": [3, 3], "stride": [2, 2], "padding": [1, 1], "dilation": [1, 1], "groups": 1, "layout": "channels_last"'
+  for job in "dgrad-s2:conv_backward_data:$G3S2" "wgrad-s1:conv_backward_weight:$G3S1" "dgrad-s1:conv_backward_data:$G3S1"; do
+    [ $(( $(date +%s) - t0 )) -lt "${PROFILE_UNTIL:-450}" ] || break
+    name=${job%%:*}; rest=${job#*:}; op=${rest%%:*}; geo=${rest#*:}
+    timeout 60 $PY -m harness profile --op "$op" --backend cupy@best --case "{\"op\": \"$op\", \"dtype\": \"bf16\", \"params\": {$geo}}" \
+      --json "$W/profile/$name.json" > "$W/profile/$name.txt" 2>&1
+    echo "$name exit $?"; head -40 "$W/profile/$name.txt"
+  done
+fi
 
 stamp "== pack"
 tar -czf "$OUT/cuda_conv.tgz" -C "$OUT" cuda_conv
