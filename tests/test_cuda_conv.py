@@ -120,6 +120,8 @@ def _divisions(case):
         for T, _, _ in plan.phases(g):
             m = g.n * prod(T)
             out += [(T[2], m), (T[1], _cdiv(m, T[2])), (T[0], _cdiv(m, T[2] * T[1]))]
+            if g.cig * g.cog < plan.DIRECT_MAX:  # the direct kernel's element -> (row, channel) split
+                out.append((g.cin, m * g.cin))
     else:
         rows = g.n * prod(g.out)
         o = g.out

@@ -206,8 +206,9 @@ def dgrad_plan(params: dict, dt: str, dy_strides, w_strides, dx_strides, mode: s
     # The table as int32 words (the magic multipliers as their unsigned 32-bit patterns).
     table32 = (table & 0xFFFFFFFF).astype(np.uint32).view(np.int32).reshape(-1).copy()
     expr = f"<{CUDA_TYPE[dt]}, {MODES[mode]}>"
-    if g.cig * g.cog < DIRECT_MAX:
-        elems = max(g.n * prod(T) for T, _, _ in ph) * g.cin
+    elems = max(g.n * prod(T) for T, _, _ in ph) * g.cin
+    if g.cig * g.cog < DIRECT_MAX and elems < INDEX_LIMIT - DIRECT_THREADS:
+        words[-6:-4] = list(magic(g.cin))  # the direct kernel's element -> (row, channel) split
         return Launch("cv_dgrad_dw" + expr, (_cdiv(elems, DIRECT_THREADS), len(ph)), DIRECT_THREADS, words, table32)
     name = "cv_dgrad_vec" if vec_ok(dt, aligned, g, sa, sb) else "cv_dgrad"
     return Launch(name + expr, (mblocks, gy), THREADS, words, table32)

@@ -226,8 +226,8 @@ __global__ void __launch_bounds__(CV_THREADS)
 // would be mostly padding, so each thread computes one dx element of a phase directly: the sum over
 // the phase's taps and the group's Cout/g channels, in the accumulator type.
 //   cv_dgrad_dw<T, MODE>  grid (max over phases of ceil(M_phase * Cin / 256), phases), 256 threads.
-// Elements are numbered channel-fastest when dy's channel stride is 1 (coalesced in channels-last),
-// else row-fastest.  MODE as for cv_dgrad (a row's coordinates: load path = the dy reads, store
+// Elements are numbered channel-fastest when dy's channel stride is 1 (coalesced in channels-last;
+// the element -> (row, channel) split by Cin takes the fast divmod from MODE 1 on), else row-fastest.  MODE as for cv_dgrad (a row's coordinates: load path = the dy reads, store
 // path = the dx write; here both use the same coordinates, so MODE >= 1 takes the fast divmod and
 // MODE 1 recomputes them with / and % for the store, as the GEMM's store path does).
 template <typename T, int MODE>
@@ -238,15 +238,14 @@ __global__ void __launch_bounds__(256)
   const int* row = table + blockIdx.y * p.trow;
   const int mp = row[12];
   const int cin = (int)p.cin, cig = (int)p.cig, cog = (int)p.cog;
-  const long long e = (long long)blockIdx.x * 256 + threadIdx.x;
-  if (e >= (long long)mp * cin) return;
+  const int e = blockIdx.x * 256 + threadIdx.x;  // < 2^31: the plan checks M_phase * Cin
+  if (e >= mp * cin) return;
   int m, c;
-  if (p.cfast) {
-    m = (int)(e / cin);
-    c = (int)(e - (long long)m * cin);
+  if (p.cfast) {  // by Cin: (mul, shift) in magic[0..1]
+    cv_divmod<(MODE >= 1)>(e, cin, (unsigned)p.magic[0], (unsigned)p.magic[1], m, c);
   } else {
-    c = (int)(e / mp);
-    m = (int)(e - (long long)c * mp);
+    c = e / mp;
+    m = e - c * mp;
   }
   int n, td, th, tw;
   cvd_coords<(MODE >= 1)>(m, row, n, td, th, tw);

@@ -38,7 +38,7 @@ struct ConvParams {
   long long rows;                 // wgrad: N * prod(out) (the reduction length)
   long long mblocks, cblocks, splits, chunk, taps, phases, trow;
   long long cfast;                // 1: the first operand's channel stride is 1 (load channel-fastest)
-  long long magic[6];             // wgrad: (mul, shift) of out[2], out[1], out[0]
+  long long magic[6];             // wgrad: (mul, shift) of out[2], out[1], out[0]; dgrad direct: of Cin
 };
 #define CV_WORDS 54
 
