@@ -7,7 +7,8 @@
 # (the torch_ext build runs in the background meanwhile: torch_ext_build.log)
 # 2. cupy@best and torch_ext on the full sets, 8 shards side by side (scripts/jobs/cuda-conv-full.txt through
 #    scripts/gpu_parallel_run.sh): full/summary.txt, full/runs.tar.gz;
-# 3. bench (cold) of the perf cases: torch (cuDNN), triton, cupy@best, torch_ext, both ops: bench/;
+# 3. bench (cold) of the bf16 perf cases (BENCH_DTYPE): torch (cuDNN), triton, cupy@best, torch_ext,
+#    both ops in turn: bench/;
 # 4. the fast-divmod A/B: cupy@div, @fastdiv_load, @fastdiv on the strided dgrad perf cases
 #    (ab/), then `harness compare` div -> fastdiv_load and div -> fastdiv: ab/compare-*.txt.
 # 5. (PROFILE=1, the default) harness profile of up to three bf16 layers while the clock is under
@@ -104,7 +105,8 @@ OUT="$W/full" bash scripts/gpu_parallel_run.sh scripts/jobs/cuda-conv-full.txt 1
 
 stamp "== 3. bench: torch (cuDNN), triton, cupy@best, torch_ext on the perf cases"
 timeout -s INT 140 $PY -m harness bench --op conv_backward_data --op conv_backward_weight --backend torch \
-  --backend triton --backend cupy@best --backend torch_ext --cases perf --budget 0.2 --time-limit 110 --report "$W/bench" -q \
+  --backend triton --backend cupy@best --backend torch_ext --cases perf --dtype "${BENCH_DTYPE:-bf16}" --interleave \
+  --budget 0.2 --warmup-budget 0.2 --time-limit 110 --report "$W/bench" -q \
   > "$W/bench.log" 2>&1
 echo "exit $?"; tail -5 "$W/bench.log"
 [ -f "$W/bench/report.md" ] && head -80 "$W/bench/report.md"
