@@ -149,22 +149,24 @@ __global__ void __launch_bounds__(CV_THREADS)
   constexpr int LDTB = CvTile<T>::LDTB;
   CV_SHARED16 T As[CV_STAGES][BM * LDS];
   CV_SHARED16 T Bs[CV_STAGES][CV_BK * LDTB];
-  __shared__ long long rbase[BM];
-  __shared__ int rt[3][BM];
-  if (tid < BM) {
-    const int m = m0 + tid;
+  // The A copies of thread tid always fall in rows (tid / 4) + 32j (j < BM / 32), channels
+  // (tid % 4) * 8 of each BK slice: their coordinates are computed once (the load path's divmods)
+  // and kept in registers.
+  constexpr int RPT = BM / 32;
+  long long roff[RPT];  // dy offset of the row at tap shift 0 (-1: past the phase's rows)
+  int rd[RPT], rh[RPT], rw[RPT];
+#pragma unroll
+  for (int j = 0; j < RPT; ++j) {
+    const int m = m0 + (tid >> 2) + 32 * j;
+    roff[j] = -1;
+    rd[j] = rh[j] = rw[j] = 0;
     if (m < mp) {
-      int n, td, th, tw;
-      cvd_coords<(MODE >= 1)>(m, row, n, td, th, tw);
-      rbase[tid] = n * p.sa[0];
-      rt[0][tid] = td;
-      rt[1][tid] = th;
-      rt[2][tid] = tw;
-    } else {
-      rbase[tid] = -1;
+      int n;
+      cvd_coords<(MODE >= 1)>(m, row, n, rd[j], rh[j], rw[j]);
+      roff[j] = n * p.sa[0] + rd[j] * p.sa[2] + rh[j] * p.sa[3] + rw[j] * p.sa[4];
     }
   }
-  __syncthreads();
+  const int kc = tid & 3;
 
   const int cog = (int)p.cog, cig = (int)p.cig;
   const long long co_first = (long long)g * cog;
@@ -177,20 +179,20 @@ __global__ void __launch_bounds__(CV_THREADS)
     const int* tp = row + CVD_HEAD + 4 * tap;
     const int cd = tp[0], ch = tp[1], cw = tp[2];
     const long long woff = tp[3];
+    const long long shift = cd * p.sa[2] + ch * p.sa[3] + cw * p.sa[4];
+    const int co = co0 + kc * 8;
 #pragma unroll
-    for (int c = tid; c < BM * (CV_BK / 8); c += CV_THREADS) {
-      const int m = c >> 2, kc = c & 3, co = co0 + kc * 8;
+    for (int j = 0; j < RPT; ++j) {
       const T* src = dy;
       int bytes = 0;
-      const long long base = rbase[m];
-      if (base >= 0 && co < cog) {
-        const int od = rt[0][m] + cd, oh = rt[1][m] + ch, ow = rt[2][m] + cw;
+      if (roff[j] >= 0 && co < cog) {
+        const int od = rd[j] + cd, oh = rh[j] + ch, ow = rw[j] + cw;
         if (od >= 0 && od < od_n && oh >= 0 && oh < oh_n && ow >= 0 && ow < ow_n) {
-          src = dy + base + (co_first + co) + od * p.sa[2] + oh * p.sa[3] + ow * p.sa[4];
+          src = dy + roff[j] + shift + co_first + co;
           bytes = 16;
         }
       }
-      tc_cp_async16(&As[stage][m * LDS + kc * 8], src, bytes);
+      tc_cp_async16(&As[stage][((tid >> 2) + 32 * j) * LDS + kc * 8], src, bytes);
     }
 #pragma unroll
     for (int c = tid; c < CV_BK * (CV_BN / 8); c += CV_THREADS) {
