@@ -99,7 +99,7 @@ __global__ void __launch_bounds__(CV_THREADS)
 // and Cin/g multiples of 8, every other stride a multiple of 8 and the pointers 16-byte aligned):
 // both tiles MN-major (row = a (n, o) pair, 8 channels per 16-byte cp.async), CV_STAGES deep,
 // zero-filled past the pairs, the channels and where the tap reads the padding; fragments by
-// ldmatrix.trans.  Each thread decomposes the pairs of its own copies (fast divmod).
+// ldmatrix.trans.  The pairs' offsets are decoded once per step (fast divmod), ahead of the copies.
 template <typename T, int BM>
 __global__ void __launch_bounds__(CV_THREADS)
     cv_wgrad_vec(const ConvParams p, const T* __restrict__ dy, const T* __restrict__ x, T* __restrict__ dw,
@@ -121,36 +121,51 @@ __global__ void __launch_bounds__(CV_THREADS)
   CV_SHARED16 T As[CV_STAGES][CV_BK * LDTA];
   CV_SHARED16 T Bs[CV_STAGES][CV_BK * LDTB];
   const int nsteps = (int)((r_end - r_begin + CV_BK - 1) / CV_BK);
-  // Thread tid copies, for pairs kk = tid / 16 + 8j (j < 4), A's 8 channels at (tid % 16) * 8 (when
-  // inside the BM-row tile) and, when tid % 16 < 8, B's at (tid % 16) * 8: one pair decomposition
-  // serves both operands.
-  const int lc = tid & 15;
-  auto load = [&](int s, int stage) {
-    const long long r0 = r_begin + (long long)s * CV_BK;
-#pragma unroll
-    for (int j = 0; j < CV_BK / 8; ++j) {
-      const int kk = (tid >> 4) + 8 * j;
-      const long long r = r0 + kk;
-      const T* sa = dy;
-      const T* sb = x;
-      int ba = 0, bb = 0;
+  // The BK pairs of a step are decoded once, by threads 0..BK-1, three steps ahead of their copies:
+  // ry / rx[step & 3][pair] = the pair's dy offset and its x offset at this tap (-1: past the
+  // chunk, or the tap reads padding).  Slot (s + 3) & 3 is written after the barrier of step s and
+  // read after the barrier of step s + 1; its previous reader issued its copies before step s's barrier.
+  static_assert(CV_STAGES == 3, "ry / rx hold CV_STAGES + 1 = 4 steps");
+  __shared__ long long ry[4][CV_BK], rx[4][CV_BK];
+  auto prep = [&](int s) {
+    if (tid < CV_BK) {
+      const long long r = r_begin + (long long)s * CV_BK + tid;
+      long long oy = -1, ox = -1;
       if (r < r_end) {
         int q, ow, oh, od, n;
         cv_divmod<true>((int)r, (int)p.out[2], (unsigned)p.magic[0], (unsigned)p.magic[1], q, ow);
         cv_divmod<true>(q, (int)p.out[1], (unsigned)p.magic[2], (unsigned)p.magic[3], q, oh);
         cv_divmod<true>(q, (int)p.out[0], (unsigned)p.magic[4], (unsigned)p.magic[5], n, od);
-        if (co0 + lc * 8 < cog) {
-          sa = dy + n * p.sa[0] + od * p.sa[2] + oh * p.sa[3] + ow * p.sa[4] + co_first + lc * 8;
-          ba = 16;
-        }
+        oy = n * p.sa[0] + od * p.sa[2] + oh * p.sa[3] + ow * p.sa[4];
         const long long id = od * p.s[0] + kd * p.d[0] - p.p[0];
         const long long ih = oh * p.s[1] + kh * p.d[1] - p.p[1];
         const long long iw = ow * p.s[2] + kw * p.d[2] - p.p[2];
-        if (lc < 8 && ci0 + lc * 8 < cig && id >= 0 && id < p.in[0] && ih >= 0 && ih < p.in[1] && iw >= 0 &&
-            iw < p.in[2]) {
-          sb = x + n * p.sb[0] + id * p.sb[2] + ih * p.sb[3] + iw * p.sb[4] + ci_first + lc * 8;
-          bb = 16;
-        }
+        if (id >= 0 && id < p.in[0] && ih >= 0 && ih < p.in[1] && iw >= 0 && iw < p.in[2])
+          ox = n * p.sb[0] + id * p.sb[2] + ih * p.sb[3] + iw * p.sb[4];
+      }
+      ry[s & 3][tid] = oy;
+      rx[s & 3][tid] = ox;
+    }
+  };
+  // Thread tid copies, for pairs kk = tid / 16 + 8j (j < 4), A's 8 channels at (tid % 16) * 8 (when
+  // inside the BM-row tile) and, when tid % 16 < 8, B's at (tid % 16) * 8.
+  const int lc = tid & 15;
+  const bool a_live = lc * 8 < BM && co0 + lc * 8 < cog, b_live = lc < 8 && ci0 + lc * 8 < cig;
+  auto load = [&](int s, int stage) {
+#pragma unroll
+    for (int j = 0; j < CV_BK / 8; ++j) {
+      const int kk = (tid >> 4) + 8 * j;
+      const long long oy = ry[s & 3][kk], ox = rx[s & 3][kk];
+      const T* sa = dy;
+      const T* sb = x;
+      int ba = 0, bb = 0;
+      if (oy >= 0 && a_live) {
+        sa = dy + oy + co_first + lc * 8;
+        ba = 16;
+      }
+      if (ox >= 0 && b_live) {
+        sb = x + ox + ci_first + lc * 8;
+        bb = 16;
       }
       if (lc * 8 < BM) tc_cp_async16(&As[stage][kk * LDTA + lc * 8], sa, ba);
       if (lc < 8) tc_cp_async16(&Bs[stage][kk * LDTB + lc * 8], sb, bb);
@@ -159,7 +174,28 @@ __global__ void __launch_bounds__(CV_THREADS)
 
   CvTile<T, BM> tile;
   tile.clear();
-  cv_pipeline(nsteps, load, [&](int stage) { tile.template step<true, true>(As[stage], Bs[stage]); });
+  // cv_pipeline's schedule (conv_common.cuh) with the decoding three steps ahead.
+#pragma unroll
+  for (int s = 0; s < CV_STAGES; ++s)
+    if (s < nsteps) prep(s);
+  __syncthreads();
+#pragma unroll
+  for (int s = 0; s < CV_STAGES - 1; ++s) {
+    if (s < nsteps) load(s, s);
+    tc_cp_commit();
+  }
+  int stage = 0;
+  for (int s = 0; s < nsteps; ++s) {
+    tc_cp_wait<CV_STAGES - 2>();
+    __syncthreads();
+    const int next = s + CV_STAGES - 1;
+    if (next < nsteps) load(next, stage == 0 ? CV_STAGES - 1 : stage - 1);
+    tc_cp_commit();
+    if (s + CV_STAGES < nsteps) prep(s + CV_STAGES);
+    tile.template step<true, true>(As[stage], Bs[stage]);
+    stage = stage == CV_STAGES - 1 ? 0 : stage + 1;
+  }
+  tc_cp_wait<0>();
 
   const long long taps = p.taps, total = p.cout * taps * p.cig;
   tile.for_each([&](int r, int c, Acc v) {
