@@ -77,24 +77,39 @@ __global__ void __launch_bounds__(CV_THREADS)
   CvTile<T> tile;
   tile.clear();
   const int ntaps = row[13];
+  // Channels-first (rows fastest): thread tid loads row mr = tid % BM, channels kr + j * (THREADS / BM).
+  const int mr = tid % BM, kr = tid / BM;
   for (int tap = 0; tap < ntaps; ++tap) {
     const int* tp = row + CVD_HEAD + 4 * tap;
     const int cd = tp[0], ch = tp[1], cw = tp[2];
     const long long woff = tp[3];
+    // The row's dy element at this tap (channel 0 of the group), or -1: outside dy.
+    long long yoff = -1;
+    if (!p.cfast && rbase[mr] >= 0) {
+      const int od = rt[0][mr] + cd, oh = rt[1][mr] + ch, ow = rt[2][mr] + cw;
+      if (od >= 0 && od < od_n && oh >= 0 && oh < oh_n && ow >= 0 && ow < ow_n)
+        yoff = rbase[mr] + co_first * p.sa[1] + od * p.sa[2] + oh * p.sa[3] + ow * p.sa[4];
+    }
     for (int co0 = 0; co0 < cog; co0 += CV_BK) {
-      // A: dy rows (the phase's positions shifted by the tap) x BK output channels, zero-filled.
-      for (int e = tid; e < BM * CV_BK; e += CV_THREADS) {
-        const int m = p.cfast ? e / CV_BK : e % BM;
-        const int kk = p.cfast ? e % CV_BK : e / BM;
-        T v = cv_zero<T>();
-        const long long base = rbase[m];
-        const int co = co0 + kk;
-        if (base >= 0 && co < cog) {
-          const int od = rt[0][m] + cd, oh = rt[1][m] + ch, ow = rt[2][m] + cw;
-          if (od >= 0 && od < od_n && oh >= 0 && oh < oh_n && ow >= 0 && ow < ow_n)
-            v = dy[base + (co_first + co) * p.sa[1] + od * p.sa[2] + oh * p.sa[3] + ow * p.sa[4]];
+      if (!p.cfast) {
+        for (int kk = kr; kk < CV_BK; kk += CV_THREADS / BM) {
+          const int co = co0 + kk;
+          As[mr * LDS + kk] = yoff >= 0 && co < cog ? dy[yoff + co * p.sa[1]] : cv_zero<T>();
         }
-        As[m * LDS + kk] = v;
+      } else {
+        // Channels-last (channels fastest), where the 16-byte path does not apply.
+        for (int e = tid; e < BM * CV_BK; e += CV_THREADS) {
+          const int m = e / CV_BK, kk = e % CV_BK;
+          T v = cv_zero<T>();
+          const long long base = rbase[m];
+          const int co = co0 + kk;
+          if (base >= 0 && co < cog) {
+            const int od = rt[0][m] + cd, oh = rt[1][m] + ch, ow = rt[2][m] + cw;
+            if (od >= 0 && od < od_n && oh >= 0 && oh < oh_n && ow >= 0 && ow < ow_n)
+              v = dy[base + (co_first + co) * p.sa[1] + od * p.sa[2] + oh * p.sa[3] + ow * p.sa[4]];
+          }
+          As[m * LDS + kk] = v;
+        }
       }
       // B: the tap's weights, Bs[ci][co].
       for (int e = tid; e < CV_BN * CV_BK; e += CV_THREADS) {

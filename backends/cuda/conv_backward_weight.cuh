@@ -63,19 +63,22 @@ __global__ void __launch_bounds__(CV_THREADS)
     }
     __syncthreads();
     // A: As[co][pair] from dy; B: Bs[ci][pair] from x; zero-filled past the tile's channels and pairs.
-    for (int e = tid; e < BM * CV_BK; e += CV_THREADS) {
-      const int c = p.cfast ? e % BM : e / CV_BK;
-      const int kk = p.cfast ? e / BM : e % CV_BK;
-      T v = cv_zero<T>();
-      if (ry[kk] >= 0 && co0 + c < cog) v = dy[ry[kk] + (co_first + c) * p.sa[1]];
-      As[c * LDS + kk] = v;
-    }
-    for (int e = tid; e < CV_BN * CV_BK; e += CV_THREADS) {
-      const int c = p.cfast ? e % CV_BN : e / CV_BK;
-      const int kk = p.cfast ? e / CV_BN : e % CV_BK;
-      T v = cv_zero<T>();
-      if (rx[kk] >= 0 && ci0 + c < cig) v = x[rx[kk] + (ci_first + c) * p.sb[1]];
-      Bs[c * LDS + kk] = v;
+    if (p.cfast) {  // channels-last: channels fastest
+      for (int e = tid; e < BM * CV_BK; e += CV_THREADS) {
+        const int c = e % BM, kk = e / BM;
+        As[c * LDS + kk] = ry[kk] >= 0 && co0 + c < cog ? dy[ry[kk] + (co_first + c) * p.sa[1]] : cv_zero<T>();
+      }
+      for (int e = tid; e < CV_BN * CV_BK; e += CV_THREADS) {
+        const int c = e % CV_BN, kk = e / CV_BN;
+        Bs[c * LDS + kk] = rx[kk] >= 0 && ci0 + c < cig ? x[rx[kk] + (ci_first + c) * p.sb[1]] : cv_zero<T>();
+      }
+    } else {  // channels-first: pairs fastest; thread tid keeps one pair, kk = tid % BK
+      const int kk = tid % CV_BK, c0 = tid / CV_BK;
+      const long long oy = ry[kk], ox = rx[kk];
+      for (int c = c0; c < BM; c += CV_THREADS / CV_BK)
+        As[c * LDS + kk] = oy >= 0 && co0 + c < cog ? dy[oy + (co_first + c) * p.sa[1]] : cv_zero<T>();
+      for (int c = c0; c < CV_BN; c += CV_THREADS / CV_BK)
+        Bs[c * LDS + kk] = ox >= 0 && ci0 + c < cig ? x[ox + (ci_first + c) * p.sb[1]] : cv_zero<T>();
     }
     __syncthreads();
     tile.step(As, Bs);

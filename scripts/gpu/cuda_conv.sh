@@ -13,15 +13,17 @@
 #    (ab/), then `harness compare` div -> fastdiv_load and div -> fastdiv: ab/compare-*.txt.
 # 5. (PROFILE=1, the default) harness profile of up to three bf16 layers while the clock is under
 #    PROFILE_BEFORE (400) / PROFILE_UNTIL (450) s: profile/.  PROFILE_BEFORE=9999 forces them.
-# Everything lands in $OUT/cuda_conv.tgz (plus summary.txt, the script's own log).
+# $OUT gets two files: cuda_conv.tgz (everything above) and summary.txt (this script's log).
 # About 7-8 minutes on an H100; every step has its own time limit.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 : "${OUT:?set OUT to a folder for the results}"
 PY=${PY:-python3}
-W="$OUT/cuda_conv"
-mkdir -p "$W"
+W="$(mktemp -d)/cuda_conv"  # the work folder: packed into $OUT/cuda_conv.tgz at the end (few files come back)
+mkdir -p "$W" "$OUT"
 exec > >(tee "$OUT/summary.txt") 2>&1
+# Pack whatever exists however the script ends (a step's time limit, or the caller's).
+trap 'tar -czf "$OUT/cuda_conv.tgz" -C "$(dirname "$W")" cuda_conv 2>/dev/null' EXIT
 t0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
 
@@ -157,6 +159,6 @@ if [ "${PROFILE:-1}" = 1 ] && [ $(( $(date +%s) - t0 )) -lt "${PROFILE_BEFORE:-4
 fi
 
 stamp "== pack"
-tar -czf "$OUT/cuda_conv.tgz" -C "$OUT" cuda_conv
+tar -czf "$OUT/cuda_conv.tgz" -C "$(dirname "$W")" cuda_conv
 ls -la "$OUT"
 stamp "done"
