@@ -56,7 +56,10 @@ from cases import select
 def compile_one(job):
     op, expr = job
     t = time.perf_counter()
-    fn = function(_conv.SOURCES[op], expr)
+    try:
+        fn = function(_conv.SOURCES[op], expr)
+    except Exception as exc:  # noqa: BLE001 - reported, the others still compile
+        return f"{expr:36s} FAILED: {type(exc).__name__}: {str(exc)[:2000]}"
     return (f"{expr:36s} regs {fn.num_regs:3d} local {fn.local_size_bytes:4d} B smem {fn.shared_size_bytes:5d} B "
             f"({time.perf_counter() - t:.1f} s)")
 
