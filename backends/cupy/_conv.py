@@ -92,7 +92,12 @@ def check_buffers(op: str, named: dict, out: str) -> None:
 
 
 def make_entry(op: str, variant: str, a, b, out, params: dict, dev, aligned: bool = False) -> Entry:
+    """The plan of one layout (shapes, strides, dtype, alignment, geometry), checked once."""
     dt = dtype_name(a)
+    if not out.flags.c_contiguous:
+        name = "dx" if op == OP_D else "dw"
+        raise ValueError(f"cupy {op}: argument {name!r} has strides {out.strides} bytes for shape {out.shape}, "
+                         "expected a contiguous array (the kernels write it densely)")
     sa, sb, sc = (element_strides(t, name, f"cupy {op}") for t, name in ((a, "dy"), (b, "w" if op == OP_D else "x"),
                                                                         (out, "dx" if op == OP_D else "dw")))
     if op == OP_D:

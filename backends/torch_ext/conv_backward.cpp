@@ -38,6 +38,8 @@ void check_conv_run(const char* op, const at::Tensor& a, const char* a_name, con
   check_like(op, b, b_name, a, a_name);
   TORCH_CHECK_VALUE(out.defined() && out.layout() == at::kStrided, op, ": ", out_name, " must be a strided tensor");
   check_like(op, out, out_name, a, a_name);
+  TORCH_CHECK_VALUE(out.is_contiguous(), op, ": ", out_name, " must be contiguous, got strides ", out.strides(),
+                    " for shape ", out.sizes());
   TORCH_CHECK_VALUE(a.dim() >= 3 && a.dim() <= 5 && b.dim() == a.dim() && out.dim() == a.dim(), op, ": ", a_name,
                     ", ", b_name, ", ", out_name, " must have one rank in 3..5, got ", a.dim(), ", ", b.dim(), ", ",
                     out.dim());

@@ -171,8 +171,12 @@ def on_load(with_cuda: bool) -> None:
 # ----------------------------------------------------------------------------- harness
 
 def _kernel_limits(op: str, named: dict, out: str) -> None:
-    """What the kernels rely on beyond argcheck's checks: the output apart from the inputs."""
+    """What the kernels rely on beyond argcheck's checks: the output contiguous (in its layout) and
+    apart from the inputs."""
     o = named[out]
+    if not o.is_contiguous():
+        raise ValueError(f"torch_ext {op}: argument {out!r} has strides {tuple(o.stride())} for shape "
+                         f"{tuple(o.shape)}, expected a contiguous tensor (the kernels write it densely)")
     for name, t in named.items():
         if name != out and t.numel() and o.numel() and t.untyped_storage().data_ptr() == o.untyped_storage().data_ptr():
             raise ValueError(f"torch_ext {op}: argument {out!r} shares memory with {name!r}, expected a separate "
