@@ -1,0 +1,382 @@
+"""The cupy conv dgrad / wgrad kernels (backends/cuda/conv_backward_{data,weight}.cuh) without a GPU.
+
+* Compile: every instantiation the plans launch compiles for sm_90 with NVRTC, and with nvcc
+  when present; ConvParams has the word count the plan packs.
+* Fast divmod: the plan's (mul, shift) reproduce n // d exactly, exhaustively over the ranges the
+  kernels divide (every divisor and dividend range of the smoke and full case sets, and every
+  divisor up to 2048 over a range of dividends), and at the 2**31 limit.
+* Stand-in: the .cuh kernels compiled by g++ against tests/cuda_host (a fiber per thread, warp
+  collectives for mma.sync emulated lane by lane), launched by the cupy backend's own host code
+  (backends/cupy/_conv.py: plans, ConvParams bytes, phase table, workspace, finish) on a numpy
+  device, registered as a numpy backend so the harness's run_case judges each smoke case:
+  NaN-poisoned outputs, repeats bitwise equal, the stale-output recheck, the float64 oracle.
+  Every dgrad variant and dtype, 1D/2D/3D, stride, dilation, groups, both layouts, strided views.
+
+What this cannot check: timing and the GPU's own rounding (the host has no FMA contraction);
+scripts/gpu/cuda_conv.sh runs the same cases on the device.
+"""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from math import prod
+
+import numpy as np
+import pytest
+
+import cuda_host
+from backends._plans import conv_cuda as plan
+from backends.cupy import _conv
+from backends.cupy import nvrtc as _nvrtc
+from cases import select
+from harness.registry import Backend
+from harness.runner import run_case
+from oracle import conv_common as cc
+
+OPS = ("conv_backward_data", "conv_backward_weight")
+DGRAD_VARIANTS = ("div", "fastdiv_load", "fastdiv")
+
+
+def _nvrtc_usable() -> bool:
+    try:
+        from cupy.cuda import nvrtc
+
+        nvrtc.getVersion()
+        return True
+    except Exception:  # noqa: BLE001
+        return False
+
+
+needs_nvrtc = pytest.mark.skipif(not (_nvrtc_usable() and _nvrtc.include_dirs()),
+                                 reason="NVRTC or cuda_fp16.h not available")
+WHY = cuda_host.available()
+needs_host = pytest.mark.skipif(WHY is not None, reason=f"CUDA-on-CPU stand-in unavailable: {WHY}")
+
+
+# ============================================================================= compile
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("op", OPS)
+def test_nvrtc_compiles_every_instantiation(op):
+    exprs = [e for dt in _conv.DTYPES for e in plan.all_exprs(op, dt)]
+    cubin, lowered = _nvrtc.compile_cubin(_nvrtc.read_source(_conv.SOURCES[op]), arch="sm_90", name_expressions=exprs)
+    for expr in exprs:
+        assert lowered[expr].encode() in cubin, f"{expr} missing from the cubin"
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+@pytest.mark.parametrize("op", OPS)
+def test_nvcc_compiles_every_instantiation(op, tmp_path):
+    exprs = [e for dt in _conv.DTYPES for e in plan.all_exprs(op, dt)]
+    src = tmp_path / "inst.cu"
+    inst = "\n".join(f"template __global__ void {_declare(e)};" for e in exprs)
+    src.write_text(f'#include "{_nvrtc.CUDA_DIR / _conv.SOURCES[op]}"\n{inst}\n')
+    proc = subprocess.run(["nvcc", "-arch=sm_90", "-std=c++17", "-cubin", "-o", str(tmp_path / "x.cubin"), str(src)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+
+def _declare(expr: str) -> str:
+    """An explicit instantiation's declarator for a name expression."""
+    name, targs = expr.split("<", 1)
+    t = targs.split(",")[0].rstrip(">").strip()
+    acc = f"typename CvType<{t}>::Acc"
+    if name in ("cv_dgrad", "cv_dgrad_vec", "cv_dgrad_dw"):
+        return f"{expr}(const ConvParams, const {t}*, const {t}*, {t}*, const int*)"
+    if name in ("cv_wgrad", "cv_wgrad_vec", "cv_wgrad_dw"):
+        return f"{expr}(const ConvParams, const {t}*, const {t}*, {t}*, {acc}*)"
+    return f"{expr}(const ConvParams, const {acc}*, {t}*)"
+
+
+def test_params_word_count_matches_the_header():
+    text = (_nvrtc.CUDA_DIR / "conv_common.cuh").read_text()
+    start = text.index("struct ConvParams {")
+    body = "\n".join(line.split("//")[0] for line in text[start:text.index("};", start)].splitlines()[1:])
+    count = 0
+    for decl in body.split(";"):
+        if "long long" not in decl:
+            continue
+        for name in decl.replace("long long", "").split(","):
+            name = name.strip()
+            count += int(name[name.index("[") + 1:name.index("]")]) if "[" in name else 1
+    assert count == plan.WORDS
+    assert f"#define CV_WORDS {plan.WORDS}" in text
+    for macro, value in (("CV_BM", plan.BM), ("CV_BM_TC", plan.BM_TC), ("CV_BN", plan.BN), ("CV_BK", plan.BK),
+                         ("CV_THREADS", plan.THREADS)):
+        assert re.search(rf"^#define {macro} {value}\b", text, re.M), macro
+    assert f"#define CVD_HEAD {plan.DGRAD_HEAD}" in (_nvrtc.CUDA_DIR / "conv_backward_data.cuh").read_text()
+
+
+# ============================================================================= fast divmod
+
+
+def _divisions(case):
+    """(divisor, dividend bound) of every division the kernels make for a case."""
+    g = plan.geo3(case.params, case.op)
+    out = []
+    if case.op == "conv_backward_data":
+        for T, _, _ in plan.phases(g):
+            m = g.n * prod(T)
+            out += [(T[2], m), (T[1], _cdiv(m, T[2])), (T[0], _cdiv(m, T[2] * T[1]))]
+            if g.cig * g.cog < plan.DIRECT_MAX:  # the direct kernel's element -> (row, channel) split
+                out.append((g.cin, m * g.cin))
+    else:
+        rows = g.n * prod(g.out)
+        o = g.out
+        out += [(o[2], rows), (o[1], _cdiv(rows, o[2])), (o[0], _cdiv(rows, o[2] * o[1]))]
+    return out
+
+
+def _cdiv(a, b):
+    return -(-a // b)
+
+
+def test_fast_divmod_is_exact_over_every_case_range():
+    bounds: dict[int, int] = {}
+    for tag in ("smoke", "full"):
+        for op in OPS:
+            for case in select(tag, op=op):
+                for d, n in _divisions(case):
+                    bounds[d] = max(bounds.get(d, 0), n)
+    assert bounds
+    for d, n in sorted(bounds.items()):
+        x = np.arange(n, dtype=np.uint64)
+        assert np.array_equal(plan.fast_div(x, d), x // np.uint64(d)), d
+
+
+def test_fast_divmod_is_exact_for_small_divisors_and_at_the_limit():
+    x = np.arange(1 << 17, dtype=np.uint64)
+    top = np.uint64(2 ** 31) - np.arange(1, 1 << 12, dtype=np.uint64)
+    rng = np.random.default_rng(0)
+    rand = rng.integers(0, 2 ** 31, 1 << 14).astype(np.uint64)
+    for d in list(range(1, 2049)) + [3 * 2 ** k for k in range(20)] + [2 ** 31 - 1, 2 ** 30 + 1, 100003]:
+        for n in (x, top, rand):
+            assert np.array_equal(plan.fast_div(n, d), n // np.uint64(d)), d
+    with pytest.raises(ValueError):
+        plan.magic(0)
+
+
+# ============================================================================= plans
+
+
+def test_dgrad_phases_cover_every_input_position_once():
+    for case in select("smoke", op="conv_backward_data"):
+        g = plan.geo3(case.params, case.op)
+        seen = np.zeros(g.inp, dtype=int)
+        for T, i0, taps in plan.phases(g):
+            idx = np.ix_(*(i0[j] + g.s[j] * np.arange(T[j]) for j in range(3)))
+            seen[idx] += 1
+            for kd, kh, kw, cd, ch, cw in taps:  # the tap's window: i = o*s + k*d - p
+                for j, (k, c) in enumerate(((kd, cd), (kh, ch), (kw, cw))):
+                    assert (i0[j] + g.p[j] - k * g.d[j]) == c * g.s[j]
+        assert (seen == 1).all(), case.id
+
+
+def test_wgrad_splits_fill_the_gpu_and_stay_in_grid_limits():
+    params = dict(n=32, cin=64, cout=64, spatial=[56, 56], kernel=[3, 3], padding=[1, 1], stride=[1, 1],
+                  dilation=[1, 1], groups=1, layout="channels_last")
+    la = plan.wgrad_plan(params, "bf16", (56 * 56 * 64, 56 * 64, 64, 1), (56 * 56 * 64, 56 * 64, 64, 1),
+                         (9 * 64, 3 * 64, 64, 1), 132)
+    splits = la.words[42]
+    assert splits > 1 and la.finish is not None
+    assert la.grid[0] * la.grid[1] >= 4 * 132
+    assert la.grid[1] <= plan.GRID_Y_MAX
+
+
+# ============================================================================= stand-in
+
+
+def _signature(expr: str) -> list[str]:
+    name, targs = expr.split("<", 1)
+    t = targs.split(",")[0].rstrip(">").strip()
+    acc = "double" if t == "double" else "float"
+    if name in ("cv_dgrad", "cv_dgrad_vec", "cv_dgrad_dw"):
+        return ["ConvParams", f"const {t}*", f"const {t}*", f"{t}*", "const int*"]
+    if name in ("cv_wgrad", "cv_wgrad_vec", "cv_wgrad_dw"):
+        return ["ConvParams", f"const {t}*", f"const {t}*", f"{t}*", f"{acc}*"]
+    return ["ConvParams", f"const {acc}*", f"{t}*"]
+
+
+_KERNELS: dict = {}
+
+
+def _kernels(op: str, dt: str):
+    key = (op, dt)
+    if key not in _KERNELS:
+        exprs = plan.all_exprs(op, dt)
+        _KERNELS[key] = cuda_host.Kernels(f"{op}-{dt}", f'#include "{_nvrtc.CUDA_DIR / _conv.SOURCES[op]}"',
+                                          {e: _signature(e) for e in exprs})
+    return _KERNELS[key]
+
+
+class HostConvDevice:
+    """backends/cupy/_conv.py's device on the CPU: numpy buffers, the kernels on the stand-in."""
+
+    def __init__(self, sms: int = 3):
+        self.sms = sms
+
+    def launch(self, source, expr, grid, block, args):
+        op = next(o for o, s in _conv.SOURCES.items() if s == source)
+        t = expr.split("<", 1)[1].split(",")[0].rstrip(">").strip()
+        dt = next(k for k, v in plan.CUDA_TYPE.items() if v == t)
+        args = [None if isinstance(a, np.uint64) else a for a in args]
+        _kernels(op, dt).launch(expr, grid, block, args)
+
+    def empty(self, n, dtype):
+        return np.full(n, np.nan, dtype=dtype)  # a partial read before it is written shows
+
+    def upload(self, a):
+        return a
+
+    def ptr(self, x):
+        return cuda_host.data_address(x)
+
+    def num_sms(self):
+        return self.sms
+
+
+convhost = Backend("convhost", framework="numpy", devices=("cpu",), register=False,
+                   description="the cupy conv kernels' CUDA source run on the CPU (tests/cuda_host)")
+_ENTRIES: dict = {}
+
+
+def _impl(op: str, variant: str, sms: int, aligned: bool = False, gemm: bool = False):
+    """aligned=True plans as if every pointer were 16-byte aligned (the channels-last fast path where
+    it applies): the stand-in's cp.async copies any address, so the path's index math is checked on
+    the harness's guarded buffers too.  gemm=True: the GEMM kernels even for small channel groups
+    (plan.DIRECT_MAX 0), so the smoke set's small cases test their tiles' edges."""
+    dev = HostConvDevice(sms)
+    names = ("dy", "w", "dx") if op == "conv_backward_data" else ("dy", "x", "dw")
+
+    def fn(inputs, outs, params):
+        a, b, out = inputs[names[0]], inputs[names[1]], outs[names[2]]
+        key = (op, variant, sms, aligned, gemm, a.dtype, a.shape, a.strides, b.shape, b.strides, out.strides,
+               _conv.params_key(params))
+        entry = _ENTRIES.get(key)
+        if entry is None:
+            saved = plan.DIRECT_MAX
+            plan.DIRECT_MAX = 0 if gemm else saved
+            try:
+                entry = _ENTRIES[key] = _conv.make_entry(op, variant, a, b, out, params, dev, aligned)
+            finally:
+                plan.DIRECT_MAX = saved
+            kind = entry.launch.expr.split("<")[0]
+            assert kind.endswith("_vec") == (aligned and _vec_case(op, params, a)), entry.launch.expr
+            assert kind.endswith("_dw") == (not gemm and _direct_case(op, params)), entry.launch.expr
+        _conv.run(op, entry, dev, a, b, out)
+    return fn
+
+
+for _v in DGRAD_VARIANTS:
+    convhost.impl("conv_backward_data", variant=_v, dtypes=_conv.DTYPES, deterministic=True)(
+        _impl("conv_backward_data", _v, 3))
+for _v in DGRAD_VARIANTS:
+    convhost.impl("conv_backward_data", variant=f"{_v}_gemm", dtypes=_conv.DTYPES, deterministic=True)(
+        _impl("conv_backward_data", _v, 3, gemm=True))
+convhost.impl("conv_backward_weight", variant="best_gemm", dtypes=_conv.DTYPES, deterministic=True)(
+    _impl("conv_backward_weight", "best", 3, gemm=True))
+for _v in DGRAD_VARIANTS:
+    convhost.impl("conv_backward_data", variant=f"{_v}_vec", dtypes=_conv.DTYPES, deterministic=True)(
+        _impl("conv_backward_data", _v, 3, aligned=True))
+convhost.impl("conv_backward_weight", variant="best_vec", dtypes=_conv.DTYPES, deterministic=True)(
+    _impl("conv_backward_weight", "best", 3, aligned=True))
+convhost.impl("conv_backward_weight", variant="best", dtypes=_conv.DTYPES, deterministic=True)(
+    _impl("conv_backward_weight", "best", 3))
+convhost.impl("conv_backward_weight", variant="one_split", dtypes=_conv.DTYPES, deterministic=True)(
+    _impl("conv_backward_weight", "best", 0))  # 0 SMs: one chunk, the block writes dw itself
+
+
+def _vec_case(op, params, a) -> bool:
+    """What the plan's vec_ok decides, restated: 16-bit, channels last, contiguous views, channels per
+    group multiples of 8."""
+    g = cc.geometry(params, op)
+    views = ("dy_layout", "w_layout") if op == "conv_backward_data" else ("dy_layout", "x_layout")
+    return (a.dtype.itemsize == 2 and g.channels_last and (g.cin // g.groups) * (g.cout // g.groups) >= plan.DIRECT_MAX and all(params.get(k, "contig") == "contig" for k in views)
+            and (g.cin // g.groups) % 8 == 0 and (g.cout // g.groups) % 8 == 0)
+
+
+def _direct_case(op, params) -> bool:
+    g = cc.geometry(params, op)
+    return (g.cin // g.groups) * (g.cout // g.groups) < plan.DIRECT_MAX
+
+
+def _check(op, variant, case):
+    result = run_case(convhost.impls[(op, variant)], case, "cpu", run_seed=0, repeats=1)
+    assert result.status == "PASS", f"{variant} {case.id}: {result.status} {result.reason}\n" + \
+        "\n".join(r.line() for r in result.outputs)
+
+
+def _small(case) -> bool:
+    """Cases small enough for the stand-in at every variant (the rest run at @fastdiv only)."""
+    g = cc.geometry(case.params, case.op)
+    return g.macs <= 200_000
+
+
+DSMOKE = select("smoke", op="conv_backward_data")
+WSMOKE = select("smoke", op="conv_backward_weight")
+
+
+@needs_host
+@pytest.mark.parametrize("case", DSMOKE, ids=[c.id for c in DSMOKE])
+def test_dgrad_smoke(case):
+    _check("conv_backward_data", "fastdiv", case)
+    g = cc.geometry(case.params, case.op)
+    if _direct_case(case.op, case.params):
+        _check("conv_backward_data", "fastdiv_gemm", case)
+    if max(g.stride) > 1 and _small(case):  # the coordinate-mapping variants differ on strided cases
+        for v in ("div", "fastdiv_load"):
+            _check("conv_backward_data", v, case)
+            if _direct_case(case.op, case.params):
+                _check("conv_backward_data", f"{v}_gemm", case)
+
+
+@needs_host
+@pytest.mark.parametrize("case", WSMOKE, ids=[c.id for c in WSMOKE])
+def test_wgrad_smoke(case):
+    _check("conv_backward_weight", "best", case)
+    if _direct_case(case.op, case.params):
+        _check("conv_backward_weight", "best_gemm", case)
+    if _small(case):
+        _check("conv_backward_weight", "one_split", case)
+
+
+# Channels-last cases for the 16-byte fast path (16-bit, channels per group multiples of 8): stride,
+# dilation, padding, groups, 1D / 3D, tails of the 64-wide tiles, and long reductions (wgrad splits).
+def _vcase(op, dtype, **p):
+    from cases.registry import Case
+    from harness.registry import get_op
+
+    rank = len(p["spatial"])
+    full = {"stride": [1] * rank, "padding": [0] * rank, "dilation": [1] * rank, "groups": 1,
+            "layout": "channels_last", **{k: ([v] * rank if isinstance(v, int) and k in ("stride", "padding",
+                                                                                          "dilation") else v)
+                                          for k, v in p.items()}}
+    c = Case(op, dtype, full, frozenset({"full"}), "test")
+    get_op(op).validate(c)
+    return c
+
+
+VEC_GEOS = [
+    dict(n=2, cin=16, cout=24, spatial=[7, 9], kernel=[3, 3], stride=2, padding=1),
+    dict(n=1, cin=8, cout=72, spatial=[6, 5], kernel=[3, 3], padding=2, dilation=2),
+    dict(n=2, cin=80, cout=16, spatial=[5, 6], kernel=[1, 1], stride=2),
+    dict(n=2, cin=16, cout=32, spatial=[6, 6], kernel=[3, 3], padding=1, groups=2),
+    dict(n=2, cin=8, cout=8, spatial=[21], kernel=[5], stride=3, padding=2),
+    dict(n=1, cin=8, cout=16, spatial=[4, 5, 6], kernel=[3, 1, 3], stride=[2, 1, 1], padding=[1, 0, 1]),
+    dict(n=4, cin=16, cout=8, spatial=[20, 20], kernel=[3, 3], padding=1),
+]
+VEC_CASES = [_vcase(op, dt, **geo) for geo in VEC_GEOS for op in OPS for dt in ("bf16", "f16")][:len(VEC_GEOS) * 4]
+
+
+@needs_host
+@pytest.mark.parametrize("case", VEC_CASES, ids=[c.id for c in VEC_CASES])
+def test_channels_last_fast_path(case):
+    if case.op == "conv_backward_data":
+        _check(case.op, "fastdiv_vec", case)
+        if case.dtype == "bf16" and max(case.params["stride"]) > 1:
+            for v in ("div_vec", "fastdiv_load_vec"):
+                _check(case.op, v, case)
+    else:
+        _check(case.op, "best_vec", case)
