@@ -29,22 +29,10 @@ from backends._plans import binary_backward_cuda as cuda_plan
 from backends.cupy import binary_backward as cupy_raw
 from backends.cupy import nvrtc as _nvrtc
 from oracle.binary_backward import FNS, binary_backward_numpy
+from nvrtc_mark import needs_nvrtc
 
 SOURCE = _nvrtc.read_source(cupy_raw.SOURCE)
 
-
-def _nvrtc_usable() -> bool:
-    try:
-        from cupy.cuda import nvrtc
-
-        nvrtc.getVersion()
-        return True
-    except Exception:  # noqa: BLE001
-        return False
-
-
-needs_nvrtc = pytest.mark.skipif(not (_nvrtc_usable() and _nvrtc.include_dirs()),
-                                 reason="NVRTC or cuda_fp16.h not available")
 
 # ============================================================================= compile checks
 

@@ -33,23 +33,12 @@ from cases import select
 from harness.registry import Backend
 from harness.runner import run_case
 from oracle import conv_common as cc
+from nvrtc_mark import needs_nvrtc
 
 OPS = ("conv_backward_data", "conv_backward_weight")
 DGRAD_VARIANTS = ("div", "fastdiv_load", "fastdiv")
 
 
-def _nvrtc_usable() -> bool:
-    try:
-        from cupy.cuda import nvrtc
-
-        nvrtc.getVersion()
-        return True
-    except Exception:  # noqa: BLE001
-        return False
-
-
-needs_nvrtc = pytest.mark.skipif(not (_nvrtc_usable() and _nvrtc.include_dirs()),
-                                 reason="NVRTC or cuda_fp16.h not available")
 WHY = cuda_host.available()
 needs_host = pytest.mark.skipif(WHY is not None, reason=f"CUDA-on-CPU stand-in unavailable: {WHY}")
 

@@ -30,6 +30,7 @@ from cases import select
 from cases.registry import Case
 from harness.registry import Backend, get_op
 from harness.runner import run_case
+from nvrtc_mark import needs_nvrtc
 
 OP = mm.OP
 WHY = cuda_host.available()
@@ -241,20 +242,6 @@ def test_mma_kernel_tails_and_folds(xt, yt, vec, bm):
 # ----------------------------------------------------------------------------- compile checks
 
 
-def _nvrtc_usable() -> bool:
-    try:
-        from cupy.cuda import nvrtc
-
-        nvrtc.getVersion()
-        return True
-    except Exception:  # noqa: BLE001
-        return False
-
-
-needs_nvrtc = pytest.mark.skipif(not (_nvrtc_usable() and _nvrtc.include_dirs()),
-                                 reason="NVRTC or cuda_fp16.h not available")
-
-
 @needs_nvrtc
 def test_nvrtc_compiles_every_instantiation_and_constants_match():
     probe = SOURCE + f"""
@@ -288,7 +275,6 @@ def test_nvcc_compiles_every_instantiation(tmp_path):
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
     spills = [int(w) for w in __import__("re").findall(r"(\d+) bytes spill stores", proc.stderr)]
     assert spills and not any(spills), "register spills"
-
 
 
 @needs_nvrtc

@@ -19,6 +19,7 @@ import pytest
 
 from backends.cupy import nvrtc as _nvrtc
 from tests import cuda_host
+from tests.nvrtc_mark import needs_nvrtc
 
 PROBE = r"""
 #include "mma.cuh"
@@ -200,17 +201,7 @@ def test_misuse_is_reported(kernels, how, msg):
         kernels["bf16"].launch("tc_misuse<__nv_bfloat16>", 1, 32, [a, how])
 
 
-def _nvrtc_usable() -> bool:
-    try:
-        from cupy.cuda import nvrtc
-
-        nvrtc.getVersion()
-        return True
-    except Exception:  # noqa: BLE001
-        return False
-
-
-@pytest.mark.skipif(not (_nvrtc_usable() and _nvrtc.include_dirs()), reason="NVRTC or cuda_fp16.h not available")
+@needs_nvrtc
 def test_probe_compiles_with_nvrtc():
     source = _nvrtc.read_source("mma.cuh") + PROBE.replace('#include "mma.cuh"\n', "")
     exprs = [e for dt in TYPES for e in _exprs(dt)]

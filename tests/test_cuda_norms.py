@@ -29,6 +29,7 @@ from backends.cupy import nvrtc as _nvrtc
 from backends.cupy import _norm_plan as plan
 from oracle.layernorm_backward import layernorm_backward_numpy
 from oracle.rmsnorm_backward import rmsnorm_backward_numpy
+from nvrtc_mark import needs_nvrtc
 
 LN, RMS = plan.LN, plan.RMS
 
@@ -42,19 +43,6 @@ def _default_settings(monkeypatch):
     monkeypatch.setitem(plan.SETTINGS, "kernel", (plan.SETTINGS["kernel"][0], "stage"))
     monkeypatch.setitem(plan.SETTINGS, "launch", (plan.SETTINGS["launch"][0], "driver"))
 
-
-def _nvrtc_usable() -> bool:
-    try:
-        from cupy.cuda import nvrtc
-
-        nvrtc.getVersion()
-        return True
-    except Exception:  # noqa: BLE001
-        return False
-
-
-needs_nvrtc = pytest.mark.skipif(not (_nvrtc_usable() and _nvrtc.include_dirs()),
-                                 reason="NVRTC or cuda_fp16.h not available")
 
 # ============================================================================= compile checks
 

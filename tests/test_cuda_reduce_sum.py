@@ -30,23 +30,11 @@ from backends.cupy import reduce_sum as rs
 from cases import select
 from harness.tensors import from_values
 from oracle.reduce_sum import out_shape, reduce_sum_numpy
+from nvrtc_mark import needs_nvrtc
 
 SOURCE = _nvrtc.read_source(rs.SOURCE)
 ITEMSIZE = {"f32": 4, "f64": 8, "f16": 2, "bf16": 2}
 
-
-def _nvrtc_usable() -> bool:
-    try:
-        from cupy.cuda import nvrtc
-
-        nvrtc.getVersion()
-        return True
-    except Exception:  # noqa: BLE001
-        return False
-
-
-needs_nvrtc = pytest.mark.skipif(not (_nvrtc_usable() and _nvrtc.include_dirs()),
-                                 reason="NVRTC or cuda_fp16.h not available")
 
 # ============================================================================= compile checks
 
