@@ -18,6 +18,8 @@ from math import prod
 
 import numpy as np
 
+from backends._plans.conv_geometry import Geo3, data_strides, weight_strides
+
 from oracle import conv_common as cc
 
 BM = BN = 64          # CV_BM (SIMT tile rows), CV_BN
@@ -51,53 +53,12 @@ def fast_div(n, d: int):
     return ((hi + n) & np.uint64(0xFFFFFFFF)) >> np.uint64(shift)
 
 
-@dataclass(frozen=True)
-class Geo3:
-    n: int
-    cin: int
-    cout: int
-    groups: int
-    inp: tuple
-    out: tuple
-    k: tuple
-    s: tuple
-    p: tuple
-    d: tuple
-    channels_last: bool
-
-    @property
-    def cig(self) -> int:
-        return self.cin // self.groups
-
-    @property
-    def cog(self) -> int:
-        return self.cout // self.groups
-
-
 def geo3(params: dict, op: str) -> Geo3:
     g = cc.geometry(params, op)
     pad = 3 - g.rank
     one, zero = (1,) * pad, (0,) * pad
     return Geo3(g.n, g.cin, g.cout, g.groups, one + g.spatial, one + g.out, one + g.kernel, one + g.stride,
                 zero + g.padding, one + g.dilation, g.channels_last)
-
-
-def data_strides(strides, channels_last: bool) -> tuple:
-    """(n, c, d, h, w) element strides of (N, C, *S) or (N, *S, C); missing dims stride 0."""
-    if channels_last:
-        sn, *sp, sc = strides
-    else:
-        sn, sc, *sp = strides
-    return (sn, sc, *([0] * (3 - len(sp)) + list(sp)))
-
-
-def weight_strides(strides, channels_last: bool) -> tuple:
-    """(co, ci, kd, kh, kw) element strides of (Cout, Cin/g, *k) or (Cout, *k, Cin/g)."""
-    if channels_last:
-        so, *sk, si = strides
-    else:
-        so, si, *sk = strides
-    return (so, si, *([0] * (3 - len(sk)) + list(sk)))
 
 
 def bm(dt: str) -> int:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from backends._plans.conv_geometry import Geo3, data_strides, weight_strides
 from backends.triton.common import IMPORT_ERROR, INTERPRETER, byte_span, interpreted, jit, on_device, overlap, tl
 from backends.triton.common import TUNE_ENV, capturing, time_ms, tuning_on  # noqa: F401 - TUNE_ENV: for callers
 
@@ -156,30 +157,6 @@ def bucket(n: int) -> int:
 # ----------------------------------------------------------------------------- convolution geometry
 
 
-@dataclass(frozen=True)
-class Geo3:
-    """A convolution padded to 3 spatial dims (d, h, w); sizes as ints, per-dim tuples of 3."""
-
-    n: int
-    cin: int
-    cout: int
-    groups: int
-    inp: tuple   # I
-    out: tuple   # O
-    k: tuple
-    s: tuple
-    p: tuple
-    d: tuple
-
-    @property
-    def cig(self) -> int:
-        return self.cin // self.groups
-
-    @property
-    def cog(self) -> int:
-        return self.cout // self.groups
-
-
 def geometry3(x_shape, y_shape, w_shape, params: dict, channels_last: bool) -> Geo3:
     """The Geo3 of tensors of these (case-layout) shapes and the params' stride/padding/dilation/groups."""
     rank = len(x_shape) - 2
@@ -203,24 +180,13 @@ def geometry3(x_shape, y_shape, w_shape, params: dict, channels_last: bool) -> G
 
 
 def strides5(t, channels_last: bool) -> tuple:
-    """(n, c, d, h, w) element strides of a data tensor (N, C, *S) or (N, *S, C), 1-3 spatial dims
-    (missing ones stride 0)."""
-    st = t.stride()
-    if channels_last:
-        sn, *sp, sc = st
-    else:
-        sn, sc, *sp = st
-    return (sn, sc, *([0] * (3 - len(sp)) + list(sp)))
+    """(n, c, d, h, w) element strides of a data tensor (N, C, *S) or (N, *S, C)."""
+    return data_strides(t.stride(), channels_last)
 
 
 def wstrides5(w, channels_last: bool) -> tuple:
     """(co, ci, kd, kh, kw) element strides of a weight (Cout, Cin/g, *k) or (Cout, *k, Cin/g)."""
-    st = w.stride()
-    if channels_last:
-        so, *sk, si = st
-    else:
-        so, si, *sk = st
-    return (so, si, *([0] * (3 - len(sk)) + list(sk)))
+    return weight_strides(w.stride(), channels_last)
 
 
 # ============================================================================= the conv ops' calls
