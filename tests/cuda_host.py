@@ -190,21 +190,7 @@ class Library:
         self.exprs = sorted(set(exprs) | set(extra))
         source = f'#include "cuda_host_runtime.h"\n#include "{_nvrtc.CUDA_DIR / src}"\n' + \
             _wrappers(self.exprs)
-        deps = [HERE / n for n in sorted(os.listdir(HERE))] + sorted(_nvrtc.CUDA_DIR.glob("*.cuh"))
-        flags = FLAGS + list(defines)  # -D overrides of the source's tuning macros
-        key = hashlib.sha256((source + " ".join(flags)).encode() + b"".join(p.read_bytes() for p in deps))
-        folder = Path(tempfile.gettempdir()) / "gradoracle-cuda-host"
-        folder.mkdir(exist_ok=True)
-        lib = folder / f"{op}-{dt}-{key.hexdigest()[:16]}.so"
-        if not lib.exists():
-            src = lib.with_suffix(".cpp")
-            src.write_text(source)
-            tmp = lib.with_suffix(f".{os.getpid()}.tmp")
-            proc = subprocess.run([CXX, *flags, f"-I{HERE}", str(src), "-o", str(tmp)], capture_output=True, text=True)
-            if proc.returncode:
-                raise RuntimeError(f"g++ failed for {op} {dt}:\n{proc.stderr[-6000:]}")
-            tmp.replace(lib)
-        self.lib = ctypes.CDLL(str(lib))
+        self.lib = build(f"{op}-{dt}", source, defines)  # -D overrides of the source's tuning macros
         self.lib.set_schedule.argtypes = [ctypes.c_int]
         self.fns = {}
         for i, expr in enumerate(self.exprs):
