@@ -46,6 +46,7 @@ CONFIGS = {"naive": ("naive", 3, None), "opt": ("opt", 3, None), "opt2": ("opt2"
 # @best built with GRADORACLE_CUPY_BB's other unrolls (the rows of a loop step masked differently).
 DEFINES = {"best_ur1": bb.best_options("ur=1"), "best_ur4": bb.best_options("ur=4,minblocks=2")}
 CONFIGS.update({name: ("best", 3, 1) for name in DEFINES})
+CONFIGS["best_legacy"] = ("best", 3, 1)  # GRADORACLE_CUPY_BB=legacy=1: the previous @best launches
 _ENTRIES: dict = {}
 
 bbhost = Backend("bbhost", framework="numpy", devices=("cpu",), register=False,
@@ -85,7 +86,8 @@ def _impl(name: str):
             dt, fn_ = _check_args(inputs, outs, params)
             layout = tuple((x.shape, element_strides(x, n)) for x, n in ((a, "a"), (b, "b"), (g, "grad_out")))
             entry = _ENTRIES[key] = bb.build_entry(variant, dt, fn_, layout, (0,) * 5 if aligned else (1,) * 5,
-                                                   sms, dev.blocks_per_sm if bps else None)
+                                                   sms, dev.blocks_per_sm if bps else None,
+                                                   legacy=name == "best_legacy")
         bb.run_entry(dev, entry, a, b, g, ga, gb)
     return fn
 
@@ -135,6 +137,13 @@ PACKED = [
         ("add", (24, 64), (64,), {"g_layout": "transposed"}),
         ("mul", (96, 16), (96, 1), {"a_layout": "sliced"}),
         ("mul", (), (5, 16), {}),
+        # both broadcast with a short Y (bb_batch's stream mode): Y = 8 rows, x chunks with a
+        # remainder; a two-dim X (b broadcast along dims 0 and 2); fewer x packs than lanes
+        ("mul", (1, 40, 96), (8, 40, 1), {}),
+        ("mul", (1, 6, 1000), (8, 6, 1), {}),  # f32: 4 x chunks of 252, 252, 252, 244 -> partial dP rows
+        ("pow", (5, 1, 64), (1, 7, 1), {}),
+        ("maximum", (3, 1, 8), (1, 5, 1), {}),
+        ("div", (1, 12, 64), (8, 12, 1), {"g_layout": "transposed"}),
     ]
 ]
 PACKED_CASES = [_case(fn, a, b, dt, **lay) for fn, dt, a, b, lay in PACKED]
@@ -145,7 +154,7 @@ def test_best_on_packs_chunks_and_partial_rows(case):
     _check("best", case)
     _check("best_big", case)
     if case.dtype in ("f32", "bf16"):
-        for name in DEFINES:
+        for name in (*DEFINES, "best_legacy"):
             _check(name, case)
 
 
@@ -278,3 +287,19 @@ def test_torch_ext_takes_the_best_records(a_shape, b_shape, kind):
     ga, gb = torch.empty(a_shape, dtype=torch.float64), torch.empty(b_shape, dtype=torch.float64)
     with pytest.raises(ValueError, match=rf"plan has kind {cuda_plan.KINDS.index(kind)}, which cpu does not run"):
         torch.ops.gradoracle._binary_backward_run(a, b, g, "mul", record, grad_a=ga, grad_b=gb)
+
+
+@pytest.mark.parametrize("a_shape, b_shape, stream", [
+    ((1, 2048, 4096), (8, 2048, 1), True), ((5, 1, 64), (1, 7, 1), True), ((1, 8, 32), (200, 8, 1), False),
+    ((1, 8, 32), (9, 8, 1), False)])
+def test_batch_takes_the_stream_mode_for_a_short_y(a_shape, b_shape, stream):
+    """Both operands broadcast: a one-dim Y of at most BATCH_ROWS rows is held in registers
+    (chunk[2] = BATCH_STREAM, no Y chunks, so dQ is written final); a longer Y, or legacy, loops."""
+    plan = _plan(a_shape, b_shape)
+    la = cuda_plan.plan_best(plan, 132, (0,) * 5, 2, lambda k, v: 3)
+    chunk2 = la.words[-8]  # chunk[2], nchunk[0..2], ntiles, swap, numel_out[2] end the words
+    assert la.kind == "batch" and chunk2 == (cuda_plan.BATCH_STREAM if stream else 0)
+    if stream:
+        assert la.nchunks[1] == 1
+    legacy = cuda_plan.plan_best(plan, 132, (0,) * 5, 2, lambda k, v: 3, legacy=True)
+    assert legacy.kind == "batch" and legacy.words[-8] == 0

@@ -313,7 +313,9 @@ def opt2_words(a_shape, b_shape, a_strides, b_strides, g_strides) -> tuple[list[
 # bb_ew 58-60, bb_lk<J = 8> and bb_lr_batched 98-116.  The grid is never more than one wave.
 BEST_BLOCKS_PER_SM = {"fast": 5, "ew": 4, "cols": 3, "rows": 3, "batch": 3, "lk8": 2, "lr_batched": 2}
 MIN_ROWS_PER_SLOT = 8   # bb_cols: a chunk gives each row slot at least this many rows
-MIN_PACKS_PER_LANE = 2  # bb_rows: a chunk gives each lane at least this many packs
+MIN_PACKS_PER_LANE = 2  # bb_rows, bb_batch's stream mode: a chunk gives each lane at least this many packs
+BATCH_ROWS = 8          # BB_YT: the most rows of Y bb_batch's stream mode holds
+BATCH_STREAM = 1        # BBParams.chunk[2] of bb_batch's stream mode (0: the y-looped mode)
 
 
 def _dense_packs(group: Group, inner_names, other_groups, names, vec: int) -> bool:
@@ -398,8 +400,12 @@ def _plan_rows(plan: Plan, x: Group, x_is_ra: bool, vec_ok: bool, itemsize: int,
                   (numel_p, numel_q), vectorized=v > 1)
 
 
-def _plan_batch(plan: Plan, x: Group, x_is_ra: bool, vec_ok: bool, itemsize: int, resident) -> Launch:
-    """Lanes along X (one pack each), Y looped in-thread, a task per (z, XW * V x's, Y chunk)."""
+def _plan_batch(plan: Plan, x: Group, x_is_ra: bool, vec_ok: bool, itemsize: int, resident,
+                legacy: bool = False) -> Launch:
+    """Both operands broadcast, lanes along X.  A short one-dim Y (numel <= BATCH_ROWS): the
+    stream mode (chunk[2] = BATCH_STREAM), a task per (z, X chunk) with all of Y in registers;
+    otherwise (or `legacy`) the y-looped mode, one pack per lane and a task per (z, XW * V x's,
+    Y chunk)."""
     y = _sorted_group(plan.rb if x_is_ra else plan.ra)
     z = _sorted_group(plan.k)
     swap = not x_is_ra  # P is the operand broadcast along X: b when X = RB
@@ -412,25 +418,36 @@ def _plan_batch(plan: Plan, x: Group, x_is_ra: bool, vec_ok: bool, itemsize: int
     packs = x.numel // v
     xw = min(32, next_pow2(packs))
     segs_per_block = BLOCK // xw
+    numel_p, numel_q = z.numel * y.numel, z.numel * x.numel  # dP keeps Z, Y; dQ keeps Z, X
+    if not legacy and y.ndim == 1 and y.numel <= BATCH_ROWS:
+        most = max(1, min(MAX_CHUNKS, packs // (xw * MIN_PACKS_PER_LANE)))
+        n_cx = _fill_waves(z.numel, most, resident * segs_per_block)
+        cx = _ceil_div(packs, n_cx) * v
+        n_cx = _ceil_div(x.numel, cx)
+        ntasks = n_cx * z.numel
+        words = pack_params([x, y, z], ROLE_SLOTS[swap], lanes=xw, chunk=(cx, 1, BATCH_STREAM),
+                            nchunk=(n_cx, 1, z.numel), ntiles=ntasks, swap=swap, numel_out=(numel_p, numel_q))
+        return Launch("batch", min(_ceil_div(ntasks, segs_per_block), resident), words, swap, (n_cx, 1),
+                      (numel_p, numel_q), vectorized=v > 1)
     n_cx = _ceil_div(packs, xw)
     most = max(1, min(MAX_CHUNKS, y.numel // MIN_ROWS_PER_SLOT))
     n_cy = _fill_waves(n_cx * z.numel, most, resident * segs_per_block)
     cy = _ceil_div(y.numel, n_cy)
     n_cy = _ceil_div(y.numel, cy)
     ntasks = n_cx * n_cy * z.numel
-    numel_p, numel_q = z.numel * y.numel, z.numel * x.numel  # dP keeps Z, Y; dQ keeps Z, X
-    words = pack_params([x, y, z], ROLE_SLOTS[swap], lanes=xw, chunk=(xw * v, cy, 1), nchunk=(n_cx, n_cy, z.numel),
+    words = pack_params([x, y, z], ROLE_SLOTS[swap], lanes=xw, chunk=(xw * v, cy, 0), nchunk=(n_cx, n_cy, z.numel),
                         ntiles=ntasks, swap=swap, numel_out=(numel_p, numel_q))
     return Launch("batch", min(_ceil_div(ntasks, segs_per_block), resident), words, swap, (n_cx, n_cy),
                   (numel_p, numel_q), vectorized=v > 1)
 
 
 def plan_best(plan: Plan, num_sms: int = DEFAULT_SMS, ptrs=(0, 0, 0, 0, 0), itemsize: int = 4,
-              blocks_per_sm=None) -> Launch:
+              blocks_per_sm=None, legacy: bool = False) -> Launch:
     """The @best rung's launch for `plan`: no atomics, 16-byte packs where the layout and the
     pointers allow, and a grid of at most one wave of resident blocks (grid-stride loops; the
     work is split so that the wave is as full as it can be).  blocks_per_sm(kind, vectorized) ->
-    resident blocks per SM of that kernel (default: BEST_BLOCKS_PER_SM)."""
+    resident blocks per SM of that kernel (default: BEST_BLOCKS_PER_SM).  legacy: the launches
+    of the previous @best (bb_batch's y-looped mode for every Y), kept for A/B timing."""
     def resident(kind: str, vec: bool) -> int:
         bps = blocks_per_sm(kind, vec) if blocks_per_sm else BEST_BLOCKS_PER_SM.get(kind, 2)
         return num_sms * max(1, int(bps))
@@ -450,7 +467,7 @@ def plan_best(plan: Plan, num_sms: int = DEFAULT_SMS, ptrs=(0, 0, 0, 0, 0), item
         if lane != "k" and (plan.rb if lane == "ra" else plan.ra).numel == 1:
             return _plan_rows(plan, _sorted_group(groups[lane]), lane == "ra", aligned, itemsize, resident)
         if lane != "k":
-            return _plan_batch(plan, _sorted_group(groups[lane]), lane == "ra", aligned, itemsize, resident)
+            return _plan_batch(plan, _sorted_group(groups[lane]), lane == "ra", aligned, itemsize, resident, legacy)
     la = plan_launch(plan, num_sms, ptrs, itemsize)  # strided no-broadcast, both reduced: the opt kernels
     la.grid = min(la.grid, resident(la.kind, False))
     return la

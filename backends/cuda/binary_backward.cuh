@@ -863,10 +863,10 @@ bb_rows(const __grid_constant__ BBParams p, const T* __restrict__ P, const T* __
 // (nchunk[0] == 1) or as A partial row cx.  After the y loop dQ is written final (nchunk[1] ==
 // 1) or as A partial row cy.  nchunk = {X chunks, Y chunks, numel(Z)}; ntiles = their product.
 template <typename T, int FN, int V>
-__global__ void __launch_bounds__(BB_BLOCK, BB_BEST_MIN_BLOCKS)
-bb_batch(const __grid_constant__ BBParams p, const T* __restrict__ P, const T* __restrict__ Q,
-         const T* __restrict__ g, T* __restrict__ dP, bb_acc_t<T>* __restrict__ dP_part, T* __restrict__ dQ,
-         bb_acc_t<T>* __restrict__ dQ_part) {
+__device__ __forceinline__ void bb_batch_ylooped(const BBParams& p, const T* __restrict__ P, const T* __restrict__ Q,
+                                                 const T* __restrict__ g, T* __restrict__ dP,
+                                                 bb_acc_t<T>* __restrict__ dP_part, T* __restrict__ dQ,
+                                                 bb_acc_t<T>* __restrict__ dQ_part) {
   typedef bb_acc_t<T> A;
   typedef BBVec<T, V> Vec;
   constexpr int UR = BB_BEST_UR;
@@ -947,6 +947,128 @@ bb_batch(const __grid_constant__ BBParams p, const T* __restrict__ P, const T* _
   }
 }
 
+// bb_batch's other mode (chunk[2] == 1), for a short Y (numel <= BB_YT, one dim): all of Y in
+// registers, lanes stream along X.  A task is one z and one chunk of X (chunk[0] elements, a
+// multiple of V), owned by a segment of XW = lanes lanes, each lane taking packs of V x's (same
+// layout conditions as the y-looped mode).  P[z, y] is loaded once per task and row (not once
+// per pack and row); per pack the lane loads Q's pack and the ny packs of g (all before any
+// use), sums dQ over y in registers and stores it final, and adds into dP[z, y]'s per-row sums,
+// which are shuffled across the segment once per task: dP final (nchunk[0] == 1) or A partial
+// row cx.  nchunk = {X chunks, 1, numel(Z)}; ntiles = tasks = nchunk[0] * numel(Z).
+#ifndef BB_YT
+#define BB_YT 8  // most rows of Y bb_batch keeps in registers (its stream mode)
+#endif
+#ifndef BB_YG
+#define BB_YG 2  // rows of g it loads before using them (more spill at 80 registers; 1 for double)
+#endif
+
+template <typename T, int FN, int V>
+__device__ __forceinline__ void bb_batch_stream(const BBParams& p, const T* __restrict__ P, const T* __restrict__ Q,
+                                                const T* __restrict__ g, T* __restrict__ dP,
+                                                bb_acc_t<T>* __restrict__ dP_part, T* __restrict__ dQ) {
+  typedef bb_acc_t<T> A;
+  typedef BBVec<T, V> Vec;
+  constexpr bool kOps = BBUsesOperands<FN>::value;
+  const BBGroup& X = p.grp[0];
+  const BBGroup& Y = p.grp[1];
+  const BBGroup& Z = p.grp[2];
+  constexpr int YG = sizeof(A) == 8 ? 1 : BB_YG;
+  const int ny = (int)Y.numel;
+  const long long ys_g = Y.stride[BB_G][0], ys_p = Y.stride[BB_P][0], ys_dp = Y.stride[BB_DP][0];
+  const int tid = threadIdx.x, xw = (int)p.lanes, lg = (int)p.lanes_log2;
+  const int lane = tid & (xw - 1), seg = tid >> lg;
+  const int nseg = BB_BLOCK >> lg;
+  const int warp_seg0 = (tid >> 5) * (32 >> lg);  // first segment of this warp
+  const bool swap = p.swap != 0;
+  const long long pstep = (long long)xw * V;      // elements between a lane's packs
+  __shared__ A pshared[BB_YT * BB_BLOCK];          // P's rows, BB_YT per thread
+
+  // Warp-uniform loop (the shuffles need all 32 lanes).
+  for (long long t0 = (long long)blockIdx.x * nseg + warp_seg0; t0 < p.ntiles; t0 += (long long)gridDim.x * nseg) {
+    const long long task = t0 + (seg - warp_seg0);
+    const bool valid = task < p.ntiles;
+    const long long cx = valid ? task % p.nchunk[0] : 0, z = valid ? task / p.nchunk[0] : 0;
+    long long zo[BB_NT];
+    bb_offsets_setup(Z, z, zo);
+    // P's rows: loaded once per task (one request per row and warp: a segment's lanes share
+    // the address) into the thread's own shared slots pv[j * BB_BLOCK] (in registers they would
+    // spill; no other thread reads them, so no barrier), read back per pack.
+    A* pv = pshared + tid;
+    if (kOps && valid) {
+#pragma unroll
+      for (int j = 0; j < BB_YT; ++j)
+        if (j < ny) pv[j * BB_BLOCK] = bb_load(P + zo[BB_P] + j * ys_p);
+    }
+    A accp[BB_YT];
+#pragma unroll
+    for (int j = 0; j < BB_YT; ++j) accp[j] = A(0);
+    if (valid) {
+      const T* __restrict__ gt = g + zo[BB_G];  // task base pointers: the loop adds only x offsets
+      const T* __restrict__ qt = Q + zo[BB_Q];
+      T* __restrict__ dqt = dQ + zo[BB_DQ];
+      const long long x_hi = bb_min(X.numel, (cx + 1) * p.chunk[0]);
+      for (long long x = cx * p.chunk[0] + (long long)lane * V; x < x_hi; x += pstep) {
+        long long og, oq, odq;
+        bb_offsets3<BB_G, BB_Q, BB_DQ>(X, x, og, oq, odq);
+        Vec qv;
+        if (kOps) qv = bb_ldv<T, V>(qt + oq);
+        A accq[V];
+#pragma unroll
+        for (int e = 0; e < V; ++e) accq[e] = A(0);
+        const T* __restrict__ gy = gt + og;  // g's pack in row j0, then the next rows
+#pragma unroll
+        for (int j0 = 0; j0 < BB_YT; j0 += YG) {  // YG rows' loads, then their use
+          Vec gv[YG];
+#pragma unroll
+          for (int j = j0; j < j0 + YG; ++j) {
+            if (j < ny) gv[j - j0] = bb_ldv<T, V>(gy);
+            gy += ys_g;
+          }
+#pragma unroll
+          for (int j = j0; j < j0 + YG; ++j) {
+            if (j < ny) {
+#pragma unroll
+              for (int e = 0; e < V; ++e) {
+                A tp, tq;
+                bb_terms<FN, A>(kOps ? pv[j * BB_BLOCK] : A(0), kOps ? bb_to_acc(qv.v[e]) : A(0), bb_to_acc(gv[j - j0].v[e]), swap,
+                                tp, tq);
+                accp[j] += tp;
+                accq[e] += tq;
+              }
+            }
+          }
+        }
+        Vec out;
+#pragma unroll
+        for (int e = 0; e < V; ++e) out.v[e] = bb_from_acc<T>(accq[e]);
+        bb_stv<T, V>(dqt + odq, out);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < BB_YT; ++j)
+      if (j < ny) accp[j] = bb_segment_sum(accp[j], xw);  // ny is the same in every lane
+    if (valid && lane == 0) {
+#pragma unroll
+      for (int j = 0; j < BB_YT; ++j)
+        if (j < ny) bb_store<T>(dP, dP_part, p.nchunk[0], cx, p.numel_out[0], zo[BB_DP] + j * ys_dp, accp[j]);
+    }
+  }
+}
+
+// Both operands broadcast (P along X, Q along Y): the y-looped mode (chunk[2] == 0) for any Y,
+// the stream mode (chunk[2] == 1) for a short one-dim Y.  One kernel, so a launch record's kind
+// and arguments are the same for both.
+template <typename T, int FN, int V>
+__global__ void __launch_bounds__(BB_BLOCK, BB_BEST_MIN_BLOCKS)
+bb_batch(const __grid_constant__ BBParams p, const T* __restrict__ P, const T* __restrict__ Q,
+         const T* __restrict__ g, T* __restrict__ dP, bb_acc_t<T>* __restrict__ dP_part, T* __restrict__ dQ,
+         bb_acc_t<T>* __restrict__ dQ_part) {
+  if (p.chunk[2] == 1)
+    bb_batch_stream<T, FN, V>(p, P, Q, g, dP, dP_part, dQ);
+  else
+    bb_batch_ylooped<T, FN, V>(p, P, Q, g, dP, dP_part, dQ, dQ_part);
+}
+
 // ============================================================================ naive reference
 
 // What one writes first: a thread per element of O, its 64-bit index unravelled into
@@ -981,10 +1103,19 @@ template <typename T>
 __global__ void __launch_bounds__(BB_BLOCK)
 bb_finalize(const bb_acc_t<T>* __restrict__ part, long long nchunks, long long n, T* __restrict__ out) {
   typedef bb_acc_t<T> A;
+  constexpr int U = 8;  // partial rows loaded before they are added: latency overlapped, order kept
   const long long step = (long long)gridDim.x * blockDim.x;
   for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step) {
     A s = A(0);
-    for (long long c = 0; c < nchunks; ++c) s += part[c * n + i];
+    long long c = 0;
+    for (; c + U <= nchunks; c += U) {
+      A v[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) v[u] = part[(c + u) * n + i];
+#pragma unroll
+      for (int u = 0; u < U; ++u) s += v[u];  // still c = 0, 1, 2, ... in order: the same bits
+    }
+    for (; c < nchunks; ++c) s += part[c * n + i];
     out[i] = bb_from_acc<T>(s);
   }
 }

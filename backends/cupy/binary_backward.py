@@ -100,7 +100,9 @@ def check_args(inputs, outs, params) -> tuple[str, str]:
 # ============================================================================= device side
 
 ENV = "GRADORACLE_CUPY_BB"
-SETTINGS = {"ur": (1, 2, 4, 8), "minblocks": (1, 2, 3, 4, 6, 8)}  # -> BB_BEST_UR, BB_BEST_MIN_BLOCKS
+# ur, minblocks -> BB_BEST_UR, BB_BEST_MIN_BLOCKS; legacy=1: the previous @best launches (plan_best's
+# `legacy`: bb_batch's y-looped mode for every Y), for A/B timing against the GPU's first figures.
+SETTINGS = {"ur": (1, 2, 4, 8), "minblocks": (1, 2, 3, 4, 6, 8), "legacy": (0, 1)}
 _BEST_KERNELS = ("bb_cols<", "bb_rows<", "bb_batch<")
 
 
@@ -117,11 +119,20 @@ def best_options(text: str | None = None) -> tuple[str, ...]:
         if name not in SETTINGS or not value.isdigit() or int(value) not in SETTINGS[name]:
             raise ValueError(f"{ENV}: {item!r} in {text!r}, expected " +
                              "; ".join(f"{k}=one of {', '.join(map(str, v))}" for k, v in SETTINGS.items()))
-        out.append(f"-DBB_BEST_{'UR' if name == 'ur' else 'MIN_BLOCKS'}={value}")
+        if name != "legacy":
+            out.append(f"-DBB_BEST_{'UR' if name == 'ur' else 'MIN_BLOCKS'}={value}")
     return tuple(out)
 
 
+def best_legacy(text: str | None = None) -> bool:
+    """True when `text` (default: $GRADORACLE_CUPY_BB, checked by best_options) says legacy=1."""
+    text = os.environ.get(ENV, "") if text is None else text
+    best_options(text)
+    return any(t.replace(" ", "") == "legacy=1" for t in text.split(","))
+
+
 _OPTIONS = best_options()  # read once per process
+_LEGACY = best_legacy()
 
 
 def _function(expr: str):
@@ -303,10 +314,12 @@ class Entry:
         self.checked: set = set()  # address tuples whose overlap check passed
 
 
-def build_entry(variant: str, dt: str, fn: str, shapes_strides, ptrs, num_sms: int, blocks_per_sm=None) -> Entry:
+def build_entry(variant: str, dt: str, fn: str, shapes_strides, ptrs, num_sms: int, blocks_per_sm=None,
+                legacy: bool | None = None) -> Entry:
     """The plan of `variant` for tensors a, b, grad_out of these (shape, element strides) and
     16-byte alignment `ptrs` (a, b, g, ga, gb addresses).  blocks_per_sm(expr) -> resident blocks
-    per SM of a compiled kernel (the device's figure; default: the plan's assumption)."""
+    per SM of a compiled kernel (the device's figure; default: the plan's assumption).  legacy:
+    @best's previous launches (default: GRADORACLE_CUPY_BB's legacy setting)."""
     (a_shape, a_str), (b_shape, b_str), (_, g_str) = shapes_strides
     plan = bcast.make_plan(a_shape, b_shape, a_str, b_str, g_str)
     if variant == "opt2":
@@ -317,7 +330,7 @@ def build_entry(variant: str, dt: str, fn: str, shapes_strides, ptrs, num_sms: i
     if blocks_per_sm is not None:
         def occ(kind, vec):
             return blocks_per_sm(kernel_expr(kind, dt, fn, vec))
-    launch = plan_best(plan, num_sms, ptrs, ITEMSIZE[dt], occ)
+    launch = plan_best(plan, num_sms, ptrs, ITEMSIZE[dt], occ, _LEGACY if legacy is None else legacy)
     return Entry(variant, dt, fn, plan, launch, params_struct(launch.words) if launch.words else None)
 
 
