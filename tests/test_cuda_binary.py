@@ -44,7 +44,7 @@ RUNGS = ("naive", "opt", "opt2", "best")
 CONFIGS = {"naive": ("naive", 3, None), "opt": ("opt", 3, None), "opt2": ("opt2", 3, None),
            "best": ("best", 3, 1), "best_big": ("best", 40, 3)}
 # @best built with GRADORACLE_CUPY_BB's other unrolls (the rows of a loop step masked differently).
-DEFINES = {"best_ur1": bb.best_options("ur=1"), "best_ur4": bb.best_options("ur=4,minblocks=2")}
+DEFINES = {"best_ur1": bb.best_options("ur=1,pf=0"), "best_ur4": bb.best_options("ur=4,minblocks=2,pf=1")}
 CONFIGS.update({name: ("best", 3, 1) for name in DEFINES})
 CONFIGS["best_legacy"] = ("best", 3, 1)  # GRADORACLE_CUPY_BB=legacy=1: the previous @best launches
 _ENTRIES: dict = {}
@@ -140,7 +140,8 @@ PACKED = [
         # both broadcast with a short Y (bb_batch's stream mode): Y = 8 rows, x chunks with a
         # remainder; a two-dim X (b broadcast along dims 0 and 2); fewer x packs than lanes
         ("mul", (1, 40, 96), (8, 40, 1), {}),
-        ("mul", (1, 6, 1000), (8, 6, 1), {}),  # f32: 4 x chunks of 252, 252, 252, 244 -> partial dP rows
+        ("mul", (1, 6, 1000), (8, 6, 1), {}),
+        ("mul", (4, 6, 64), (64,), {"a_layout": "transposed"}),  # bb_cols with two row dims (no merge)  # f32: 4 x chunks of 252, 252, 252, 244 -> partial dP rows
         ("pow", (5, 1, 64), (1, 7, 1), {}),
         ("maximum", (3, 1, 8), (1, 5, 1), {}),
         ("div", (1, 12, 64), (8, 12, 1), {"g_layout": "transposed"}),

@@ -661,9 +661,21 @@ __device__ __forceinline__ void bb_stv(T* p, const BBVec<T, V>& x) { *reinterpre
 #ifndef BB_BEST_UR
 #define BB_BEST_UR 2          // packs (rows) in flight per thread in bb_cols / bb_rows / bb_batch
 #endif
+#ifndef BB_BEST_PF
+#define BB_BEST_PF 2          // bb_cols / bb_rows: L2 prefetch this many loop steps ahead (0: none)
+#endif
 #ifndef BB_BEST_MIN_BLOCKS
 #define BB_BEST_MIN_BLOCKS 3  // resident 256-thread blocks per SM they are built for (<= 80 registers)
 #endif
+
+// Asks the L2 for the sector at p ahead of its load: the load then waits on the L2, not DRAM,
+// which takes no registers (more bytes in flight than the registers would hold).  A no-op off
+// the GPU (the CPU stand-in).
+__device__ __forceinline__ void bb_prefetch_l2(const void* p) {
+#if defined(__CUDA_ARCH__)
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+#endif
+}
 
 // Offsets in slots S0, S1, S2 of element idx of `gr` (G, Q, DQ: the three the @best loops move
 // along in bb_cols / bb_rows; G, P, DP along bb_batch's rows): a one-dim group (the usual case)
@@ -785,12 +797,58 @@ bb_cols(const __grid_constant__ BBParams p, const T* __restrict__ P, const T* __
       const T* __restrict__ qt = Q + ko[BB_Q];
       T* __restrict__ dqt = dQ + ko[BB_DQ];
       const long long v_lo = cv * p.chunk[2], v_hi = bb_min(R.numel, v_lo + p.chunk[2]);
-      for (long long v0 = v_lo + w; v0 < v_hi; v0 += (long long)nw * UR) {
-        bool ok[UR];
-        Vec gv[UR], qv[UR];
-        long long dqo[UR];
-        bb_load_packs<T, V, kOps>(R, v0, nw, v_hi, gt, qt, ok, gv, qv, dqo);
-        bb_store_packs<T, FN, V, kOps>(dqt, swap, pp, accp, ok, gv, qv, dqo);
+      if (R.ndim == 1) {
+        // One row dim (the usual case): pointers stepped by nw rows, no per-row offset math.
+        const long long sg = R.stride[BB_G][0] * nw, sq = R.stride[BB_Q][0] * nw, sd = R.stride[BB_DQ][0] * nw;
+        const long long v1 = v_lo + w;
+        const T* __restrict__ gp = gt + v1 * R.stride[BB_G][0];
+        const T* __restrict__ qp = qt + v1 * R.stride[BB_Q][0];
+        T* __restrict__ dqp = dqt + v1 * R.stride[BB_DQ][0];
+        const int nrows = v1 < v_hi ? (int)((v_hi - v1 + nw - 1) / nw) : 0;  // this slot's rows
+#pragma unroll 1
+        for (int r0 = 0; r0 < nrows; r0 += UR, gp += UR * sg, qp += UR * sq, dqp += UR * sd) {
+          Vec gv[UR], qv[UR];
+#pragma unroll
+          for (int r = 0; r < UR; ++r) {
+            if (r0 + r < nrows) {
+              gv[r] = bb_ldv<T, V>(gp + r * sg);
+              if (kOps) qv[r] = bb_ldv<T, V>(qp + r * sq);
+            }
+          }
+          if (BB_BEST_PF > 0) {
+#pragma unroll
+            for (int r = BB_BEST_PF * UR; r < (BB_BEST_PF + 1) * UR; ++r) {
+              if (r0 + r < nrows) {
+                bb_prefetch_l2(gp + r * sg);
+                if (kOps) bb_prefetch_l2(qp + r * sq);
+              }
+            }
+          }
+#pragma unroll
+          for (int r = 0; r < UR; ++r) {
+            if (r0 + r < nrows) {
+              Vec out;
+#pragma unroll
+              for (int e = 0; e < V; ++e) {
+                A tp, tq;
+                bb_terms<FN, A>(kOps ? bb_to_acc(pp.v[e]) : A(0), kOps ? bb_to_acc(qv[r].v[e]) : A(0),
+                                bb_to_acc(gv[r].v[e]), swap, tp, tq);
+                accp[e] += tp;
+                out.v[e] = bb_from_acc<T>(tq);
+              }
+              bb_stv<T, V>(dqp + r * sd, out);
+            }
+          }
+        }
+      } else {  // several row dims (strided layouts): a row at a time, kept small
+#pragma unroll 1
+        for (long long v0 = v_lo + w; v0 < v_hi; v0 += nw) {
+          bool ok[1];
+          Vec gv[1], qv[1];
+          long long dqo[1];
+          bb_load_packs<T, V, kOps>(R, v0, nw, v_hi, gt, qt, ok, gv, qv, dqo);
+          bb_store_packs<T, FN, V, kOps>(dqt, swap, pp, accp, ok, gv, qv, dqo);
+        }
       }
     }
     bb_block_reduce_slots<A, V>(red, accp, tid, w, nw, kw);
@@ -845,6 +903,16 @@ bb_rows(const __grid_constant__ BBParams p, const T* __restrict__ P, const T* __
         Vec gv[UR], qv[UR];
         long long dqo[UR];
         bb_load_packs<T, V, kOps>(X, x0, pstep, x_hi, gt, qt, ok, gv, qv, dqo);
+        if (BB_BEST_PF > 0 && X.ndim == 1) {
+#pragma unroll
+          for (int r = BB_BEST_PF * UR; r < (BB_BEST_PF + 1) * UR; ++r) {
+            const long long x = x0 + r * pstep;
+            if (x < x_hi) {
+              bb_prefetch_l2(gt + x * X.stride[BB_G][0]);
+              if (kOps) bb_prefetch_l2(qt + x * X.stride[BB_Q][0]);
+            }
+          }
+        }
         bb_store_packs<T, FN, V, kOps>(dqt, swap, pv, accp, ok, gv, qv, dqo);
       }
     }

@@ -102,7 +102,9 @@ def check_args(inputs, outs, params) -> tuple[str, str]:
 ENV = "GRADORACLE_CUPY_BB"
 # ur, minblocks -> BB_BEST_UR, BB_BEST_MIN_BLOCKS; legacy=1: the previous @best launches (plan_best's
 # `legacy`: bb_batch's y-looped mode for every Y), for A/B timing against the GPU's first figures.
-SETTINGS = {"ur": (1, 2, 4, 8), "minblocks": (1, 2, 3, 4, 6, 8), "legacy": (0, 1)}
+# pf -> BB_BEST_PF (L2 prefetch distance in loop steps of bb_cols / bb_rows, 0: none).
+SETTINGS = {"ur": (1, 2, 4, 8), "minblocks": (1, 2, 3, 4, 6, 8), "pf": (0, 1, 2, 4), "legacy": (0, 1)}
+_MACROS = {"ur": "BB_BEST_UR", "minblocks": "BB_BEST_MIN_BLOCKS", "pf": "BB_BEST_PF"}
 _BEST_KERNELS = ("bb_cols<", "bb_rows<", "bb_batch<")
 
 
@@ -119,8 +121,8 @@ def best_options(text: str | None = None) -> tuple[str, ...]:
         if name not in SETTINGS or not value.isdigit() or int(value) not in SETTINGS[name]:
             raise ValueError(f"{ENV}: {item!r} in {text!r}, expected " +
                              "; ".join(f"{k}=one of {', '.join(map(str, v))}" for k, v in SETTINGS.items()))
-        if name != "legacy":
-            out.append(f"-DBB_BEST_{'UR' if name == 'ur' else 'MIN_BLOCKS'}={value}")
+        if name in _MACROS:
+            out.append(f"-D{_MACROS[name]}={value}")
     return tuple(out)
 
 
