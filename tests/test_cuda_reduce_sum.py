@@ -50,6 +50,60 @@ def test_nvrtc_compiles_every_instantiation(dt):
         assert lowered[expr].encode() in cubin, f"{expr} ({lowered[expr]}) missing from the cubin"
 
 
+def _ptxas(exprs, options=()) -> dict[str, tuple[int, int]]:
+    """{name expression: (registers, spill store bytes)} from NVRTC's ptxas -v log (sm_90)."""
+    import re
+
+    from cupy.cuda import nvrtc
+
+    prog = nvrtc.createProgram(SOURCE, "rs.cu", [], [])
+    try:
+        for expr in exprs:
+            nvrtc.addNameExpression(prog, expr)
+        nvrtc.compileProgram(prog, list(_nvrtc.compile_options(("-Xptxas=-v", "-arch=sm_90", *options))))
+        log = nvrtc.getProgramLog(prog)
+        names = {nvrtc.getLoweredName(prog, e): e for e in exprs}
+    finally:
+        nvrtc.destroyProgram(prog)
+    out, cur, spill = {}, None, 0
+    for line in log.splitlines():
+        m = re.search(r"Compiling entry function '(\w+)'", line)
+        if m:
+            cur = names.get(m[1])
+        m = re.search(r"(\d+) bytes spill stores", line)
+        if m:
+            spill = int(m[1])
+        m = re.search(r"Used (\d+) registers", line)
+        if m and cur:
+            out[cur] = (int(m[1]), spill)
+    return out
+
+
+@needs_nvrtc
+def test_best_kernels_fit_four_blocks_per_sm():
+    """rs_row_team (every instantiation) and rs_col's SIMPLE ones are built for 4 resident 256-thread
+    blocks per SM: at most 64 registers (the transposed bias gradient's 4096 teams then fit one
+    wave; the plan takes the driver's occupancy), spills at most a few dozen bytes (only the
+    general 16-bit team kernels spill at all); GRADORACLE_CUPY_RS=teamblocks=1 drops the bound."""
+    exprs = [rs.kernel_expr(k, dt, vec, simple) for k in ("row_team", "col") for dt in rs.DTYPES
+             for vec in (False, True) for simple in (False, True) if k == "row_team" or simple]
+    report = _ptxas(exprs)
+    assert set(report) == set(exprs)
+    for expr, (regs, spill) in report.items():
+        assert regs <= 64, (expr, regs)
+        assert spill <= (32 if expr.startswith("rs_row_team") else 0), (expr, spill)
+    team = rs.kernel_expr("row_team", "bf16", True, False)
+    assert _ptxas([team], rs.build_options("teamblocks=1"))[team][0] > 64  # the bound is what holds it
+
+
+def test_build_options():
+    assert rs.build_options("") == ()
+    assert rs.build_options("teamblocks=1, colblocks=3") == ("-DRS_TEAM_MIN_BLOCKS=1", "-DRS_COL_MIN_BLOCKS=3")
+    for bad in ("teamblocks=0", "teamblocks=x", "blocks=2"):
+        with pytest.raises(ValueError, match=rs.ENV):
+            rs.build_options(bad)
+
+
 @needs_nvrtc
 def test_params_layout_matches_host_packing():
     # Every field is long long (no padding): a constant built in declaration order and read back by

@@ -80,6 +80,16 @@
 #define RS_BLOCK 256      // threads per block of every kernel here
 #define RS_MAX_DIMS 8     // dims per group after collapsing
 #define RS_UNROLL 4       // loads in flight per thread in the best kernels
+// Resident blocks per SM the best kernels are built for (a host may override them with -D: the
+// cupy backend's GRADORACLE_CUPY_RS; 1 = no bound).  4 = at most 64 registers: rs_row_team then
+// holds 32 warps per SM (4096 segments of 32-lane teams fit one wave on an H100); rs_col's
+// SIMPLE instantiations fit without spills (the general ones would spill, so they keep none).
+#ifndef RS_TEAM_MIN_BLOCKS
+#define RS_TEAM_MIN_BLOCKS 4
+#endif
+#ifndef RS_COL_MIN_BLOCKS
+#define RS_COL_MIN_BLOCKS 4
+#endif
 
 struct RSGroup {
   long long ndim;                 // dims in use, 0..RS_MAX_DIMS
@@ -409,7 +419,7 @@ __device__ __forceinline__ A rs_block_sum(A v, A* scratch) {
 // ============================================================================ best: row mode
 
 template <typename T, bool VEC, bool SIMPLE>
-__global__ void __launch_bounds__(RS_BLOCK)
+__global__ void __launch_bounds__(RS_BLOCK, RS_TEAM_MIN_BLOCKS)
 rs_row_team(const __grid_constant__ RSParams p, const T* __restrict__ x, T* __restrict__ y) {
   typedef rs_acc_t<T> A;
   const int lg = (int)p.lanes_log2, width = 1 << lg;
@@ -518,7 +528,7 @@ __device__ __forceinline__ void rs_col_store(const RSParams& p, T* __restrict__ 
 }
 
 template <typename T, bool VEC, bool SIMPLE>
-__global__ void __launch_bounds__(RS_BLOCK)
+__global__ void __launch_bounds__(RS_BLOCK, SIMPLE ? RS_COL_MIN_BLOCKS : 1)
 rs_col(const __grid_constant__ RSParams p, const T* __restrict__ x, T* __restrict__ y,
        rs_acc_t<T>* __restrict__ part, unsigned int* __restrict__ ticket) {
   typedef rs_acc_t<T> A;

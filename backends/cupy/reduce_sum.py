@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from math import prod
 from typing import Callable
 
+import os
+
 import numpy as np
 
 from backends.cupy import nvrtc as _nvrtc
@@ -58,6 +60,27 @@ MIN_UNITS_PER_THREAD = 8   # a row-block chunk gives each thread at least this m
 MIN_ROWS_PER_THREAD = 8    # a column chunk gives each row slot at least this many rows
 COL_TILE = 128             # columns per column tile when rows are split (bounds the finish's reads)
 MIN_RUN_BYTES = 128        # column tiles span at least a cache line of each row
+
+ENV = "GRADORACLE_CUPY_RS"
+SETTINGS = {"teamblocks": "RS_TEAM_MIN_BLOCKS", "colblocks": "RS_COL_MIN_BLOCKS"}
+
+
+def build_options(text: str | None = None) -> tuple[str, ...]:
+    """NVRTC -D options from `text` (default: $GRADORACLE_CUPY_RS), e.g. "teamblocks=1,colblocks=1":
+    the resident blocks per SM rs_row_team / rs_col (SIMPLE) are built for (1-8; 1 = no bound, the
+    build before the bounds; unset: the .cuh's 4).  The planner reads each kernel's occupancy from
+    the driver, so grids follow.  A bad setting is a ValueError naming the variable."""
+    text = os.environ.get(ENV, "") if text is None else text
+    out = []
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        name, _, value = (x.strip() for x in item.partition("="))
+        if name not in SETTINGS or not value.isdigit() or not 1 <= int(value) <= 8:
+            raise ValueError(f"{ENV}: {item!r} in {text!r}, expected teamblocks=1..8 and/or colblocks=1..8")
+        out.append(f"-D{SETTINGS[name]}={value}")
+    return tuple(out)
+
+
+_OPTIONS = build_options()  # read once per process
 MAX_GRID_Y = 65535         # ladder launches put segments in grid.y
 
 # ============================================================================= collapsing
@@ -503,7 +526,7 @@ def kernel(expr: str):
         if expr not in _EXPR_DTYPE:
             raise KeyError(f"{OP}: no kernel instantiation {expr!r} in {SOURCE}")
         exprs = all_kernel_exprs(_EXPR_DTYPE[expr])
-        module = cupy.RawModule(code=_nvrtc.read_source(SOURCE), options=_nvrtc.compile_options(),
+        module = cupy.RawModule(code=_nvrtc.read_source(SOURCE), options=_nvrtc.compile_options(_OPTIONS),
                                 name_expressions=exprs)
         for e in exprs:
             _KERNELS.setdefault(e, module.get_function(e))
