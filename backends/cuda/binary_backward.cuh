@@ -62,7 +62,9 @@
 //       grad_a / grad_b) must be zeroed where c.direct is 0, then bb_finalize with nchunks = 1.
 //   bb_cols<T,FN,V>(p, P, Q, g, dP, dP_part, dQ)                    [@best: lanes along K, J = 1]
 //   bb_rows<T,FN,V>(p, P, Q, g, dP, dP_part, dQ)                    [@best: row sums, Y empty]
-//   bb_batch<T,FN,V>(p, P, Q, g, dP, dP_part, dQ, dQ_part)          [@best: lanes along X, Y looped]
+//   bb_batch<T,FN,V>(p, P, Q, g, dP, dP_part, dQ, dQ_part)          [@best: lanes along X; both reduce]
+//       chunk[2] picks the mode: 0 = Y looped per lane (any Y), 1 = stream (Y one dim, at most
+//       BB_YT rows, all in registers; P's rows loaded once per task).
 //       V = 1 or 16 / sizeof(T) (16-byte packs); see each kernel for its fields.  The @best
 //       rung launches these, bb_fast for dense no-broadcast cases, and the opt kernels for the
 //       rest (bb_ew, bb_lk<J = 8>), each with a grid of at most one wave of resident blocks.
@@ -677,6 +679,23 @@ __device__ __forceinline__ void bb_prefetch_l2(const void* p) {
 #endif
 }
 
+// bb_terms for the @best kernels.  For div with 16-bit T, db = -a / b^2 is taken as -(a * r) * r
+// with r = 1 / b (the da term): one IEEE division per element instead of two.  Its float error
+// (a few float ulps) is far below the 16-bit rounding of the result; float and double keep the
+// exact formula.
+template <int FN, typename T, typename A>
+__device__ __forceinline__ void bb_terms_best(A p, A q, A g, bool swap, A& tp, A& tq) {
+  if (FN == BB_DIV && sizeof(T) == 2) {
+    const A a = swap ? q : p, b = swap ? p : q;
+    const A r = A(1) / b;
+    const A ta = g * r, tb = g * (-(a * r) * r);
+    tp = swap ? tb : ta;
+    tq = swap ? ta : tb;
+  } else {
+    bb_terms<FN, A>(p, q, g, swap, tp, tq);
+  }
+}
+
 // Offsets in slots S0, S1, S2 of element idx of `gr` (G, Q, DQ: the three the @best loops move
 // along in bb_cols / bb_rows; G, P, DP along bb_batch's rows): a one-dim group (the usual case)
 // multiplies by strides read from the parameter space, so no per-slot cursor state is kept in
@@ -747,8 +766,8 @@ __device__ __forceinline__ void bb_store_packs(T* __restrict__ dqt, bool swap, c
 #pragma unroll
     for (int e = 0; e < V; ++e) {
       A tp, tq;
-      bb_terms<FN, A>(kOps ? bb_p_at(pvals, e) : A(0), kOps ? bb_to_acc(qv[r].v[e]) : A(0), bb_to_acc(gv[r].v[e]),
-                      swap, tp, tq);
+      bb_terms_best<FN, T, A>(kOps ? bb_p_at(pvals, e) : A(0), kOps ? bb_to_acc(qv[r].v[e]) : A(0),
+                              bb_to_acc(gv[r].v[e]), swap, tp, tq);
       bb_add_at(acc, e, tp);
       out.v[e] = bb_from_acc<T>(tq);
     }
@@ -763,7 +782,10 @@ __device__ __forceinline__ void bb_store_packs(T* __restrict__ dqt, bool swap, c
 // lanes_log2; the block's nw = BB_BLOCK / KW row slots walk a chunk of R.  dQ is written as
 // packs as it goes; dP accumulates in registers, then over the slots (fixed-order tree), and is
 // written final (nchunk[2] == 1) or as A partial row cv.  chunk[2] = rows per chunk, nchunk =
-// {k tiles, 1, R chunks}, ntiles = their product.
+// {k tiles, 1, R chunks}, ntiles = their product.  A one-dim R (the usual case) steps row
+// pointers (UR rows in flight, the L2 asked for the rows BB_BEST_PF steps ahead); several row
+// dims take a row at a time through the unravelling path, kept small so that it does not raise
+// the kernel's register count.
 template <typename T, int FN, int V>
 __global__ void __launch_bounds__(BB_BLOCK, BB_BEST_MIN_BLOCKS)
 bb_cols(const __grid_constant__ BBParams p, const T* __restrict__ P, const T* __restrict__ Q,
@@ -831,8 +853,8 @@ bb_cols(const __grid_constant__ BBParams p, const T* __restrict__ P, const T* __
 #pragma unroll
               for (int e = 0; e < V; ++e) {
                 A tp, tq;
-                bb_terms<FN, A>(kOps ? bb_to_acc(pp.v[e]) : A(0), kOps ? bb_to_acc(qv[r].v[e]) : A(0),
-                                bb_to_acc(gv[r].v[e]), swap, tp, tq);
+                bb_terms_best<FN, T, A>(kOps ? bb_to_acc(pp.v[e]) : A(0), kOps ? bb_to_acc(qv[r].v[e]) : A(0),
+                                        bb_to_acc(gv[r].v[e]), swap, tp, tq);
                 accp[e] += tp;
                 out.v[e] = bb_from_acc<T>(tq);
               }
@@ -921,7 +943,8 @@ bb_rows(const __grid_constant__ BBParams p, const T* __restrict__ P, const T* __
   }
 }
 
-// Lanes along the reduced group X, the other reduced group Y looped in-thread (both operands
+// bb_batch's y-looped mode (chunk[2] == 0; the @best kernel of the first GPU runs, and the mode
+// for a long Y): lanes along the reduced group X, the other reduced group Y looped in-thread (both operands
 // broadcast: P along X, Q along Y).  grp[0] = X, grp[1] = Y, grp[2] = Z = K.  A task is one z,
 // one chunk of XW * V x's (one pack per lane: 16 bytes for V > 1, with the same layout
 // conditions as bb_rows, and Y's g strides multiples of V too) and a chunk of chunk[1] y's,
@@ -1080,6 +1103,14 @@ __device__ __forceinline__ void bb_batch_stream(const BBParams& p, const T* __re
         bb_offsets3<BB_G, BB_Q, BB_DQ>(X, x, og, oq, odq);
         Vec qv;
         if (kOps) qv = bb_ldv<T, V>(qt + oq);
+        if (BB_BEST_PF > 0 && X.ndim == 1) {  // the L2 fetches the lane's pack BB_BEST_PF steps ahead
+          const long long xn = x + BB_BEST_PF * pstep;
+          if (xn < x_hi) {
+            const T* gn = gt + xn * X.stride[BB_G][0];
+            for (int j = 0; j < ny; ++j) bb_prefetch_l2(gn + j * ys_g);
+            if (kOps) bb_prefetch_l2(qt + xn * X.stride[BB_Q][0]);
+          }
+        }
         A accq[V];
 #pragma unroll
         for (int e = 0; e < V; ++e) accq[e] = A(0);
@@ -1098,8 +1129,8 @@ __device__ __forceinline__ void bb_batch_stream(const BBParams& p, const T* __re
 #pragma unroll
               for (int e = 0; e < V; ++e) {
                 A tp, tq;
-                bb_terms<FN, A>(kOps ? pv[j * BB_BLOCK] : A(0), kOps ? bb_to_acc(qv.v[e]) : A(0), bb_to_acc(gv[j - j0].v[e]), swap,
-                                tp, tq);
+                bb_terms_best<FN, T, A>(kOps ? pv[j * BB_BLOCK] : A(0), kOps ? bb_to_acc(qv.v[e]) : A(0),
+                                        bb_to_acc(gv[j - j0].v[e]), swap, tp, tq);
                 accp[j] += tp;
                 accq[e] += tq;
               }
