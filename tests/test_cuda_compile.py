@@ -100,9 +100,10 @@ def ptxas_report(exprs, arch: str = "sm_90") -> dict[str, tuple[int, int]]:
 
 @needs_nvrtc
 def test_best_kernels_fit_their_launch_bounds():
-    """bb_cols / bb_rows / bb_batch are built for BB_BEST_MIN_BLOCKS (3) resident 256-thread blocks per SM:
-    at most 80 registers, and at most a few dozen bytes of spills (only the 16-bit packed cols
-    kernels spill at all); the plan's default occupancy table assumes as much."""
+    """bb_rows / bb_batch are built for BB_BEST_MIN_BLOCKS (3) resident 256-thread blocks per SM:
+    at most 80 registers, and at most a few dozen bytes of spills (only the 16-bit packed batch
+    kernels spill at all); bb_cols for BB_COLS_MIN_BLOCKS (4): at most 64 registers, no spills.
+    The plan's default occupancy table assumes as much."""
     exprs = [cupy_raw.kernel_expr(k, dt, fn, vec) for k in ("cols", "rows", "batch") for dt in ("bf16", "f32")
              for fn in ("mul", "div", "maximum") for vec in (False, True)]
     report = ptxas_report(exprs)
@@ -110,9 +111,13 @@ def test_best_kernels_fit_their_launch_bounds():
     for expr, (regs, spill) in report.items():
         assert regs <= 80, (expr, regs)
         assert spill <= 64, (expr, spill)
-    assert cuda_plan.BEST_BLOCKS_PER_SM["cols"] == cuda_plan.BEST_BLOCKS_PER_SM["rows"] == 3
-    assert cuda_plan.BEST_BLOCKS_PER_SM["batch"] == 3
+    assert cuda_plan.BEST_BLOCKS_PER_SM["rows"] == cuda_plan.BEST_BLOCKS_PER_SM["batch"] == 3
     assert "#define BB_BEST_MIN_BLOCKS 3" in SOURCE
+    # bb_cols: 4 blocks per SM, so at most 64 registers, and no spills at all
+    assert cuda_plan.BEST_BLOCKS_PER_SM["cols"] == 4 and "#define BB_COLS_MIN_BLOCKS 4" in SOURCE
+    for expr, (regs, spill) in report.items():
+        if expr.startswith("bb_cols<"):
+            assert regs <= 64 and spill == 0, (expr, regs, spill)
 
 
 @needs_nvrtc

@@ -308,10 +308,11 @@ def opt2_words(a_shape, b_shape, a_strides, b_strides, g_strides) -> tuple[list[
 
 # Resident 256-thread blocks per SM assumed when none is measured (the cupy host asks the driver
 # for each compiled kernel's figure; torch_ext plans with these).  From ptxas -v on sm_90 (NVRTC,
-# f32 / bf16): bb_cols / bb_rows / bb_batch are built for 3 (__launch_bounds__: at most 80
-# registers; small spills in the 16-bit vectorized cols and batch kernels), bb_fast uses 30-44 registers,
+# f32 / bf16): bb_rows / bb_batch are built for 3 (__launch_bounds__: at most 80 registers; small
+# spills in the 16-bit vectorized batch kernels), bb_cols for 4 (at most 64, one row in flight
+# per thread, no spills), bb_fast uses 30-44 registers,
 # bb_ew 58-60, bb_lk<J = 8> and bb_lr_batched 98-116.  The grid is never more than one wave.
-BEST_BLOCKS_PER_SM = {"fast": 5, "ew": 4, "cols": 3, "rows": 3, "batch": 3, "lk8": 2, "lr_batched": 2}
+BEST_BLOCKS_PER_SM = {"fast": 5, "ew": 4, "cols": 4, "rows": 3, "batch": 3, "lk8": 2, "lr_batched": 2}
 MIN_ROWS_PER_SLOT = 8   # bb_cols: a chunk gives each row slot at least this many rows
 MIN_PACKS_PER_LANE = 2  # bb_rows, bb_batch's stream mode: a chunk gives each lane at least this many packs
 BATCH_ROWS = 8          # BB_YT: the most rows of Y bb_batch's stream mode holds

@@ -661,13 +661,22 @@ __device__ __forceinline__ void bb_stv(T* p, const BBVec<T, V>& x) { *reinterpre
 // Tuning of the @best kernels (a host may override them with -D: the cupy backend's
 // GRADORACLE_CUPY_BB setting; torch_ext and the plan's defaults assume these values).
 #ifndef BB_BEST_UR
-#define BB_BEST_UR 2          // packs (rows) in flight per thread in bb_cols / bb_rows / bb_batch
+#define BB_BEST_UR 2          // packs (rows) in flight per thread in bb_rows / bb_batch (y-looped)
 #endif
 #ifndef BB_BEST_PF
 #define BB_BEST_PF 2          // bb_cols / bb_rows: L2 prefetch this many loop steps ahead (0: none)
 #endif
 #ifndef BB_BEST_MIN_BLOCKS
 #define BB_BEST_MIN_BLOCKS 3  // resident 256-thread blocks per SM they are built for (<= 80 registers)
+#endif
+// bb_cols' own: a row (g's and Q's packs: two 16-byte loads) in flight per thread, the rows
+// further on asked of the L2 (BB_BEST_PF), at <= 64 registers without spills: 4 blocks per SM
+// (50% occupancy).  With 2 rows it needed 80 and spilled (37.5%, the first GPU profile).
+#ifndef BB_COLS_UR
+#define BB_COLS_UR 1
+#endif
+#ifndef BB_COLS_MIN_BLOCKS
+#define BB_COLS_MIN_BLOCKS 4
 #endif
 
 // Asks the L2 for the sector at p ahead of its load: the load then waits on the L2, not DRAM,
@@ -787,12 +796,12 @@ __device__ __forceinline__ void bb_store_packs(T* __restrict__ dqt, bool swap, c
 // dims take a row at a time through the unravelling path, kept small so that it does not raise
 // the kernel's register count.
 template <typename T, int FN, int V>
-__global__ void __launch_bounds__(BB_BLOCK, BB_BEST_MIN_BLOCKS)
+__global__ void __launch_bounds__(BB_BLOCK, BB_COLS_MIN_BLOCKS)
 bb_cols(const __grid_constant__ BBParams p, const T* __restrict__ P, const T* __restrict__ Q,
         const T* __restrict__ g, T* __restrict__ dP, bb_acc_t<T>* __restrict__ dP_part, T* __restrict__ dQ) {
   typedef bb_acc_t<T> A;
   typedef BBVec<T, V> Vec;
-  constexpr int UR = BB_BEST_UR;
+  constexpr int UR = BB_COLS_UR;
   constexpr bool kOps = BBUsesOperands<FN>::value;
   __shared__ A red[V * BB_BLOCK];
   const BBGroup& K = p.grp[0];

@@ -14,8 +14,10 @@ against the first), then the best kernel:
           gradient where layout and alignment allow (scalar accesses otherwise), grids of one
           wave of resident blocks over grid-stride loops, float (double) sums in per-block
           partial rows and a fixed-order finish.  Bias-like, row-sum and both-operand broadcasts get
-          their own kernels (bb_cols, bb_rows, bb_batch), dense no-broadcast cases bb_fast, the
-          rest (strided no-broadcast, lanes along K with both reduced) the opt kernels.  The kernel torch_ext launches.
+          their own kernels (bb_cols, bb_rows, bb_batch: a short Y held in registers, its P rows
+          read once per task), dense no-broadcast cases bb_fast, the rest (strided no-broadcast,
+          lanes along K with both reduced) the opt kernels.  The kernel torch_ext launches.
+          GRADORACLE_CUPY_BB (best_options) tunes it, legacy=1 restores the first GPU runs' plans.
 
 Per call the Python is a dict lookup: the checks and the plan (kernel names, BBParams bytes,
 grids) are made once per layout (`_ENTRIES`: shapes, strides, dtype, fn, 16-byte alignment,
@@ -102,9 +104,12 @@ def check_args(inputs, outs, params) -> tuple[str, str]:
 ENV = "GRADORACLE_CUPY_BB"
 # ur, minblocks -> BB_BEST_UR, BB_BEST_MIN_BLOCKS; legacy=1: the previous @best launches (plan_best's
 # `legacy`: bb_batch's y-looped mode for every Y), for A/B timing against the GPU's first figures.
-# pf -> BB_BEST_PF (L2 prefetch distance in loop steps of bb_cols / bb_rows, 0: none).
-SETTINGS = {"ur": (1, 2, 4, 8), "minblocks": (1, 2, 3, 4, 6, 8), "pf": (0, 1, 2, 4), "legacy": (0, 1)}
-_MACROS = {"ur": "BB_BEST_UR", "minblocks": "BB_BEST_MIN_BLOCKS", "pf": "BB_BEST_PF"}
+# pf -> BB_BEST_PF (L2 prefetch distance in loop steps of bb_cols / bb_rows / bb_batch, 0: none);
+# colsur, colsminblocks -> BB_COLS_UR, BB_COLS_MIN_BLOCKS (bb_cols' own; the first GPU runs had 2, 3).
+SETTINGS = {"ur": (1, 2, 4, 8), "minblocks": (1, 2, 3, 4, 6, 8), "pf": (0, 1, 2, 4), "colsur": (1, 2, 4),
+            "colsminblocks": (1, 2, 3, 4, 6, 8), "legacy": (0, 1)}
+_MACROS = {"ur": "BB_BEST_UR", "minblocks": "BB_BEST_MIN_BLOCKS", "pf": "BB_BEST_PF", "colsur": "BB_COLS_UR",
+           "colsminblocks": "BB_COLS_MIN_BLOCKS"}
 _BEST_KERNELS = ("bb_cols<", "bb_rows<", "bb_batch<")
 
 

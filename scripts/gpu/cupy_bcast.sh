@@ -1,31 +1,36 @@
 #!/usr/bin/env bash
 # Issue 15, the three profiled misses of results/h100/bench-2 (binary_backward both-broadcast and
 # bias patterns, reduce_sum of a transposed input): the GPU batch for the new @best device code.
-#   OUT=/some/dir bash scripts/gpu/cupy_bcast.sh          (about 7-8 minutes on an H100)
+#   OUT=/some/dir bash scripts/gpu/cupy_bcast.sh          (about 8 minutes on an H100; STEPS splits it)
 # Steps (STEPS, any subset; default all, in this order):
 #   prep     pip install -e (no deps); plans.txt: registers / local bytes / blocks per SM of the
 #            changed kernels (bb_batch, bb_cols, bb_rows, rs_row_team, rs_col) and @best's plan of
 #            the changed perf cases.
-#   full     harness run --cases full, binary_backward and reduce_sum, cupy@best, in 4 shards side
-#            by side (FULL_LIMIT s each) -> full-K.json / full-K.log, full.txt (counts, failures).
-#   bench    harness bench on scripts/gpu/cases/cupy_bcast.json (the 16-bit broadcast perf cases of
-#            binary_backward, the both-broadcast ones in every dtype, the 16-bit reduce_sum ones):
-#            cupy@best, triton, torch -> bench/; then cupy@best built and planned as before
-#            (GRADORACLE_CUPY_BB=legacy=1,pf=0, GRADORACLE_CUPY_RS=teamblocks=1,colblocks=1) ->
-#            bench-old/; targets.txt: % of copy, new vs old vs triton (bars 88% / 92%).
-#   tune     cupy@best on scripts/gpu/cases/cupy_bcast_tune.json (7 cases) under other settings:
-#            pf=0, pf=4, "ur=1,minblocks=4" (bb_cols / bb_rows at <= 64 registers) -> tune/<name>/,
-#            tune.txt.
+#   full     harness run --cases full, binary_backward (1294 cases) and reduce_sum (157), cupy@best,
+#            in 6 shards side by side (FULL_LIMIT s each; SIGTERM keeps what finished) -> full-K.json /
+#            full-K.log, full.txt (counts, failures).  The bench below re-validates the perf cases.
+#   bench    harness bench on scripts/gpu/cases/cupy_bcast.json (18 perf cases: the bench-2 misses
+#            of binary_backward's bias / row-sum / both-broadcast patterns and of reduce_sum):
+#            cupy@best, triton, torch -> bench/; then cupy@best built and planned as before as far
+#            as switches reach (GRADORACLE_CUPY_BB=legacy=1,pf=0,colsur=2,colsminblocks=3: bb_batch's
+#            y-looped mode, no L2 prefetch, bb_cols at 2 rows / 3 blocks; GRADORACLE_CUPY_RS=
+#            teamblocks=1,colblocks=1: no new register bounds) -> bench-old/; targets.txt: % of copy,
+#            new vs old vs triton (bars 88% / 92%).
+#   tune     cupy@best on scripts/gpu/cases/cupy_bcast_tune.json (7 cases) under other settings
+#            (TUNE_SETTINGS; default pf=0: no L2 prefetch, and "colsur=2,colsminblocks=3": bb_cols at
+#            2 rows / 3 blocks with the prefetch; others worth a later run: pf=4, "ur=1,minblocks=4")
+#            -> tune/<name>/, tune.txt (with the default and old columns from bench).
 #   profile  python -m harness profile, cupy@best, the three cases of the issue -> profile/*.txt|json
-# Knobs: PY=python3 BUDGET=0.1 TIME_LIMIT=150 (bench, s) FULL_LIMIT=140 (s per shard).
+# Knobs: PY=python3 BUDGET=0.1 TIME_LIMIT=90 (bench, s) FULL_LIMIT=100 (s per shard) TUNE_SETTINGS.
 # Everything lands under $OUT (tarred into $OUT/cupy_bcast.tgz at the end).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 : "${OUT:?set OUT to a folder for the results}"
 PY=${PY:-python3} STEPS=${STEPS:-prep full bench tune profile}
-BUDGET=${BUDGET:-0.1} TIME_LIMIT=${TIME_LIMIT:-150} FULL_LIMIT=${FULL_LIMIT:-140}
+BUDGET=${BUDGET:-0.1} TIME_LIMIT=${TIME_LIMIT:-90} FULL_LIMIT=${FULL_LIMIT:-100}
+TUNE_SETTINGS=${TUNE_SETTINGS:-pf=0 colsur=2,colsminblocks=3}
 CASES=scripts/gpu/cases/cupy_bcast.json TUNE=scripts/gpu/cases/cupy_bcast_tune.json
-OLD_BB="legacy=1,pf=0" OLD_RS="teamblocks=1,colblocks=1"
+OLD_BB="legacy=1,pf=0,colsur=2,colsminblocks=3" OLD_RS="teamblocks=1,colblocks=1"
 mkdir -p "$OUT"
 t0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
@@ -50,8 +55,8 @@ from cases import select
 
 dev = bb.CupyDevice()
 print(f"SMs {dev.num_sms()}")
-for dt in ("bf16", "f16", "f32"):
-    for fn in ("mul", "div", "add", "maximum"):
+for dt in ("bf16", "f32"):
+    for fn in ("mul", "div"):
         for k in ("batch", "cols", "rows"):
             expr = bb.kernel_expr(k, dt, fn, True)
             f = bb._function(expr)
@@ -82,13 +87,13 @@ PYEOF
 fi
 
 if has full; then
-  stamp "== full: cupy@best, binary_backward + reduce_sum, 4 shards"
-  for k in 0 1 2 3; do
+  stamp "== full: cupy@best, binary_backward + reduce_sum, 6 shards"
+  for k in 0 1 2 3 4 5; do
     timeout -k 15 -s TERM "$FULL_LIMIT" $PY -m harness run --op binary_backward --op reduce_sum --backend cupy@best \
-      --cases full --shard "$k/4" --json "$OUT/full-$k.json" > "$OUT/full-$k.log" 2>&1 &
+      --cases full --shard "$k/6" --json "$OUT/full-$k.json" > "$OUT/full-$k.log" 2>&1 &
   done
   wait
-  for k in 0 1 2 3; do echo "shard $k: $(tail -1 "$OUT/full-$k.log")"; done | tee "$OUT/full.txt"
+  for k in 0 1 2 3 4 5; do echo "shard $k: $(tail -1 "$OUT/full-$k.log")"; done | tee "$OUT/full.txt"
   grep -hE "^(FAIL|ERROR|CRASH)" -A3 "$OUT"/full-*.log | head -60 | tee -a "$OUT/full.txt"
 fi
 
@@ -98,8 +103,8 @@ if has bench; then
     --time-limit "$TIME_LIMIT" "${BENCH[@]}" --report "$OUT/bench" > "$OUT/bench.log" 2>&1
   echo "exit $?"; tail -3 "$OUT/bench.log"
   stamp "== bench: cupy@best as before ($OLD_BB / $OLD_RS)"
-  GRADORACLE_CUPY_BB=$OLD_BB GRADORACLE_CUPY_RS=$OLD_RS timeout 150 $PY -m harness bench --backend cupy@best \
-    --cases "$CASES" --time-limit 90 "${BENCH[@]}" --report "$OUT/bench-old" > "$OUT/bench-old.log" 2>&1
+  GRADORACLE_CUPY_BB=$OLD_BB GRADORACLE_CUPY_RS=$OLD_RS timeout 110 $PY -m harness bench --backend cupy@best \
+    --cases "$CASES" --time-limit 50 "${BENCH[@]}" --report "$OUT/bench-old" > "$OUT/bench-old.log" 2>&1
   echo "exit $?"; tail -3 "$OUT/bench-old.log"
   $PY - "$OUT" > "$OUT/targets.txt" 2>&1 <<'PYEOF'
 import json, sys
@@ -132,9 +137,9 @@ fi
 if has tune; then
   stamp "== tune: cupy@best settings on the key cases"
   mkdir -p "$OUT/tune"
-  for setting in pf=0 pf=4 ur=1,minblocks=4; do
+  for setting in $TUNE_SETTINGS; do
     name=${setting//,/_}; name=${name//=/}
-    GRADORACLE_CUPY_BB=$setting timeout 80 $PY -m harness bench --backend cupy@best --cases "$TUNE" --time-limit 50 \
+    GRADORACLE_CUPY_BB=$setting timeout 70 $PY -m harness bench --backend cupy@best --cases "$TUNE" --time-limit 35 \
       "${BENCH[@]}" --report "$OUT/tune/$name" > "$OUT/tune/$name.log" 2>&1
     echo "$setting exit $?"
   done
@@ -153,7 +158,6 @@ for name, d in runs.items():
         if r["impl"] == "cupy@best":
             p = (r.get("figures") or {}).get("pct_copy")
             table.setdefault(r["case"], {})[name] = "-" if p is None else f"{p:.1f}"
-tune_cases = {json.dumps(c["params"], sort_keys=True) for c in json.load(open("scripts/gpu/cases/cupy_bcast_tune.json"))["cases"]}
 print(f"{'case (% of copy)':52s} " + " ".join(f"{n:>14s}" for n in runs))
 for case, row in table.items():
     if len(row) > 2:
