@@ -1059,7 +1059,7 @@ __device__ __forceinline__ void bb_batch_ylooped(const BBParams& p, const T* __r
 #define BB_YT 8  // most rows of Y bb_batch keeps in registers (its stream mode)
 #endif
 #ifndef BB_YG
-#define BB_YG 2  // rows of g it loads before using them (more spill at 80 registers; 1 for double)
+#define BB_YG 1  // rows of g loaded before use (2: more in flight, but 46 B of spill in bf16, not 20; double: 1)
 #endif
 
 template <typename T, int FN, int V>

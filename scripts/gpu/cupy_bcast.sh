@@ -17,8 +17,9 @@
 #            teamblocks=1,colblocks=1: no new register bounds) -> bench-old/; targets.txt: % of copy,
 #            new vs old vs triton (bars 88% / 92%).
 #   tune     cupy@best on scripts/gpu/cases/cupy_bcast_tune.json (7 cases) under other settings
-#            (TUNE_SETTINGS; default pf=0: no L2 prefetch, and "colsur=2,colsminblocks=3": bb_cols at
-#            2 rows / 3 blocks with the prefetch; others worth a later run: pf=4, "ur=1,minblocks=4")
+#            (TUNE_SETTINGS; default pf=0: no L2 prefetch; "colsur=2,colsminblocks=3": bb_cols at 2
+#            rows / 3 blocks with the prefetch; yg=2: bb_batch's stream mode loads 2 rows of g before
+#            use; worth a later run: pf=4, "ur=1,minblocks=4")
 #            -> tune/<name>/, tune.txt (with the default and old columns from bench).
 #   profile  python -m harness profile, cupy@best, the three cases of the issue -> profile/*.txt|json
 # Knobs: PY=python3 BUDGET=0.1 TIME_LIMIT=90 (bench, s) FULL_LIMIT=100 (s per shard) TUNE_SETTINGS.
@@ -28,7 +29,7 @@ export PYTHONUNBUFFERED=1
 : "${OUT:?set OUT to a folder for the results}"
 PY=${PY:-python3} STEPS=${STEPS:-prep full bench tune profile}
 BUDGET=${BUDGET:-0.1} TIME_LIMIT=${TIME_LIMIT:-90} FULL_LIMIT=${FULL_LIMIT:-100}
-TUNE_SETTINGS=${TUNE_SETTINGS:-pf=0 colsur=2,colsminblocks=3}
+TUNE_SETTINGS=${TUNE_SETTINGS:-pf=0 colsur=2,colsminblocks=3 yg=2}
 CASES=scripts/gpu/cases/cupy_bcast.json TUNE=scripts/gpu/cases/cupy_bcast_tune.json
 OLD_BB="legacy=1,pf=0,colsur=2,colsminblocks=3" OLD_RS="teamblocks=1,colblocks=1"
 mkdir -p "$OUT"
@@ -139,7 +140,7 @@ if has tune; then
   mkdir -p "$OUT/tune"
   for setting in $TUNE_SETTINGS; do
     name=${setting//,/_}; name=${name//=/}
-    GRADORACLE_CUPY_BB=$setting timeout 70 $PY -m harness bench --backend cupy@best --cases "$TUNE" --time-limit 35 \
+    GRADORACLE_CUPY_BB=$setting timeout 60 $PY -m harness bench --backend cupy@best --cases "$TUNE" --time-limit 28 \
       "${BENCH[@]}" --report "$OUT/tune/$name" > "$OUT/tune/$name.log" 2>&1
     echo "$setting exit $?"
   done
