@@ -953,8 +953,8 @@ bb_rows(const __grid_constant__ BBParams p, const T* __restrict__ P, const T* __
 }
 
 // bb_batch's y-looped mode (chunk[2] == 0; the @best kernel of the first GPU runs, and the mode
-// for a long Y): lanes along the reduced group X, the other reduced group Y looped in-thread (both operands
-// broadcast: P along X, Q along Y).  grp[0] = X, grp[1] = Y, grp[2] = Z = K.  A task is one z,
+// for a long Y): lanes along the reduced group X, the other reduced group Y looped in-thread
+// (both operands broadcast: P along X, Q along Y).  grp[0] = X, grp[1] = Y, grp[2] = Z = K.  A task is one z,
 // one chunk of XW * V x's (one pack per lane: 16 bytes for V > 1, with the same layout
 // conditions as bb_rows, and Y's g strides multiples of V too) and a chunk of chunk[1] y's,
 // owned by a segment of XW = lanes lanes.  Q's pack is loaded once; per y the lane loads g's
@@ -1051,8 +1051,9 @@ __device__ __forceinline__ void bb_batch_ylooped(const BBParams& p, const T* __r
 // registers, lanes stream along X.  A task is one z and one chunk of X (chunk[0] elements, a
 // multiple of V), owned by a segment of XW = lanes lanes, each lane taking packs of V x's (same
 // layout conditions as the y-looped mode).  P[z, y] is loaded once per task and row (not once
-// per pack and row); per pack the lane loads Q's pack and the ny packs of g (all before any
-// use), sums dQ over y in registers and stores it final, and adds into dP[z, y]'s per-row sums,
+// per pack and row); per pack the lane loads Q's pack and the ny packs of g (BB_YG rows' loads
+// before their use; the L2 is asked for the packs BB_BEST_PF steps ahead), sums dQ over y in
+// registers and stores it final, and adds into dP[z, y]'s per-row sums,
 // which are shuffled across the segment once per task: dP final (nchunk[0] == 1) or A partial
 // row cx.  nchunk = {X chunks, 1, numel(Z)}; ntiles = tasks = nchunk[0] * numel(Z).
 #ifndef BB_YT
