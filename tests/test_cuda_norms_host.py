@@ -51,12 +51,14 @@ cupyhost = Backend("cupyhost", framework="numpy", devices=("cpu",), register=Fal
 
 
 KNOBS = {"best": "", "best_rows": "kernel=rows", "best_coop": "finish=coop", "best_s2": "stages=2,elems=8",
-         "best_rows2": "kernel=rows2", "best_rows2_pf2": "kernel=rows2,prefetch=2,minrows=1"}
+         "best_rows2": "kernel=rows2", "best_rows2_pf2": "kernel=rows2,prefetch=2,minrows=1",
+         "best_rows3_colsum": "kernel=rows3,finish=colsum", "best_rows3_s2": "kernel=rows3,stages=2,minrows=1"}
 for _op in (LN, RMS):
     for _dt in plan.DTYPES:  # instantiations beyond the defaults' (built into the stand-in's library)
         cuda_host.EXTRA_EXPRS[(_op, _dt)] = sorted(
             set(plan.all_kernel_exprs(_op, _dt, plan.settings(KNOBS["best_s2"])))
-            | set(plan.all_kernel_exprs(_op, _dt, plan.settings(KNOBS["best_rows2_pf2"]))))
+            | set(plan.all_kernel_exprs(_op, _dt, plan.settings(KNOBS["best_rows2_pf2"])))
+            | set(plan.all_kernel_exprs(_op, _dt, plan.settings(KNOBS["best_rows3_s2"]))))
 
 
 def _impl(op: str, variant: str, num_sms: int = NUM_SMS, knobs: str = ""):
@@ -96,6 +98,10 @@ for _op in (LN, RMS):
     # per block at least: 40 SMs give it many partial rows.
     cupyhost.impl(_op, variant="v6", dtypes=plan.DTYPES)(_impl(_op, "v6"))
     cupyhost.impl(_op, variant="v6_40sm", dtypes=plan.DTYPES)(_impl(_op, "v6", 40, "minrows=1"))
+    # cupy@v7 (nb_rows3, the column sums in the same cooperative launch, split in two here), and
+    # with 40 SMs and one row per block at least: many partial rows, every block in the finish.
+    cupyhost.impl(_op, variant="v7", dtypes=plan.DTYPES)(_impl(_op, "v7"))
+    cupyhost.impl(_op, variant="v7_40sm", dtypes=plan.DTYPES)(_impl(_op, "v7", 40, "minrows=1"))
 
 
 def _case(op, dtype, shape, **params):
