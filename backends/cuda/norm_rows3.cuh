@@ -195,9 +195,11 @@ nb_rows3(const __grid_constant__ NBParams p, const T* __restrict__ x, const T* _
 #pragma unroll
         for (int k = 0; k < VPT; ++k) {
           if (!cok[k]) continue;
-          const V xv = vslot[s * SV + k * BLOCK], dv = vslot[s * SV + (VPT + k) * BLOCK];
-          V wv;
+          V xv = vslot[s * SV + k * BLOCK], dv = vslot[s * SV + (VPT + k) * BLOCK], wv;
           if (has_w) wv = wslot[k * BLOCK];
+          nb_launder(xv);
+          nb_launder(dv);
+          nb_launder(wv);
 #pragma unroll
           for (int e = 0; e < VEC; ++e) {
             const A xh = nb_xhat<Norm, A>(nb_to_acc(xv.v[e]), m, r);
@@ -237,9 +239,11 @@ nb_rows3(const __grid_constant__ NBParams p, const T* __restrict__ x, const T* _
 #pragma unroll
         for (int k = 0; k < VPT; ++k) {
           if (!cok[k]) continue;
-          const V xv = vslot[s * SV + k * BLOCK], dv = vslot[s * SV + (VPT + k) * BLOCK];
-          V wv, out;
+          V xv = vslot[s * SV + k * BLOCK], dv = vslot[s * SV + (VPT + k) * BLOCK], wv, out;
           if (has_w) wv = wslot[k * BLOCK];
+          nb_launder(xv);
+          nb_launder(dv);
+          nb_launder(wv);
 #pragma unroll
           for (int e = 0; e < VEC; ++e) {
             const A xh = nb_xhat<Norm, A>(nb_to_acc(xv.v[e]), m, r);
@@ -270,6 +274,8 @@ nb_rows3(const __grid_constant__ NBParams p, const T* __restrict__ x, const T* _
     }
     __syncthreads();
     const long long np = p.nparts;
+    // Not unrolled (nor the groups' loop): the register cap is the kernel's, and this runs once.
+#pragma unroll 1
     for (int v = tid; v < n / VEC; v += BLOCK) {
       const int k = v / GW, l = v % GW;
 #pragma unroll
@@ -280,6 +286,7 @@ nb_rows3(const __grid_constant__ NBParams p, const T* __restrict__ x, const T* _
 #pragma unroll
         for (int e = 0; e < VEC; ++e) {
           sum[e] = src[e * BLOCK];
+#pragma unroll 1
           for (int g2 = 1; g2 < NGRP; ++g2) sum[e] += src[e * BLOCK + g2 * GW];
         }
         if (np == 1) {

@@ -127,7 +127,10 @@ SETTINGS = {  # name -> (allowed values, default); None: the planner's own choic
     # nb_stage, nb_rows3: nb_colsum after it, or its own (cooperative launch); default: nb_stage
     # colsum, nb_rows3 coop
     "finish": (("colsum", "coop"), None),
-    "launch": (("driver", "cupy"), "cupy"),  # cuLaunchKernel on prebuilt arguments, or cupy.RawKernel calls
+    # cuLaunchKernel on prebuilt arguments, or cupy.RawKernel calls; default: driver for nb_rows3 (its
+    # cooperative launch goes through the driver either way: prebuilt arguments keep the host time
+    # per call low), cupy for the others
+    "launch": (("driver", "cupy"), None),
     "prefetch": ((1, 2), None),                # nb_rows2: rows whose loads are in flight (default ROWS2_PF)
     "minrows": ((1, 2, 4, 8, 16, 32, 64), None),  # nb_rows2, nb_rows3: rows per block at least (default
                                                   # ROWS2_MIN_ROWS)
@@ -723,7 +726,8 @@ def build_entry(op: str, variant: str, dt: str, arrays: dict, aligned: bool, num
         entry.kernels.append(Kernel(colsum_expr(dt), (_ceil_div(n, COLSUM_COLS), len(outs)), COLSUM_BLOCK,
                                     (PART, np.int64(row0), np.int64(nparts), np.int64(n), out0, np.int64(outs[0]),
                                      out1, np.int64(outs[1] if len(outs) == 2 else 0))))
-    entry.fast = variant in BEST_VARIANTS and knobs["launch"] == "driver"
+    entry.fast = variant in BEST_VARIANTS and (knobs["launch"] or ("driver" if launch.kind == "rows3" else "cupy")) \
+        == "driver"
     return entry
 
 
