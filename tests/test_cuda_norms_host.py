@@ -207,7 +207,7 @@ def test_the_extra_cases_reach_their_paths():
         for knobs in KNOBS.values():
             entry = plan.build_entry(case.op, "best", case.dtype, arrays, True, sms, knobs=plan.settings(knobs))
             seen.add((entry.launch.kind, entry.launch.vec > 1, entry.launch.nparts > 1, entry.launch.coop))
-            if sms == 40 and entry.launch.kind not in ("chunked", "rows2"):  # rows2: ROWS2_MIN_ROWS a block
+            if sms == 40 and entry.launch.kind not in ("chunked", "rows2", "rows3"):  # rows2 / 3: ROWS2_MIN_ROWS a block
                 assert entry.launch.nparts >= 2 * (plan.COLSUM_BLOCK // 32), entry.launch
             la = entry.launch
             if la.kind == "stage" and knobs == KNOBS["best_s2"] and la.rows_per_block * la.gw > 4 * plan.STAGE_BLOCK:
