@@ -1105,6 +1105,11 @@ def test_rows3_plan_of_the_perf_shapes():
     assert (la.gw, la.block, la.vpt, la.stages) == (1024, 1024, 1, 4)
     la = plan.plan_best(LN, "f32", _layout_for((2048, 8192)), True, True, 4, 132, None, knobs)
     assert (la.gw, la.block, la.vpt, la.stages) == (1024, 1024, 2, 2)
+    # f32 N = 2048 (the seed's shape): 8 rows a block at least (a third of the sums' bytes), 128 blocks.
+    la = plan.plan_best(LN, "f32", _layout_for((1024, 2048)), True, True, 4, 132, two, knobs)
+    assert (la.gw, la.block, la.vpt, la.rows_per_block, la.grid) == (256, 256, 2, 8, 128)
+    assert [plan.rows3_min_rows(dt, f) for dt, f in (("bf16", 3), ("bf16", 1), ("f32", 3), ("f32", 2), ("f64", 3))] \
+        == [16, 8, 8, 4, 8]
     # Small N: a warp or part of one per row, several rows a step.
     la = plan.plan_best(LN, "f32", _layout_for((1024, 128)), True, True, 4, 132, None, knobs)
     assert (la.gw, la.block, la.vpt) == (32, 256, 1)

@@ -94,6 +94,11 @@ ROWS3_ELEMS = {2: 8, 4: 8, 8: 4}
 ROWS3_MIN_BLOCK = 256
 ROWS3_MAX_GW = 1024
 ROWS3_REGS = 64
+# nb_rows3: each block takes enough rows that the bytes of its rows (x, dy read, dx written) are at
+# least this many times those of its partial rows (written, then read by the finish): the Triton
+# kernel's ws_ratio, which its H100 sweep kept.  16 rows in 16-bit layer norm (two sums), 8 in
+# 16-bit RMS norm or 32-bit layer norm, 4 in 32-bit RMS norm.
+ROWS3_WS_RATIO = 12
 TILE_ROWS = 8          # nb_chunked: rows whose two passes run back to back (the second hits L2)
 V5_BLOCKS_PER_SM = 2   # v5's grid: 1024-thread blocks resident per SM
 DEFAULT_SMS = 132      # H100 SXM; only when no device is queried
@@ -133,7 +138,7 @@ SETTINGS = {  # name -> (allowed values, default); None: the planner's own choic
     "launch": (("driver", "cupy"), None),
     "prefetch": ((1, 2), None),                # nb_rows2: rows whose loads are in flight (default ROWS2_PF)
     "minrows": ((1, 2, 4, 8, 16, 32, 64), None),  # nb_rows2, nb_rows3: rows per block at least (default
-                                                  # ROWS2_MIN_ROWS)
+                                                  # ROWS2_MIN_ROWS; nb_rows3: rows3_min_rows)
 }
 
 
@@ -371,6 +376,13 @@ def rows3_config(n: int, vec: int, itemsize: int, elems: int | None = None) -> t
     return vpt, next_pow2(_ceil_div(nv, vpt))
 
 
+def rows3_min_rows(dt: str, flags: int) -> int:
+    """Rows per nb_rows3 block at least when it writes partial rows (ROWS3_WS_RATIO)."""
+    sums = bin(flags & (HAS_W | HAS_B)).count("1")
+    acc = 8 if dt == "f64" else 4
+    return max(1, _ceil_div(ROWS3_WS_RATIO * sums * acc, 3 * ITEMSIZE[dt]))
+
+
 def rows3_block(gw: int) -> int:
     return max(ROWS3_MIN_BLOCK, gw)
 
@@ -400,7 +412,7 @@ def plan_rows3(op: str, dt: str, layout: Layout, flags: int, vec: int, num_sms: 
     """nb_rows3's Launch, or None where it does not apply (the caller falls back to the default
     kernels' plan: scalar layouts, rows longer than ROWS3_MAX_GW threads hold).  The grid is at
     most the resident blocks (SMs x the driver's blocks per SM), each block taking at least
-    `minrows` rows (default ROWS2_MIN_ROWS) when it writes partial rows; with several partial
+    `minrows` rows (default rows3_min_rows) when it writes partial rows; with several partial
     rows the same launch sums them after a grid barrier (cooperative) unless finish=colsum."""
     cfg = rows3_config(layout.n, vec, ITEMSIZE[dt], knobs.get("elems"))
     if cfg is None:
@@ -412,7 +424,7 @@ def plan_rows3(op: str, dt: str, layout: Layout, flags: int, vec: int, num_sms: 
     block, smem = rows3_block(gw), rows3_smem_bytes(dt, vpt, gw, stages)
     expr = rows3_expr(op, dt, vpt, gw, stages)
     per_sm = max(1, occupancy(expr, block, smem))
-    min_rows = (knobs.get("minrows") or ROWS2_MIN_ROWS) if flags else 1
+    min_rows = (knobs.get("minrows") or rows3_min_rows(dt, flags)) if flags else 1
     rpb, nparts = rows2_split(layout.rows, gw, block, min_rows, num_sms * per_sm)
     sums = nparts > 1 and bool(flags)
     coop = sums and (knobs["finish"] or "coop") == "coop"  # nparts <= resident blocks: rows2_split never exceeds it
