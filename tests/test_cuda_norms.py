@@ -966,7 +966,9 @@ def _value(a):
     (LN, "bf16", (300, 64), True, True, ""), (LN, "bf16", (300, 64), False, True, ""),
     (LN, "f32", (300, 4096), True, True, "finish=coop"), (RMS, "bf16", (40, 4096), True, False, ""),
     (LN, "f32", (70, 33), True, True, ""), (LN, "f32", (70, 9000), True, False, ""),
-    (LN, "bf16", (300, 64), True, True, "kernel=rows"), (LN, "bf16", (1, 64), True, True, "")])
+    (LN, "bf16", (300, 64), True, True, "kernel=rows"), (LN, "bf16", (1, 64), True, True, ""),
+    (LN, "bf16", (300, 4096), True, True, "kernel=rows3"), (RMS, "f32", (300, 1024), True, False,
+                                                            "kernel=rows3,finish=colsum")])
 def test_run_fast_passes_what_run_passes(op, dt, shape, has_w, has_b, knobs):
     item = plan.ITEMSIZE[dt]
     n = shape[-1]
@@ -976,7 +978,7 @@ def test_run_fast_passes_what_run_passes(op, dt, shape, has_w, has_b, knobs):
               "rstd": _layout(np.ones(shape[0]), "contig", 4), "dx": _out(shape, item),
               "dweight": _out((n,), item) if has_w else None, "dbias": _out((n,), item) if has_b else None}
     entry = plan.build_entry(op, "best", dt, arrays, True, 8, knobs=plan.settings(knobs))
-    assert entry.fast
+    assert entry.fast and (entry.launch.kind == "rows3") == ("kernel=rows3" in knobs)
     dev, exprs = _fake_device(entry)
     ptrs = [0 if arrays[k] is None else arrays[k].data.ptr for k in plan.NAMES]
     for _ in range(2):  # the second call reuses the stream's prebuilt arrays
@@ -1123,6 +1125,18 @@ def test_rows3_plan_of_the_perf_shapes():
     assert plan.rows3_config(8192, 8, 2) == (1, 1024) and plan.rows3_config(8200, 8, 2) is None
     assert plan.rows3_config(4096, 2, 8) == (2, 1024) and plan.rows3_config(4098, 2, 8) is None
     assert plan.rows3_config(100, 1, 4) is None
+
+
+def test_v7_takes_the_driver_path_by_default(monkeypatch):
+    monkeypatch.setitem(plan.SETTINGS, "launch", (plan.SETTINGS["launch"][0], None))  # the shipped default
+    shape = (300, 4096)
+    arrays = {"x": _layout(np.ones(shape), "contig", 2), "dy": _layout(np.ones(shape), "contig", 2),
+              "weight": _layout(np.ones(4096), "contig", 2), "mean": _layout(np.ones(300), "contig", 4),
+              "rstd": _layout(np.ones(300), "contig", 4), "dx": _out(shape, 2), "dweight": _out((4096,), 2),
+              "dbias": _out((4096,), 2)}
+    fast = [plan.build_entry(LN, v, "bf16", arrays, True, 8, knobs=plan.settings(k)).fast
+            for v, k in (("v7", ""), ("best", ""), ("v7", "launch=cupy"), ("best", "launch=driver"))]
+    assert fast == [True, False, False, True]
 
 
 def test_rows3_settings():

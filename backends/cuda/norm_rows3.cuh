@@ -13,19 +13,25 @@
 //   * x / dy vectors and the row's mean / rstd are copied into shared memory STAGES - 1 rows
 //     ahead with cp.async (no registers held, the copies keep going through the arithmetic and
 //     the barriers).  Each thread copies and reads only its own slots, so the pipeline itself
-//     needs no barrier.  bf16 N = 4096 with the defaults: 256 threads x 3 rows x 64 bytes = 48 KiB
-//     in flight per block, above the ~25-30 KiB per SM that Little's law asks of the H100.
+//     needs no barrier.  bf16 N = 4096 with the defaults: a 512-thread block, 3 rows x 16 KiB =
+//     48 KiB in flight per block, above the ~25-30 KiB per SM that Little's law asks of the H100.
 //   * The row is read from shared memory twice (row sums, then dx) instead of being held in
-//     registers, so a thread's registers hold only its columns' dweight / dbias sums (at most
-//     NB_ROWS3_ACC_REGS 32-bit registers: 16 elements per thread in 16-bit and 32-bit types,
-//     8 in double) and the launch bounds cap the kernel at NB_ROWS3_REGS = 64 registers with no
-//     spills (ptxas -v, asserted by tests/test_cuda_norms.py): 1024 threads per SM if shared
-//     memory allows.  The weight sits in shared memory too (each thread's own vectors).
-//   * Groups of GW threads (a power of two) take one row each per step.  GW <= 32: a warp or
-//     part of one per row, row sums by shuffles only, no barrier anywhere in the row loop.
-//     GW > 32 (rows longer than 32 threads x 16 elements): warp sums through shared memory, one
-//     block barrier per step (the copies in flight do not wait for it).  The block is
-//     max(256, GW) threads, so N = 8192 in 16-bit types is a 512-thread block of one row a step.
+//     registers, so a thread's registers hold only its columns' dweight / dbias sums, and the
+//     launch bounds cap the kernel at NB_ROWS3_REGS = 64 registers: 1024 threads per SM where
+//     shared memory allows.  The elements per thread are what fits that cap without spills
+//     (_norm_plan.ROWS3_ELEMS; ptxas -v on sm_90, asserted by tests/test_cuda_norms.py): one
+//     16-byte vector of x and dy per row in 16-bit types, two in float, two in double (8, 8
+//     and 4 elements: 16 sum registers).  16 elements in 16-bit or 32-bit types (32 sum
+//     registers) spill 24-80 bytes at 64 registers, and holding the row itself in registers
+//     (nb_rows, nb_stage) costs 96-128.  The weight sits in shared memory too (each thread's own
+//     vectors), and the row's vectors are laundered between the passes so that the compiler
+//     keeps the packed vectors, not their converted elements.
+//   * Groups of GW threads (a power of two) take one row each per step.  GW <= 32 (rows of up
+//     to 32 threads' elements): a warp or part of one per row, row sums by shuffles only, no
+//     barrier anywhere in the row loop.  GW > 32: warp sums through shared memory, one block
+//     barrier per step (the copies in flight do not wait for it).  The block is max(256, GW)
+//     threads: 16-bit N = 4096 is a 512-thread block of one row a step, N = 8192 a 1024-thread
+//     one; the longest rows it takes are 1024 threads' (8192 elements, 4096 in double).
 //   * dweight / dbias partials stay in registers across the block's rows, are combined once per
 //     block (the groups in group order) and leave as one partial row per block (16-byte stores);
 //     with NB_PHASE_COLS the same launch then sums the partial rows after a grid-wide barrier
