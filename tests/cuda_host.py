@@ -49,7 +49,7 @@ def _types(expr: str) -> tuple[str, str]:
     """(T, A) of a kernel name expression."""
     name, targs = expr.split("<", 1)
     args = [a.strip() for a in targs.rstrip(">").split(",")]
-    t = args[1] if name in ("nb_rows", "nb_rows2", "nb_chunked", "nb_stage") else args[0]
+    t = args[1] if name in ("nb_rows", "nb_rows2", "nb_rows3", "nb_chunked", "nb_stage") else args[0]
     return t, f"{'bb' if name.startswith('bb_') else 'nb'}_acc_t<{t}>"
 
 
@@ -79,7 +79,7 @@ def _signature(expr: str) -> list[str]:
     main = ["NBParams", f"const {t}*", f"const {t}*", f"const {t}*", f"const {a}*", f"const {a}*", f"{t}*", f"{a}*"]
     if name in ("nb_rows", "nb_rows2"):
         return main + [f"{t}*", f"{t}*"]
-    if name == "nb_stage":
+    if name in ("nb_stage", "nb_rows3"):
         return main + [f"{t}*", f"{t}*", "unsigned int*"]
     if name == "nb_colsum":
         return [f"const {a}*", "long long", "long long", "long long", f"{t}*", "long long", f"{t}*", "long long"]

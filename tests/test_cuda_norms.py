@@ -53,7 +53,7 @@ def _default_settings(monkeypatch):
 def test_nvrtc_compiles_every_instantiation(op, dt):
     exprs = plan.all_kernel_exprs(op, dt)
     kinds = {e.split("<")[0] for e in exprs}
-    assert {"nb_rows", "nb_stage", "nb_chunked", "nb_colsum"} <= kinds
+    assert {"nb_rows", "nb_stage", "nb_chunked", "nb_colsum", "nb_rows2", "nb_rows3"} <= kinds
     if op == LN:
         assert {"ln_v1", "ln_v2", "ln_v3", "ln_v4", "ln_v5"} <= kinds
     source = _nvrtc.read_source(plan.SOURCES[op])
@@ -83,9 +83,14 @@ static_assert(sizeof(NBParams::stride) == {plan.NT * plan.MAX_LEAD} * 8, "stride
 static_assert(sizeof(NBParams::col_stride) == 4 * 8 && sizeof(NBParams::out_stride) == 2 * 8, "col/out strides");
 static_assert(NB_STAGE_BLOCK == {plan.STAGE_BLOCK}, "STAGE_BLOCK");
 static_assert(NB_PHASE_ROWS == {plan.PHASE_ROWS} && NB_PHASE_COLS == {plan.PHASE_COLS}, "phases");
+static_assert(NB_ROWS3_MIN_BLOCK == {plan.ROWS3_MIN_BLOCK} && NB_ROWS3_REGS == {plan.ROWS3_REGS}, "rows3");
 """ + "".join(f"static_assert(NBStageSmem<{plan.CUDA_TYPE[dt]}, {vpt}, {st}>::BYTES == "
               f"{plan.stage_smem_bytes(dt, vpt, st)}, \"stage smem {dt} {vpt} {st}\");\n"
-              for dt in plan.DTYPES for vpt in (1, 2, 4) for st in (2, 4, 6))
+              for dt in plan.DTYPES for vpt in (1, 2, 4) for st in (2, 4, 6)) \
+        + "".join(f"static_assert(NBRows3Smem<{plan.CUDA_TYPE[dt]}, {vpt}, {gw}, {st}>::BYTES == "
+                  f"{plan.rows3_smem_bytes(dt, vpt, gw, st)} && NBRows3Smem<{plan.CUDA_TYPE[dt]}, {vpt}, {gw}, {st}>"
+                  f"::BLOCK == {plan.rows3_block(gw)}, \"rows3 smem {dt} {vpt} {gw} {st}\");\n"
+                  for dt in plan.DTYPES for vpt in (1, 2, 4) for gw in (1, 32, 256, 512, 1024) for st in (2, 4))
     cubin, _ = _nvrtc.compile_cubin(probe, name_expressions=["nb_colsum<float>"], options=plan.compile_options())
     assert cubin
     assert plan.PARAMS_DTYPE.itemsize == plan.PARAMS_WORDS * 8
@@ -100,7 +105,8 @@ def _nvcc_instantiations(op: str, dt: str) -> str:
     t = plan.CUDA_TYPE[dt]
     a = f"nb_acc_t<{t}>"
     main = f"const __grid_constant__ NBParams, const {t}*, const {t}*, const {t}*, const {a}*, const {a}*, {t}*, {a}*"
-    sigs = {"nb_rows": f"{main}, {t}*, {t}*", "nb_rows2": f"{main}, {t}*, {t}*", "nb_stage": f"{main}, {t}*, {t}*, unsigned int*", "nb_chunked": main,
+    sigs = {"nb_rows": f"{main}, {t}*, {t}*", "nb_rows2": f"{main}, {t}*, {t}*", "nb_stage": f"{main}, {t}*, {t}*, unsigned int*",
+            "nb_rows3": f"{main}, {t}*, {t}*, unsigned int*", "nb_chunked": main,
             "nb_colsum": f"const {a}*, long long, long long, long long, {t}*, long long, {t}*, long long"}
     lines = [f'#include "{_nvrtc.CUDA_DIR / plan.SOURCES[op]}"']
     for expr in plan.all_kernel_exprs(op, dt):
@@ -132,6 +138,38 @@ def test_nvcc_compiles_every_instantiation(tmp_path):
         assert len(rows2) == sum("nb_rows2<" in e for e in plan.all_kernel_exprs(*key)), key
         for name, regs, spill_st, spill_ld in rows2:
             assert regs <= 64 and spill_st == spill_ld == 0, (key, name, regs, spill_st, spill_ld)
+        # So does nb_rows3 (64 registers whatever the block, N or dtype).
+        rows3 = [r for r in ptxas_usage(log) if "nb_rows3" in r[0]]
+        assert len(rows3) == sum("nb_rows3<" in e for e in plan.all_kernel_exprs(*key)), key
+        for name, regs, spill_st, spill_ld in rows3:
+            assert regs <= plan.ROWS3_REGS and spill_st == spill_ld == 0, (key, name, regs, spill_st, spill_ld)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+def test_nvcc_rows3_registers_and_spills(tmp_path):
+    """nb_rows3 alone (every instantiation the planner can pick with the default knobs, both ops,
+    every dtype): at most ROWS3_REGS registers, no spills; the figures are printed (pytest -s)."""
+    defines = ["-D__CUDA_NO_HALF_OPERATORS__", "-D__CUDA_NO_HALF_CONVERSIONS__",
+               "-D__CUDA_NO_BFLOAT16_CONVERSIONS__", "-D__CUDA_NO_HALF2_OPERATORS__"]
+    bad, count = [], 0
+    for op in (LN, RMS):
+        src, out = tmp_path / f"{op}.cu", tmp_path / f"{op}.cubin"
+        lines = [f'#include "{_nvrtc.CUDA_DIR / plan.SOURCES[op]}"']
+        for dt in plan.DTYPES:
+            full = _nvcc_instantiations(op, dt).splitlines()
+            lines += [ln for ln in full if "nb_rows3<" in ln]
+        src.write_text("\n".join(lines) + "\n")
+        proc = subprocess.run(["nvcc", "-std=c++17", "-arch=sm_90", "-cubin", "-Xptxas", "-v", *defines, "-o",
+                               str(out), str(src)], capture_output=True, text=True, timeout=1800)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        usage = ptxas_usage(proc.stdout + proc.stderr)
+        assert len(usage) == len(lines) - 1
+        for name, regs, spill_st, spill_ld in usage:
+            count += 1
+            print(f"{name}: {regs} registers, spills {spill_st} / {spill_ld} bytes")
+            if regs > plan.ROWS3_REGS or spill_st or spill_ld:
+                bad.append((name, regs, spill_st, spill_ld))
+    assert count >= 2 * len(plan.DTYPES) * 8 and not bad, bad
 
 
 def ptxas_usage(log: str) -> list[tuple[str, int, int, int]]:
@@ -443,6 +481,23 @@ class EmuDevice:
             assert (bar is not None) == coop and (part is not None) == (coop or p.nparts > 1 and bool(p.flags & 3))
             p.flags &= plan.HAS_W | plan.HAS_B
             emu_rows(mean_sub, 16 // plan.ITEMSIZE[dt], vpt, p.gw > 32, grid, block, p, x, dy, w, mean, rstd, dx, part,
+                     dw, db)
+            if coop:
+                emu_stage_colsum(p, part, dw, db)
+        elif name == "nb_rows3":  # nb_rows' work split and sums, its block, the fused finish as nb_stage's
+            mean_sub = targs[0] == "NBLayerNorm"
+            assert source == plan.SOURCES[LN if mean_sub else RMS]
+            dt = next(k for k, v in plan.CUDA_TYPE.items() if v == targs[1])
+            vpt, gw, stages = int(targs[2]), int(targs[3]), int(targs[4])
+            assert gw == p.gw and block == plan.rows3_block(gw) and p.rows_per_block % (block // gw) == 0
+            assert smem == plan.rows3_smem_bytes(dt, vpt, gw, stages) <= plan.STAGE_SMEM_LIMIT
+            phases = p.flags & (plan.PHASE_ROWS | plan.PHASE_COLS)
+            assert phases in (plan.PHASE_ROWS, plan.PHASE_ROWS | plan.PHASE_COLS)
+            assert coop == (phases == plan.PHASE_ROWS | plan.PHASE_COLS)
+            x, dy, w, mean, rstd, dx, part, dw, db, bar = args[1:]
+            assert (bar is not None) == coop and (part is not None) == (coop or p.nparts > 1 and bool(p.flags & 3))
+            p.flags &= plan.HAS_W | plan.HAS_B
+            emu_rows(mean_sub, 16 // plan.ITEMSIZE[dt], vpt, gw > 32, grid, block, p, x, dy, w, mean, rstd, dx, part,
                      dw, db)
             if coop:
                 emu_stage_colsum(p, part, dw, db)
@@ -820,10 +875,10 @@ def test_variants_registered_in_ladder_order():
     from backends.cupy import cupy_backend, layernorm_backward, rmsnorm_backward  # noqa: F401
 
     ln = [v for (op, v) in cupy_backend.impls if op == LN]
-    assert ln == ["v1", "v2", "v3", "v4", "v5", "v6", "best"]
-    assert [v for (op, v) in cupy_backend.impls if op == RMS] == ["v6", "best"]
+    assert ln == ["v1", "v2", "v3", "v4", "v5", "v6", "v7", "best"]
+    assert [v for (op, v) in cupy_backend.impls if op == RMS] == ["v6", "v7", "best"]
     for op in (LN, RMS):
-        for v in ("v6", "best"):
+        for v in ("v6", "v7", "best"):
             impl = cupy_backend.impls[(op, v)]
             assert impl.deterministic and set(impl.dtypes) == {"f32", "f16", "bf16", "f64"}
     assert not any(cupy_backend.impls[(LN, r)].deterministic for r in plan.RUNGS)
@@ -911,7 +966,9 @@ def _value(a):
     (LN, "bf16", (300, 64), True, True, ""), (LN, "bf16", (300, 64), False, True, ""),
     (LN, "f32", (300, 4096), True, True, "finish=coop"), (RMS, "bf16", (40, 4096), True, False, ""),
     (LN, "f32", (70, 33), True, True, ""), (LN, "f32", (70, 9000), True, False, ""),
-    (LN, "bf16", (300, 64), True, True, "kernel=rows"), (LN, "bf16", (1, 64), True, True, "")])
+    (LN, "bf16", (300, 64), True, True, "kernel=rows"), (LN, "bf16", (1, 64), True, True, ""),
+    (LN, "bf16", (300, 4096), True, True, "kernel=rows3"), (RMS, "f32", (300, 1024), True, False,
+                                                            "kernel=rows3,finish=colsum")])
 def test_run_fast_passes_what_run_passes(op, dt, shape, has_w, has_b, knobs):
     item = plan.ITEMSIZE[dt]
     n = shape[-1]
@@ -921,7 +978,7 @@ def test_run_fast_passes_what_run_passes(op, dt, shape, has_w, has_b, knobs):
               "rstd": _layout(np.ones(shape[0]), "contig", 4), "dx": _out(shape, item),
               "dweight": _out((n,), item) if has_w else None, "dbias": _out((n,), item) if has_b else None}
     entry = plan.build_entry(op, "best", dt, arrays, True, 8, knobs=plan.settings(knobs))
-    assert entry.fast
+    assert entry.fast and (entry.launch.kind == "rows3") == ("kernel=rows3" in knobs)
     dev, exprs = _fake_device(entry)
     ptrs = [0 if arrays[k] is None else arrays[k].data.ptr for k in plan.NAMES]
     for _ in range(2):  # the second call reuses the stream's prebuilt arrays
@@ -999,3 +1056,91 @@ def test_emulated_v6_forms_and_layouts(shape):
         emulate(LN, shape, "f32", has_w, has_b, variant="v6", num_sms=2)
     emulate(LN, shape, "bf16", layouts=("sliced", "transposed") if len(shape) == 2 and shape[0] > 1 else
             ("contig", "contig"), variant="v6", num_sms=2)
+
+
+# ============================================================================= nb_rows3 (cupy@v7)
+
+
+@pytest.mark.parametrize("op", [LN, RMS])
+@pytest.mark.parametrize("dt", plan.DTYPES)
+@pytest.mark.parametrize("shape", [(37, 64), (300, 24), (5, 1000), (1, 2048), (40, 2048), (9, 4096)])
+def test_emulated_v7_matches_oracle(op, dt, shape):
+    entry, dev = emulate(op, shape, dt, variant="v7", num_sms=3)
+    la = entry.launch
+    assert la.kind == "rows3" and dev.launches[0] == la.expr and la.expr in plan.all_kernel_exprs(op, dt)
+    assert entry.fast  # the driver path by default: prebuilt arguments
+    assert dev.coop == ([la.expr] if la.nparts > 1 else []) and not la.colsum
+
+
+@pytest.mark.parametrize("shape", [(3, 8), (1, 16), (2, 4096), (64, 40), (700, 8)])
+def test_emulated_v7_forms_and_finishes(shape):
+    for has_w, has_b in [(True, True), (True, False), (False, True), (False, False)]:
+        for knobs in ("", "finish=colsum", "stages=2,minrows=1"):
+            entry, dev = emulate(LN, shape, "f32", has_w, has_b, variant="v7", num_sms=2, knobs=knobs)
+            la = entry.launch
+            assert la.kind == "rows3"
+            if la.nparts > 1 and (has_w or has_b):
+                assert la.coop == (knobs != "finish=colsum") and la.colsum == (knobs == "finish=colsum")
+                assert dev.launches[-1] == ("nb_colsum<float>" if la.colsum else la.expr)
+    # Layouts without 16-byte vectors: the default kernel's plan.
+    entry, _ = emulate(LN, (6, 64), "bf16", layouts=("sliced", "transposed"), variant="v7", num_sms=2)
+    assert entry.launch.kind == "rows"
+    entry, _ = emulate(LN, (4, 64), "f32", variant="v7", num_sms=2, misalign=True)
+    assert entry.launch.kind == "rows" and entry.launch.vec == 1
+
+
+def test_rows3_plan_of_the_perf_shapes():
+    knobs = plan.settings("kernel=rows3")
+    # bf16 N = 4096: 512 vectors, one a thread: 512-thread rows and blocks, 4 stages; 2 blocks an SM
+    # (the driver's figure, here given): at least 16 rows a block, so 128 blocks for 2048 rows.
+    two = lambda expr, block, smem=0: 2  # noqa: E731
+    lay = _layout_for((2048, 4096))
+    la = plan.plan_best(LN, "bf16", lay, True, True, 8, 132, two, knobs)
+    assert (la.kind, la.vpt, la.gw, la.block, la.stages) == ("rows3", 1, 512, 512, plan.STAGES)
+    assert la.rows_per_block == 16 and la.grid == 128 and la.coop and not la.colsum
+    assert la.smem == plan.rows3_smem_bytes("bf16", 1, 512, plan.STAGES) <= plan.STAGE_SMEM_LIMIT // 2
+    # 8192 rows: the grid is the resident blocks (264), each 32 rows (31 in the last).
+    la = plan.plan_best(RMS, "bf16", _layout_for((8192, 4096)), True, False, 8, 132, two, knobs)
+    assert la.grid == 256 and la.rows_per_block == 32 and la.coop
+    # bf16 N = 8192: a 1024-thread block a row; f32 N = 8192: 2 vectors a thread, 2 stages fit.
+    la = plan.plan_best(LN, "bf16", _layout_for((2048, 8192)), True, True, 8, 132, None, knobs)
+    assert (la.gw, la.block, la.vpt, la.stages) == (1024, 1024, 1, 4)
+    la = plan.plan_best(LN, "f32", _layout_for((2048, 8192)), True, True, 4, 132, None, knobs)
+    assert (la.gw, la.block, la.vpt, la.stages) == (1024, 1024, 2, 2)
+    # f32 N = 2048 (the seed's shape): 8 rows a block at least (a third of the sums' bytes), 128 blocks.
+    la = plan.plan_best(LN, "f32", _layout_for((1024, 2048)), True, True, 4, 132, two, knobs)
+    assert (la.gw, la.block, la.vpt, la.rows_per_block, la.grid) == (256, 256, 2, 8, 128)
+    assert [plan.rows3_min_rows(dt, f) for dt, f in (("bf16", 3), ("bf16", 1), ("f32", 3), ("f32", 2), ("f64", 3))] \
+        == [16, 8, 8, 4, 8]
+    # Small N: a warp or part of one per row, several rows a step.
+    la = plan.plan_best(LN, "f32", _layout_for((1024, 128)), True, True, 4, 132, None, knobs)
+    assert (la.gw, la.block, la.vpt) == (32, 256, 1)
+    # No sums wanted: no partial rows, so no floor on rows per block, and no second phase.
+    la = plan.plan_best(LN, "bf16", _layout_for((1000, 4096)), False, False, 8, 132, None, knobs)
+    assert la.rows_per_block == 8 and la.grid == 125 and not la.coop and not la.colsum
+    # Longer rows than 1024 threads hold: the default kernel's plan.
+    for dt, n in (("bf16", 16384), ("f64", 8192)):
+        la = plan.plan_best(LN, dt, _layout_for((8, n)), True, True, 16 // plan.ITEMSIZE[dt], 132, None, knobs)
+        assert la.kind in ("rows", "chunked")
+    assert plan.rows3_config(8192, 8, 2) == (1, 1024) and plan.rows3_config(8200, 8, 2) is None
+    assert plan.rows3_config(4096, 2, 8) == (2, 1024) and plan.rows3_config(4098, 2, 8) is None
+    assert plan.rows3_config(100, 1, 4) is None
+
+
+def test_v7_takes_the_driver_path_by_default(monkeypatch):
+    monkeypatch.setitem(plan.SETTINGS, "launch", (plan.SETTINGS["launch"][0], None))  # the shipped default
+    shape = (300, 4096)
+    arrays = {"x": _layout(np.ones(shape), "contig", 2), "dy": _layout(np.ones(shape), "contig", 2),
+              "weight": _layout(np.ones(4096), "contig", 2), "mean": _layout(np.ones(300), "contig", 4),
+              "rstd": _layout(np.ones(300), "contig", 4), "dx": _out(shape, 2), "dweight": _out((4096,), 2),
+              "dbias": _out((4096,), 2)}
+    fast = [plan.build_entry(LN, v, "bf16", arrays, True, 8, knobs=plan.settings(k)).fast
+            for v, k in (("v7", ""), ("best", ""), ("v7", "launch=cupy"), ("best", "launch=driver"))]
+    assert fast == [True, False, False, True]
+
+
+def test_rows3_settings():
+    assert plan.settings("kernel=rows3")["kernel"] == "rows3"
+    assert plan.settings("")["finish"] is None  # each kernel's own default
+    with pytest.raises(ValueError, match="kernel='rows4', expected one of stage, rows, rows2, rows3"):
+        plan.settings("kernel=rows4")

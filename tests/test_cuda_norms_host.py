@@ -51,12 +51,14 @@ cupyhost = Backend("cupyhost", framework="numpy", devices=("cpu",), register=Fal
 
 
 KNOBS = {"best": "", "best_rows": "kernel=rows", "best_coop": "finish=coop", "best_s2": "stages=2,elems=8",
-         "best_rows2": "kernel=rows2", "best_rows2_pf2": "kernel=rows2,prefetch=2,minrows=1"}
+         "best_rows2": "kernel=rows2", "best_rows2_pf2": "kernel=rows2,prefetch=2,minrows=1",
+         "best_rows3_colsum": "kernel=rows3,finish=colsum", "best_rows3_s2": "kernel=rows3,stages=2,minrows=1"}
 for _op in (LN, RMS):
     for _dt in plan.DTYPES:  # instantiations beyond the defaults' (built into the stand-in's library)
         cuda_host.EXTRA_EXPRS[(_op, _dt)] = sorted(
             set(plan.all_kernel_exprs(_op, _dt, plan.settings(KNOBS["best_s2"])))
-            | set(plan.all_kernel_exprs(_op, _dt, plan.settings(KNOBS["best_rows2_pf2"]))))
+            | set(plan.all_kernel_exprs(_op, _dt, plan.settings(KNOBS["best_rows2_pf2"])))
+            | set(plan.all_kernel_exprs(_op, _dt, plan.settings(KNOBS["best_rows3_s2"]))))
 
 
 def _impl(op: str, variant: str, num_sms: int = NUM_SMS, knobs: str = ""):
@@ -96,6 +98,10 @@ for _op in (LN, RMS):
     # per block at least: 40 SMs give it many partial rows.
     cupyhost.impl(_op, variant="v6", dtypes=plan.DTYPES)(_impl(_op, "v6"))
     cupyhost.impl(_op, variant="v6_40sm", dtypes=plan.DTYPES)(_impl(_op, "v6", 40, "minrows=1"))
+    # cupy@v7 (nb_rows3, the column sums in the same cooperative launch, split in two here), and
+    # with 40 SMs and one row per block at least: many partial rows, every block in the finish.
+    cupyhost.impl(_op, variant="v7", dtypes=plan.DTYPES)(_impl(_op, "v7"))
+    cupyhost.impl(_op, variant="v7_40sm", dtypes=plan.DTYPES)(_impl(_op, "v7", 40, "minrows=1"))
 
 
 def _case(op, dtype, shape, **params):
@@ -172,7 +178,7 @@ def test_rmsnorm_smoke_on_host(variant, case):
 
 @pytest.mark.parametrize("case", EXTRA, ids=_ids(EXTRA))
 def test_long_rows_and_partial_rows_on_host(case):
-    for variant in ("best", "best_rows", "best_coop", "best_rows2", "best_rows2_pf2", "v6"):
+    for variant in ("best", "best_rows", "best_coop", "best_rows2", "best_rows2_pf2", "v6", "v7"):
         _check(variant, case)
     shape = case.params["shape"]
     if case.op == LN and shape[-1] <= 8200 and np.prod(shape[:-1]) <= 64:  # long rows through two rungs too
@@ -185,6 +191,7 @@ def test_many_partial_rows_on_host(case):
     _check("best_40sm", case)
     _check("best_40sm_coop", case)
     _check("v6_40sm", case)
+    _check("v7_40sm", case)
 
 
 def test_the_extra_cases_reach_their_paths():
@@ -200,7 +207,7 @@ def test_the_extra_cases_reach_their_paths():
         for knobs in KNOBS.values():
             entry = plan.build_entry(case.op, "best", case.dtype, arrays, True, sms, knobs=plan.settings(knobs))
             seen.add((entry.launch.kind, entry.launch.vec > 1, entry.launch.nparts > 1, entry.launch.coop))
-            if sms == 40 and entry.launch.kind not in ("chunked", "rows2"):  # rows2: ROWS2_MIN_ROWS a block
+            if sms == 40 and entry.launch.kind not in ("chunked", "rows2", "rows3"):  # rows2 / 3: ROWS2_MIN_ROWS a block
                 assert entry.launch.nparts >= 2 * (plan.COLSUM_BLOCK // 32), entry.launch
             la = entry.launch
             if la.kind == "stage" and knobs == KNOBS["best_s2"] and la.rows_per_block * la.gw > 4 * plan.STAGE_BLOCK:
@@ -221,6 +228,120 @@ def test_the_extra_cases_reach_their_paths():
     assert {("rows2", True, True, False), ("rows2", False, True, False), ("chunked", True, True, False), ("chunked", False, True, False), ("rows", True, True, False),
             ("stage", True, True, False), ("stage", True, True, True), ("rows", False, True, False),
             "several trips round two stages"} <= seen
+
+
+# ============================================================================= nb_rows3 (cupy@v7)
+
+# Dense 16-byte rows of every group shape nb_rows3 takes: a few lanes of a warp per row (many
+# groups a block), a warp, 2-4 warps (a barrier a step), a whole 1024-thread block; vectors left
+# over in the last lane's slots (N not a power of two); every dtype; weight and bias present or
+# not; M = 1; row counts that are not a multiple of the groups, blocks or steps.
+ROWS3 = [
+    _case(LN, "bf16", (37, 1000)),                 # 125 vectors: 128-thread rows, 2 a step
+    _case(RMS, "f16", (45, 520), eps=1e-5),        # 65 vectors: 128-thread rows, lanes past N idle
+    _case(LN, "f32", (50, 24), bias=False),        # 6 vectors: 8-lane groups, 32 a step
+    _case(LN, "f64", (21, 130)),                   # 65 vectors, 2 a thread: 64-thread rows
+    _case(LN, "bf16", (9, 8192)),                  # 1024-thread rows and blocks
+    _case(RMS, "bf16", (70, 2048)),                # 256-thread rows
+    _case(LN, "f16", (1, 4096), affine=False),     # M = 1: the sums written directly
+    _case(LN, "f32", (64, 4096), affine=False, bias=False),  # no sums: no partial rows
+    _case(LN, "bf16", (33, 64), bias=False),       # 8 vectors, one warp-part per row
+    _case(RMS, "f64", (17, 4096)),                 # 2048 vectors, 2 a thread: 1024-thread rows
+]
+
+
+def _rows3_launch(case, sms: int, knobs: str):
+    x = np.zeros(case.params["shape"], dtypes.numpy_dtype(case.dtype))
+    n = x.shape[-1]
+    st = np.float64 if case.dtype == "f64" else np.float32
+    affine, bias = case.params.get("affine", True), case.params.get("bias", True) and case.op == LN
+    arrays = {"x": x, "dy": x, "weight": np.zeros(n, x.dtype) if affine else None,
+              "mean": None if case.op == RMS else np.zeros(x.shape[:-1], st), "rstd": np.zeros(x.shape[:-1], st),
+              "dx": x.copy(), "dweight": np.zeros(n, x.dtype) if affine else None,
+              "dbias": np.zeros(n, x.dtype) if bias else None}
+    return plan.build_entry(case.op, "v7", case.dtype, arrays, True, sms, knobs=plan.settings(knobs)).launch
+
+
+@pytest.mark.parametrize("case", ROWS3, ids=_ids(ROWS3))
+def test_rows3_on_host(case):
+    for variant in ("v7", "best_rows3_colsum", "best_rows3_s2", "v7_40sm"):
+        _check(variant, case)
+
+
+def test_rows3_cases_reach_their_paths():
+    seen = set()
+    for case in ROWS3:
+        for sms, knobs in ((NUM_SMS, ""), (NUM_SMS, KNOBS["best_rows3_colsum"]), (NUM_SMS, KNOBS["best_rows3_s2"]),
+                           (40, "minrows=1")):
+            la = _rows3_launch(case, sms, knobs)
+            assert la.kind == "rows3", (case.id, la)
+            steps = -(-la.rows_per_block // (plan.rows3_block(la.gw) // la.gw))
+            seen.add(("gw<=32" if la.gw <= 32 else "gw>32", la.gw == plan.ROWS3_MAX_GW))
+            seen.add(("finish", "coop" if la.coop else "colsum" if la.colsum else "direct" if la.nparts == 1 else
+                      "none"))
+            seen.add(("stages", la.stages, steps > la.stages))  # the ring wraps round when steps > stages
+            if case.params["shape"][0] % la.rows_per_block:
+                seen.add("last block short")
+    assert {("gw<=32", False), ("gw>32", False), ("gw>32", True), ("finish", "coop"), ("finish", "colsum"),
+            ("finish", "direct"), ("finish", "none"), ("stages", 2, True), ("stages", 4, True),
+            "last block short"} <= seen, seen
+    # Scalar layouts and rows longer than 1024 threads hold take the default kernel's plan.
+    assert _rows3_launch(_case(LN, "f32", (5, 1001)), NUM_SMS, "").kind == "rows"
+    assert _rows3_launch(_case(LN, "bf16", (5, 16384)), NUM_SMS, "").kind == "chunked"
+
+
+def _pad_rows(values: np.ndarray, dtype, pad: int) -> np.ndarray:
+    """values (rank 3) in a buffer whose rows are `pad` elements longer and whose two leading
+    dims are swapped in memory: leading dims that do not merge, rows still dense and 16-byte aligned."""
+    a, b, n = values.shape
+    buf = np.full((b, a, n + pad), np.nan, dtype)
+    view = buf.transpose(1, 0, 2)[..., :n]
+    view[...] = values
+    return view
+
+
+@pytest.mark.parametrize("op", [LN, RMS])
+@pytest.mark.parametrize("dt", ["bf16", "f32"])
+def test_rows3_strided_rows_on_host(op, dt):
+    # The harness's layouts (transposed, sliced) are scalar ones; these rows are dense vectors at
+    # strides of rows the kernel's row addressing must unravel (two leading dims, not merged).
+    from oracle.layernorm_backward import layernorm_backward_numpy
+    from oracle.rmsnorm_backward import rmsnorm_backward_numpy
+
+    rng = np.random.default_rng(5)
+    npdt = dtypes.numpy_dtype(dt)
+    shape, n = (3, 7, 136), 136
+    x_v = (rng.uniform(-2, 2, shape) + rng.uniform(-1, 1, shape[:-1] + (1,))).astype(npdt)
+    dy_v = rng.uniform(-1, 1, shape).astype(npdt)
+    w_v = rng.uniform(0.5, 1.5, (n,)).astype(npdt)
+    xf = x_v.astype(np.float64)
+    st = np.float32
+    mean = xf.mean(-1) if op == LN else None
+    rstd = 1 / np.sqrt((((xf - mean[..., None]) if op == LN else xf) ** 2).mean(-1) + 1e-5)
+    inputs = {"x": _pad_rows(x_v, npdt, 8), "dy": _pad_rows(dy_v, npdt, 24), "weight": w_v,
+              "rstd": rstd.astype(st)}
+    if op == LN:
+        inputs["mean"] = np.ascontiguousarray(mean.astype(st).T).T  # strided statistics too
+    outs = {"dx": np.full(shape, np.nan, npdt), "dweight": np.full(n, np.nan, npdt)}
+    if op == LN:
+        outs["dbias"] = np.full(n, np.nan, npdt)
+    for sms, knobs in ((NUM_SMS, ""), (40, "minrows=1")):
+        arrays = {k: inputs.get(k, outs.get(k)) for k in plan.NAMES}
+        entry = plan.build_entry(op, "v7", dt, arrays, True, sms, knobs=plan.settings(knobs))
+        assert entry.launch.kind == "rows3" and len(entry.layout.sizes) == 2, entry.launch
+        _impl(op, "v7", sms, knobs)(inputs, outs, {})
+        if op == LN:
+            want = layernorm_backward_numpy(dy_v.astype(np.float64), xf, w_v.astype(np.float64), 1e-5, True)
+        else:
+            want = rmsnorm_backward_numpy(dy_v.astype(np.float64), xf, w_v.astype(np.float64), 1e-5)
+        tol = 2e-2 if dt == "bf16" else 1e-4  # the output's rounding (bf16: 2**-8) and the fp32 statistics
+        for name, got in outs.items():
+            g = got.astype(np.float64)
+            assert np.isfinite(g).all(), name
+            scale = np.abs(want[name]).max()
+            assert np.abs(g - want[name]).max() <= tol * scale, (name, np.abs(g - want[name]).max(), scale)
+        for got in outs.values():
+            got[...] = np.nan
 
 
 # ============================================================================= the stand-in itself

@@ -50,6 +50,9 @@
 //       partial rows, then dbias's; only those wanted are read later) for nb_colsum.
 //   nb_rows2<Norm,T,VEC,VPT,BLOCK,PF>(p, x, dy, w, mean, rstd, dx, part, dw, db)   [v6, candidate]
 //       nb_rows' contract in blocks of BLOCK threads capped at 64 registers: see its section below.
+//   nb_rows3<Norm,T,VPT,GW,STAGES>(p, x, dy, w, mean, rstd, dx, part, dw, db, bar)   [v7, candidate]
+//       dense 16-byte rows: blocks of max(256, GW) threads capped at 64 registers, x / dy copied
+//       into shared memory STAGES - 1 rows ahead, an optional fused finish: norm_rows3.cuh.
 //   nb_chunked<Norm,T,VEC,VPT>(p, x, dy, w, mean, rstd, dx, part)           [best, large N]
 //       blockDim = NB_CHUNK_BLOCK; grid = nparts.  Block b takes the same row range as above, in
 //       tiles of tile_rows rows: row sums over column chunks of NB_CHUNK_BLOCK * VPT * VEC
@@ -1112,3 +1115,6 @@ nb_rows2(const __grid_constant__ NBParams p, const T* __restrict__ x, const T* _
     }
   }
 }
+
+// ============================================================================ rows3 (cupy@v7)
+#include "norm_rows3.cuh"

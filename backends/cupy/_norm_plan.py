@@ -37,9 +37,9 @@ DTYPES = ("f32", "f16", "bf16", "f64")
 CUDA_TYPE = {"f32": "float", "f64": "double", "f16": "__half", "bf16": "__nv_bfloat16"}
 ITEMSIZE = {"f32": 4, "f64": 8, "f16": 2, "bf16": 2}
 RUNGS = ("v1", "v2", "v3", "v4", "v5")
-# Variants planned by plan_best: `best` with GRADORACLE_CUPY_NORMS' kernel, `v6` with nb_rows2
-# whatever the variable's kernel (its other knobs apply).
-BEST_VARIANTS = {"best": None, "v6": "rows2"}
+# Variants planned by plan_best: `best` with GRADORACLE_CUPY_NORMS' kernel, `v6` with nb_rows2 and
+# `v7` with nb_rows3 whatever the variable's kernel (its other knobs apply).
+BEST_VARIANTS = {"best": None, "v6": "rows2", "v7": "rows3"}
 
 # Must match norm_common.cuh / layernorm_backward.cuh (a compile test checks them).
 MAX_LEAD = 6
@@ -84,6 +84,21 @@ ROWS2_PF = 1
 # stay a small fraction of the block's own traffic (x, dy, dx: 6 bytes per column per row in 16-bit
 # types): 16 rows, about 17% in the worst case, layernorm with both sums.
 ROWS2_MIN_ROWS = 16
+# nb_rows3 (kernel=rows3, cupy@v7; norm_rows3.cuh says why): elements of a row per thread at most
+# (its dweight / dbias sums in registers: 16 32-bit registers).  ptxas -v on sm_90 at the 64-register
+# cap: these compile without spills for every N; 16 in 16-bit and 32-bit types (32 sum registers)
+# spill 24-80 bytes (the `elems` knob keeps them for measurement).  Copy stages STAGES (fewer when
+# shared memory is short), at least ROWS2_MIN_ROWS rows per block when partial rows are written,
+# finished in the same cooperative launch unless finish=colsum.
+ROWS3_ELEMS = {2: 8, 4: 8, 8: 4}
+ROWS3_MIN_BLOCK = 256
+ROWS3_MAX_GW = 1024
+ROWS3_REGS = 64
+# nb_rows3: each block takes enough rows that the bytes of its rows (x, dy read, dx written) are at
+# least this many times those of its partial rows (written, then read by the finish): the Triton
+# kernel's ws_ratio, which its H100 sweep kept.  16 rows in 16-bit layer norm (two sums), 8 in
+# 16-bit RMS norm or 32-bit layer norm, 4 in 32-bit RMS norm.
+ROWS3_WS_RATIO = 12
 TILE_ROWS = 8          # nb_chunked: rows whose two passes run back to back (the second hits L2)
 V5_BLOCKS_PER_SM = 2   # v5's grid: 1024-thread blocks resident per SM
 DEFAULT_SMS = 132      # H100 SXM; only when no device is queried
@@ -107,14 +122,23 @@ SETTINGS = {  # name -> (allowed values, default); None: the planner's own choic
     # rows held while loads are copied ahead (nb_stage), nb_rows, or nb_rows2 (64 registers, 1024
     # threads per SM; not yet run on a GPU: scripts/gpu/cuda_norms_v6.sh; the switch to make it the
     # default is this entry's default, "rows" -> "rows2", once that batch passes and measures faster)
-    "kernel": (("stage", "rows", "rows2"), "rows"),
-    "stages": ((2, 3, 4, 5, 6), None),         # nb_stage: copy stages (default STAGES, as many as fit)
-    "elems": ((4, 8, 16, 32), None),           # nb_stage: elements per thread at most (default STAGE_ELEMS;
-                                               # 32 in 16-bit types spills: ptxas, 324 bytes)
-    "finish": (("colsum", "coop"), "colsum"),  # nb_stage: nb_colsum after it, or its own (cooperative launch)
-    "launch": (("driver", "cupy"), "cupy"),  # cuLaunchKernel on prebuilt arguments, or cupy.RawKernel calls
+    # nb_rows3 (64 registers, loads copied STAGES rows ahead into shared memory: cupy@v7; not yet
+    # run on a GPU: scripts/gpu/cuda_norms_v7.sh)
+    "kernel": (("stage", "rows", "rows2", "rows3"), "rows"),
+    "stages": ((2, 3, 4, 5, 6), None),         # nb_stage, nb_rows3: copy stages (default STAGES, as many as fit)
+    "elems": ((4, 8, 16, 32), None),           # nb_stage, nb_rows3: elements per thread at most (default
+                                               # STAGE_ELEMS / ROWS3_ELEMS; 32 in 16-bit types spills in
+                                               # nb_stage: ptxas, 324 bytes; 16 in nb_rows3)
+    # nb_stage, nb_rows3: nb_colsum after it, or its own (cooperative launch); default: nb_stage
+    # colsum, nb_rows3 coop
+    "finish": (("colsum", "coop"), None),
+    # cuLaunchKernel on prebuilt arguments, or cupy.RawKernel calls; default: driver for nb_rows3 (its
+    # cooperative launch goes through the driver either way: prebuilt arguments keep the host time
+    # per call low), cupy for the others
+    "launch": (("driver", "cupy"), None),
     "prefetch": ((1, 2), None),                # nb_rows2: rows whose loads are in flight (default ROWS2_PF)
-    "minrows": ((1, 2, 4, 8, 16, 32, 64), None),  # nb_rows2: rows per block at least (default ROWS2_MIN_ROWS)
+    "minrows": ((1, 2, 4, 8, 16, 32, 64), None),  # nb_rows2, nb_rows3: rows per block at least (default
+                                                  # ROWS2_MIN_ROWS; nb_rows3: rows3_min_rows)
 }
 
 
@@ -217,7 +241,7 @@ class Launch:
     """One call's launches: the main kernel, then nb_colsum when `colsum` (the staged kernel with
     `coop` sums the partial rows itself, after a grid-wide barrier, in a cooperative launch)."""
 
-    kind: str                  # zero | rows | rows2 | stage | chunked | v1 ... v5
+    kind: str                  # zero | rows | rows2 | rows3 | stage | chunked | v1 ... v5
     expr: str = ""             # main kernel's name expression
     grid: int = 0
     block: int = 0
@@ -229,7 +253,7 @@ class Launch:
     gw: int = 0
     rows_per_block: int = 0
     tile_rows: int = 0
-    smem: int = 0              # dynamic shared memory (nb_stage)
+    smem: int = 0              # dynamic shared memory (nb_stage, nb_rows3)
     stages: int = 0
     coop: bool = False
 
@@ -338,6 +362,78 @@ def plan_rows2(op: str, dt: str, layout: Layout, flags: int, vec: int, num_sms: 
     return Launch("rows2", expr, nparts, block, words, nparts, nparts > 1 and bool(flags), vec, vpt, gw, rpb)
 
 
+def rows3_config(n: int, vec: int, itemsize: int, elems: int | None = None) -> tuple[int, int] | None:
+    """(VPT, GW) of nb_rows3 for rows of n elements: a warp (or part of one) per row as long as
+    32 threads of `elems` elements (default ROWS3_ELEMS) hold it, else the fewest threads that do; or
+    None when it does not apply (scalar accesses, or more than ROWS3_MAX_GW threads a row)."""
+    if vec == 1:
+        return None
+    vpt_max = max(1, (elems or ROWS3_ELEMS[itemsize]) // vec)
+    nv = _ceil_div(n, vec)
+    if nv > ROWS3_MAX_GW * vpt_max:
+        return None
+    vpt = min(vpt_max, next_pow2(_ceil_div(nv, 32)))
+    return vpt, next_pow2(_ceil_div(nv, vpt))
+
+
+def rows3_min_rows(dt: str, flags: int) -> int:
+    """Rows per nb_rows3 block at least when it writes partial rows (ROWS3_WS_RATIO)."""
+    sums = bin(flags & (HAS_W | HAS_B)).count("1")
+    acc = 8 if dt == "f64" else 4
+    return max(1, _ceil_div(ROWS3_WS_RATIO * sums * acc, 3 * ITEMSIZE[dt]))
+
+
+def rows3_block(gw: int) -> int:
+    return max(ROWS3_MIN_BLOCK, gw)
+
+
+def rows3_smem_bytes(dt: str, vpt: int, gw: int, stages: int) -> int:
+    """nb_rows3's dynamic shared memory (NBRows3Smem in norm_rows3.cuh)."""
+    block, vec, acc = rows3_block(gw), 16 // ITEMSIZE[dt], 8 if dt == "f64" else 4
+    stage = 2 * vpt * block * 16 + 2 * block * acc
+    pipe = stages * stage + vpt * block * 16
+    return max(pipe, 2 * vpt * vec * block * acc)
+
+
+def rows3_expr(op: str, dt: str, vpt: int, gw: int, stages: int) -> str:
+    return f"nb_rows3<{POLICIES[op]}, {CUDA_TYPE[dt]}, {vpt}, {gw}, {stages}>"
+
+
+def rows3_stages(dt: str, vpt: int, gw: int, knobs: dict) -> int | None:
+    """Copy stages of nb_rows3: the knob's (default STAGES), fewer while shared memory is short;
+    None when two do not fit."""
+    stages = knobs.get("stages") or STAGES
+    while stages > 2 and rows3_smem_bytes(dt, vpt, gw, stages) > STAGE_SMEM_LIMIT:
+        stages -= 1
+    return stages if rows3_smem_bytes(dt, vpt, gw, stages) <= STAGE_SMEM_LIMIT else None
+
+
+def plan_rows3(op: str, dt: str, layout: Layout, flags: int, vec: int, num_sms: int, occupancy, knobs: dict):
+    """nb_rows3's Launch, or None where it does not apply (the caller falls back to the default
+    kernels' plan: scalar layouts, rows longer than ROWS3_MAX_GW threads hold).  The grid is at
+    most the resident blocks (SMs x the driver's blocks per SM), each block taking at least
+    `minrows` rows (default rows3_min_rows) when it writes partial rows; with several partial
+    rows the same launch sums them after a grid barrier (cooperative) unless finish=colsum."""
+    cfg = rows3_config(layout.n, vec, ITEMSIZE[dt], knobs.get("elems"))
+    if cfg is None:
+        return None
+    vpt, gw = cfg
+    stages = rows3_stages(dt, vpt, gw, knobs)
+    if stages is None:
+        return None
+    block, smem = rows3_block(gw), rows3_smem_bytes(dt, vpt, gw, stages)
+    expr = rows3_expr(op, dt, vpt, gw, stages)
+    per_sm = max(1, occupancy(expr, block, smem))
+    min_rows = (knobs.get("minrows") or rows3_min_rows(dt, flags)) if flags else 1
+    rpb, nparts = rows2_split(layout.rows, gw, block, min_rows, num_sms * per_sm)
+    sums = nparts > 1 and bool(flags)
+    coop = sums and (knobs["finish"] or "coop") == "coop"  # nparts <= resident blocks: rows2_split never exceeds it
+    phases = PHASE_ROWS | (PHASE_COLS if coop else 0)
+    words = pack_params(layout, flags | phases, gw=gw, rows_per_block=rpb, nparts=nparts)
+    return Launch("rows3", expr, nparts, block, words, nparts, sums and not coop, vec, vpt, gw, rpb,
+                  smem=smem, stages=stages, coop=coop)
+
+
 def stage_expr(op: str, dt: str, vpt: int, stages: int) -> str:
     return f"nb_stage<{POLICIES[op]}, {CUDA_TYPE[dt]}, {vpt}, {stages}>"
 
@@ -362,6 +458,10 @@ def plan_best(op: str, dt: str, layout: Layout, has_w: bool, has_b: bool, vec: i
         launch = plan_rows2(op, dt, layout, flags, vec, num_sms, occupancy, knobs)
         if launch is not None:
             return launch
+    if knobs["kernel"] == "rows3":  # where it does not apply: the default kernel's plan below
+        launch = plan_rows3(op, dt, layout, flags, vec, num_sms, occupancy, knobs)
+        if launch is not None:
+            return launch
     scfg = stage_config(dt, layout.n, vec, knobs) if knobs["kernel"] == "stage" else None
     if scfg is not None:
         vpt, gw, stages = scfg
@@ -369,7 +469,7 @@ def plan_best(op: str, dt: str, layout: Layout, has_w: bool, has_b: bool, vec: i
         per_sm = max(1, occupancy(expr, STAGE_BLOCK, smem))
         rpb, nparts = _split_rows(layout.rows, num_sms * per_sm, STAGE_BLOCK // gw)
         sums = nparts > 1 and bool(flags)
-        coop = sums and knobs["finish"] == "coop"  # grid <= resident blocks: _split_rows never exceeds it
+        coop = sums and (knobs["finish"] or "colsum") == "coop"  # grid <= resident blocks: _split_rows never exceeds it
         phases = PHASE_ROWS | (PHASE_COLS if coop else 0)
         words = pack_params(layout, flags | phases, gw=gw, rows_per_block=rpb, nparts=nparts)
         return Launch("stage", expr, nparts, STAGE_BLOCK, words, nparts, sums and not coop, vec, vpt, gw, rpb,
@@ -458,6 +558,14 @@ def all_kernel_exprs(op: str, dt: str, knobs: dict | None = None) -> list[str]:
             for block in ROWS2_BLOCKS:
                 if block >= cfg[1]:
                     exprs.add(rows2_expr(op, dt, vec, cfg[0], block, pf))
+    for nv in (1 << k for k in range(0, 20)):  # nb_rows3 (vector layouts only) with `knobs`' elems and stages
+        vec = 16 // item
+        cfg = rows3_config(nv * vec, vec, item, knobs.get("elems"))
+        if cfg is None:
+            break
+        stages = rows3_stages(dt, cfg[0], cfg[1], knobs)
+        if stages is not None:
+            exprs.add(rows3_expr(op, dt, cfg[0], cfg[1], stages))
     exprs.add(colsum_expr(dt))
     if op == LN:
         exprs |= {f"ln_{r}<{t}>" for r in ("v1", "v2", "v3", "v4")}
@@ -472,12 +580,12 @@ _OPTIONS: tuple[str, ...] | None = None
 
 
 def compile_options() -> tuple[str, ...]:
-    """-I backends/cuda for norm_common.cuh, and its checksum as a define: cupy's disk cache keys
-    on the source text and options, not on included files, so an edit of the header must change
-    the options."""
+    """-I backends/cuda for norm_common.cuh, and the checksum of it and norm_rows3.cuh (which it
+    includes) as a define: cupy's disk cache keys on the source text and options, not on included
+    files, so an edit of a header must change the options."""
     global _OPTIONS
     if _OPTIONS is None:
-        crc = zlib.crc32((_nvrtc.CUDA_DIR / "norm_common.cuh").read_bytes())
+        crc = zlib.crc32(b"".join((_nvrtc.CUDA_DIR / f).read_bytes() for f in ("norm_common.cuh", "norm_rows3.cuh")))
         _OPTIONS = (f"-I{_nvrtc.CUDA_DIR}", f"-DNB_COMMON_CRC=0x{crc:08x}")
     return _OPTIONS
 
@@ -611,7 +719,7 @@ def build_entry(op: str, variant: str, dt: str, arrays: dict, aligned: bool, num
     n = layout.n
     outs = [s for present, s in zip((has_w, has_b), layout.out) if present]
     sums = launch.colsum or launch.coop  # partial rows (or the rungs' accumulators) to sum
-    if launch.kind in ("rows", "rows2", "chunked", "stage") and sums:
+    if launch.kind in ("rows", "rows2", "rows3", "chunked", "stage") and sums:
         entry.ws_size = 2 * launch.nparts * n
     elif launch.kind in RUNGS and outs:
         entry.ws_size, entry.zeroed = 2 * n, True
@@ -619,7 +727,7 @@ def build_entry(op: str, variant: str, dt: str, arrays: dict, aligned: bool, num
     main = (entry.params, X, DY, W, MEAN, RSTD, DX, part)
     if launch.kind in ("rows", "rows2"):
         main += (DW, DB)
-    elif launch.kind == "stage":
+    elif launch.kind in ("stage", "rows3"):
         main += (DW, DB, BAR if launch.coop else _NULL)
     entry.kernels.append(Kernel(launch.expr, launch.grid, launch.block, main, launch.smem, launch.coop))
     if launch.colsum:
@@ -630,7 +738,8 @@ def build_entry(op: str, variant: str, dt: str, arrays: dict, aligned: bool, num
         entry.kernels.append(Kernel(colsum_expr(dt), (_ceil_div(n, COLSUM_COLS), len(outs)), COLSUM_BLOCK,
                                     (PART, np.int64(row0), np.int64(nparts), np.int64(n), out0, np.int64(outs[0]),
                                      out1, np.int64(outs[1] if len(outs) == 2 else 0))))
-    entry.fast = variant in BEST_VARIANTS and knobs["launch"] == "driver"
+    entry.fast = variant in BEST_VARIANTS and (knobs["launch"] or ("driver" if launch.kind == "rows3" else "cupy")) \
+        == "driver"
     return entry
 
 

@@ -14,6 +14,13 @@ top of layernorm_backward.cuh):
          per thread per row, the next row's loads in flight; per-block dweight / dbias partial
          rows, a fixed-order column sum; deterministic.  Longer rows than it holds: @best's plan.
          Not yet the default (GRADORACLE_CUPY_NORMS=kernel=rows2 makes @best take it too);
+  @v7    nb_rows3 (backends/cuda/norm_rows3.cuh), for dense 16-byte aligned rows up to 8192
+         elements (4096 in float64): blocks of 256-1024 threads capped at 64 registers, a warp (or
+         a power-of-two group of warps) per row, x / dy / mean / rstd copied into shared memory
+         STAGES - 1 rows ahead with cp.async (the bytes in flight cost no registers), per-block
+         dweight / dbias partial rows summed in the same cooperative launch after a grid
+         barrier; deterministic.  Other layouts and longer rows: @best's plan.  Not yet the
+         default (GRADORACLE_CUPY_NORMS=kernel=rows3 makes @best take it too);
   @best  where rows are dense, 16-byte aligned runs: the row held in registers, x / dy and the
          statistics copied into shared memory STAGES rows ahead (cp.async, nb_stage); other
          layouts: the row in registers, the next row's loads in flight (nb_rows); long rows:
@@ -71,6 +78,11 @@ def layernorm_backward_v5(inputs, outs, params):
 @argcheck.register(cupy_backend, OP, variant="v6", dtypes=DTYPES, deterministic=True)
 def layernorm_backward_v6(inputs, outs, params):
     plan.call(OP, "v6", inputs, outs)
+
+
+@argcheck.register(cupy_backend, OP, variant="v7", dtypes=DTYPES, deterministic=True)
+def layernorm_backward_v7(inputs, outs, params):
+    plan.call(OP, "v7", inputs, outs)
 
 
 @argcheck.register(cupy_backend, OP, variant="best", dtypes=DTYPES, deterministic=True)

@@ -4,6 +4,9 @@ norm_common.cuh) compiled with NVRTC through cupy.RawModule, launched on cupy's 
 Variants:
   @v6    layernorm_backward@v6's kernel without the mean (nb_rows2: 64 registers, 1024 threads
          per SM, one 16-byte vector of x and dy per thread per row); not yet the default;
+  @v7    layernorm_backward@v7's kernel without the mean (nb_rows3: 64 registers, loads copied
+         into shared memory rows ahead, the finish in the same cooperative launch); not yet
+         the default;
   @best  layernorm_backward's best design without the mean: where rows are dense, 16-byte
          aligned runs, the row held in registers with x / dy copied into shared memory STAGES
          rows ahead (nb_stage); other layouts: nb_rows; long rows: two passes over column
@@ -25,6 +28,11 @@ DTYPES = plan.DTYPES
 @argcheck.register(cupy_backend, OP, variant="v6", dtypes=DTYPES, deterministic=True)
 def rmsnorm_backward_v6(inputs, outs, params):
     plan.call(OP, "v6", inputs, outs)
+
+
+@argcheck.register(cupy_backend, OP, variant="v7", dtypes=DTYPES, deterministic=True)
+def rmsnorm_backward_v7(inputs, outs, params):
+    plan.call(OP, "v7", inputs, outs)
 
 
 @argcheck.register(cupy_backend, OP, variant="best", dtypes=DTYPES, deterministic=True)
