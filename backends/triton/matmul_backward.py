@@ -44,12 +44,35 @@ TUNER = _conv.Tuner(OP)
 # Sizes are not specialised (fewer compiles across shapes; EVEN_L covers the one that matters).
 # R is: R = 1 (no folded batch) drops the outer loop, whose live values across the pipelined inner
 # loop would otherwise spill the large tiles.
+#
+# Alignment (XC, YC): the loads of a tile become 16-byte vectors (and so cp.async copies, which
+# the software pipeline needs: 2-byte scalar loads are not pipelined at all) only where triton can
+# prove that runs of VEC = 16 bytes / itemsize elements are contiguous and start 16-byte aligned.
+# The plan proves it for an operand (`_contiguity`) and then says along which axis (1: the L
+# axis, 2: the P (X) or Q (Y) axis; 0: no facts, the scalar fallback): that axis has stride 1
+# (written as a literal 1 below), the other stride, every batch offset of the operand and the
+# size of the contiguous axis are multiples of VEC.  `v // VEC * VEC` restates such a fact
+# exactly (tl.multiple_of has no effect on a scalar argument); the base pointers' own alignment
+# is triton's launch specialisation.
 @jit(do_not_specialize=["P", "Q", "L"])
 def _gemm_kernel(x_ptr, y_ptr, c_ptr, xoff_ptr, yoff_ptr,
                  P, Q, L, R, sxp, sxl, syl, syq,
                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr,
-                 EVEN_L: tl.constexpr, IS_F64: tl.constexpr):
+                 EVEN_L: tl.constexpr, IS_F64: tl.constexpr,
+                 XC: tl.constexpr, YC: tl.constexpr, VEC: tl.constexpr):
     """C[z] = sum_r X[z, r] @ Y[z, r]; program = (z, tile), tiles in grouped order along P."""
+    if XC == 1 or YC == 1:
+        L = L // VEC * VEC
+    if XC == 1:
+        sxp = sxp // VEC * VEC
+    if XC == 2:
+        P = P // VEC * VEC
+        sxl = sxl // VEC * VEC
+    if YC == 1:
+        syq = syq // VEC * VEC
+    if YC == 2:
+        Q = Q // VEC * VEC
+        syl = syl // VEC * VEC
     pid = tl.program_id(0)
     tiles_p = tl.cdiv(P, BM)
     tiles_q = tl.cdiv(Q, BN)
@@ -64,10 +87,17 @@ def _gemm_kernel(x_ptr, y_ptr, c_ptr, xoff_ptr, yoff_ptr,
     tq = (t % width) // rows
     rp = tp * BM + tl.arange(0, BM)
     rq = tq * BN + tl.arange(0, BN)
-    # Out-of-range rows/columns read row 0 / column 0 (valid memory) and are never stored:
-    # the loads need no mask along P and Q.
-    rpl = tl.where(rp < P, rp, 0).to(tl.int64)
-    rql = tl.where(rq < Q, rq, 0).to(tl.int64)
+    # Out-of-range rows/columns read a valid row/column and are never stored: the loads need no
+    # mask along P and Q.  Along a contiguous axis whose size is a multiple of VEC, `% P` keeps
+    # each aligned run of VEC indices contiguous (a clamp to 0 would not).
+    if XC == 2:
+        rpl = tl.max_contiguous(tl.multiple_of(rp % P, VEC), VEC).to(tl.int64)
+    else:
+        rpl = tl.where(rp < P, rp, 0).to(tl.int64)
+    if YC == 2:
+        rql = tl.max_contiguous(tl.multiple_of(rq % Q, VEC), VEC).to(tl.int64)
+    else:
+        rql = tl.where(rq < Q, rq, 0).to(tl.int64)
     rl = tl.arange(0, BK)
     ACC: tl.constexpr = tl.float64 if IS_F64 else tl.float32
     acc = tl.zeros([BM, BN], ACC)
@@ -75,8 +105,22 @@ def _gemm_kernel(x_ptr, y_ptr, c_ptr, xoff_ptr, yoff_ptr,
     for r in range(R):
         xo = tl.load(xoff_ptr + zr + r)
         yo = tl.load(yoff_ptr + zr + r)
-        xp = x_ptr + xo + rpl[:, None] * sxp + rl[None, :].to(tl.int64) * sxl
-        yp = y_ptr + yo + rl[:, None].to(tl.int64) * syl + rql[None, :] * syq
+        if XC != 0:
+            xo = xo // VEC * VEC
+        if YC != 0:
+            yo = yo // VEC * VEC
+        if XC == 1:
+            xp = x_ptr + xo + rpl[:, None] * sxp + rl[None, :]
+        elif XC == 2:
+            xp = x_ptr + xo + rpl[:, None] + rl[None, :].to(tl.int64) * sxl
+        else:
+            xp = x_ptr + xo + rpl[:, None] * sxp + rl[None, :].to(tl.int64) * sxl
+        if YC == 1:
+            yp = y_ptr + yo + rl[:, None] + rql[None, :] * syq
+        elif YC == 2:
+            yp = y_ptr + yo + rl[:, None].to(tl.int64) * syl + rql[None, :]
+        else:
+            yp = y_ptr + yo + rl[:, None].to(tl.int64) * syl + rql[None, :] * syq
         for l0 in range(0, L, BK):
             if EVEN_L:
                 a = tl.load(xp)
@@ -85,8 +129,14 @@ def _gemm_kernel(x_ptr, y_ptr, c_ptr, xoff_ptr, yoff_ptr,
                 a = tl.load(xp, mask=(rl[None, :] + l0) < L, other=0.0)
                 b = tl.load(yp, mask=(rl[:, None] + l0) < L, other=0.0)
             acc = _conv.mma(a, b, acc)
-            xp += BK * sxl
-            yp += BK * syl
+            if XC == 1:
+                xp += BK
+            else:
+                xp += BK * sxl
+            if YC == 1:
+                yp += BK
+            else:
+                yp += BK * syl
     cp = c_ptr + z.to(tl.int64) * P * Q + rp[:, None].to(tl.int64) * Q + rq[None, :]
     tl.store(cp, _to_out(acc, c_ptr), mask=(rp[:, None] < P) & (rq[None, :] < Q))
 
@@ -122,6 +172,22 @@ def _batch_tables(out_batch, x_batch, x_strides, y_batch, y_strides, full):
     return offsets(x_batch, x_strides), offsets(y_batch, y_strides), z, r
 
 
+def aligned_axis(l_stride: int, o_stride: int, l_size: int, o_size: int, offsets, vec: int) -> int:
+    """The kernel's XC (YC) for the operand X (Y): its axis L and its other axis P (Q) have
+    strides l_stride, o_stride and sizes l_size, o_size; offsets: its batch offsets (elements).
+    1: contiguous along L, 2: along the other axis, each with the other stride, every offset and
+    the contiguous axis's size multiples of vec (16 bytes); 0: not all of these hold."""
+    import numpy as np
+
+    if np.any(np.asarray(offsets) % vec):
+        return 0
+    if l_stride == 1 and o_stride % vec == 0 and l_size % vec == 0:
+        return 1
+    if o_stride == 1 and l_stride % vec == 0 and o_size % vec == 0:
+        return 2
+    return 0
+
+
 class _Product:
     """One launch of `_gemm_kernel` for one gradient: the Step, and which tensors it takes."""
 
@@ -154,14 +220,18 @@ def _product(which, a, b, dy, out, tune, force=None):
     if p * q * z == 0:
         return None
     dev = dy.device
+    item = dy.element_size()
+    vec = 16 // item
+    xc = aligned_axis(sxl, sxp, ln, p, xoff, vec)
+    yc = aligned_axis(syl, syq, ln, q, yoff, vec)
     xoff = torch.from_numpy(xoff).to(dev)
     yoff = torch.from_numpy(yoff).to(dev)
-    item = dy.element_size()
 
     def build(tile):
         tile = _conv.small_tile(tile, p, q)
         values = dict(P=p, Q=q, L=ln, R=r, sxp=sxp, sxl=sxl, syl=syl, syq=syq, BM=tile.bm, BN=tile.bn,
-                      BK=tile.bk, GROUP=tile.group, EVEN_L=ln % tile.bk == 0, IS_F64=item == 8)
+                      BK=tile.bk, GROUP=tile.group, EVEN_L=ln % tile.bk == 0, IS_F64=item == 8,
+                      XC=xc, YC=yc, VEC=vec)
         grid = z * cdiv(p, tile.bm) * cdiv(q, tile.bn)
         launch = _steps.Step(_gemm_kernel, grid, 5, values, tile.warps, num_stages=tile.stages)
         prod_ = _Product(launch, xi, yi, ci, xoff, yoff)
@@ -171,7 +241,7 @@ def _product(which, a, b, dy, out, tune, force=None):
         return runner
 
     cls = (which, str(dy.dtype), _conv.bucket(p), _conv.bucket(q), _conv.bucket(ln), r > 1,
-           sxp == 1, syq == 1)
+           sxp == 1, syq == 1, xc, yc)
     cands = [_conv.INTERPRETER_TILE] if dev.type == "cpu" else _conv.gemm_candidates(item)
     return TUNER.pick(cls, cands, build, dev, 2.0 * p * q * ln * z * r, tune, force).product
 
