@@ -293,5 +293,43 @@ def test_batch_tables():
     assert (z, r) == (1, 6) and xo.tolist() == [0, 10, 20, 30, 40, 50] and yo.tolist() == [0, 20, 40, 60, 80, 100]
 
 
+def _codes(a_shape, a_strides, b_shape, b_strides, dtype):
+    """{"da": (XC, YC), "db": (XC, YC)}: the alignment codes the matmul plan gives its two launches
+    (planned on meta tensors with the CUDA candidates: no data, nothing launched)."""
+    a = torch.empty_strided(a_shape, a_strides, dtype=dtype, device="meta")
+    b = torch.empty_strided(b_shape, b_strides, dtype=dtype, device="meta")
+    full = torch.broadcast_shapes(a_shape[:-2], b_shape[:-2])
+    dy = torch.empty(full + (a_shape[-2], b_shape[-1]), dtype=dtype, device="meta")
+    out = {}
+    for which, o in (("da", a), ("db", b)):
+        step = mmb._product(which, a, b, dy, torch.empty(o.shape, dtype=dtype, device="meta"), False, 0).launch
+        values = dict(zip(step.kernel.arg_names[step.n_tensors:], step.tail))
+        out[which] = (values["XC"], values["YC"])
+    return out
+
+
+def test_alignment_codes():
+    """The 16-byte facts the matmul kernel is told (XC/YC: 1 along L, 2 along P/Q, 0 none) hold
+    exactly where they are true: unit stride on that axis, the other stride, the batch offsets
+    and the contiguous size multiples of 16 bytes; anything else takes the hint-free path."""
+    bf, f32 = torch.bfloat16, torch.float32
+    # Contiguous: da reads dy and b along L (= N); db reads a^T along P (= K) and dy along Q (= N).
+    assert _codes((64, 32), (32, 1), (32, 48), (48, 1), bf) == {"da": (1, 1), "db": (2, 2)}
+    # b stored (N, K): b^T is contiguous along Q for da, and b's own (K, N) output is unaffected.
+    assert _codes((64, 32), (32, 1), (32, 48), (1, 32), bf) == {"da": (1, 2), "db": (2, 2)}
+    # K = 36: a's rows are 72 bytes apart (not 16-byte aligned) in bf16, but 144 bytes in f32
+    # (da reads dy and b only, whose rows of N = 48 stay aligned).
+    assert _codes((64, 36), (36, 1), (36, 48), (48, 1), bf) == {"da": (1, 1), "db": (0, 2)}
+    assert _codes((64, 36), (36, 1), (36, 48), (48, 1), f32) == {"da": (1, 1), "db": (2, 2)}
+    # N = 12 in bf16: dy's rows (L of da) are not 16-byte runs; f32 rows of 48 bytes are.
+    assert _codes((64, 32), (32, 1), (32, 12), (12, 1), bf) == {"da": (0, 0), "db": (2, 0)}
+    # Sliced (stride 2 on the last dim): no unit stride, no facts for that operand.
+    assert _codes((64, 32), (130, 2), (32, 48), (48, 1), bf)["db"] == (0, 2)
+    # A batch stride of 65 elements: a's batch offsets break the facts of every tile of a.
+    assert _codes((3, 8, 8), (65, 8, 1), (8, 16), (16, 1), bf) == {"da": (1, 1), "db": (0, 2)}
+    # Broadcast batch (b shared by the batch of a): db folds it, offsets 0, 512, ... stay aligned.
+    assert _codes((4, 16, 32), (512, 32, 1), (32, 16), (16, 1), bf) == {"da": (1, 1), "db": (2, 2)}
+
+
 if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:
     report(CASES, run_case)
