@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 OPS = ("matmul_backward", "conv_backward_data", "conv_backward_weight")
 _TORCH_DT = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "f64": "float64"}
 SPILL_LIMIT = 16  # bytes a thread may spill (a value parked across the loop; as binary_backward's tuner allows)
+_ITEM = {"fp32": 4, "fp16": 2, "bf16": 2, "fp64": 8}  # bytes per element of a pointer's triton type
 _TRITON_TY = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float64": "fp64", "int64": "i64", "int32": "i32"}
 
 
@@ -143,7 +144,10 @@ def _compile(launch, ptr_types) -> dict:
     ptx = compiled.asm["ptx"]
     return {"kernel": kernel.__name__, "cubin": len(compiled.asm.get("cubin", b"")),
             "mma": bool(re.search(r"\b(w?gmma|mma)\.", ptx)), "wgmma": "wgmma" in ptx, "regs": r["regs"],
-            "spills": r["spill_stores"], "warps": launch.num_warps,
+            "spills": r["spill_stores"], "warps": launch.num_warps, "stages": launch.options.get("num_stages"),
+            "shared": int(compiled.metadata.shared), "item": _ITEM[ptrs[names[0]]],
+            # asynchronous global -> shared copies: cp.async (16-byte vectors) or TMA (cp.async.bulk)
+            "cp_async": len(re.findall(r"\bcp\.async\.(?:ca|cg|bulk)", ptx)),
             "constexprs": {k: v for k, v in constexprs.items() if k in constexpr_names}}
 
 
@@ -190,6 +194,27 @@ def test_default_tiles(compiled, job):
         if r["kernel"] != "_finish_kernel" and not r["constexprs"].get("EW") and ("bf16" in job or "f16" in job):
             assert r["mma"], f"{job}: {r['kernel']} has no mma/wgmma: not on the tensor cores"
         assert r["spills"] <= SPILL_LIMIT, f"{job}: {r['kernel']} spills {r['spills']} bytes ({r['regs']} registers)"
+
+
+REGS_MAX = 232  # registers per thread a matmul tile may use (255 is ptxas's ceiling: no room left)
+
+
+@pytest.mark.parametrize("job", [j for j in JOBS if j.startswith("matmul_backward|")])
+def test_matmul_pipelined(compiled, job):
+    """Every matmul perf case's default tile, and every candidate the tuner may pick, compiles to a
+    software pipeline: asynchronous 16-byte copies (cp.async or TMA) of both operands into at least
+    two shared-memory stages of the BM x BK and BK x BN tiles; wgmma for 16-bit inputs; no spills."""
+    for r in compiled[job]:
+        assert "error" not in r, r.get("error")
+        c = r["constexprs"]
+        stage = (c["BM"] * c["BK"] + c["BK"] * c["BN"]) * r["item"]
+        assert r["shared"] >= 2 * stage, (f"{job}: {r['shared']} bytes of shared memory: fewer than 2 stages of "
+                                          f"{stage} (XC={c.get('XC')}, YC={c.get('YC')}): the loads are not pipelined")
+        assert r["cp_async"] > 0, f"{job}: no cp.async in the PTX: the operand loads are not asynchronous copies"
+        if r["item"] == 2:
+            assert r["wgmma"], f"{job}: no wgmma"
+        assert r["spills"] == 0, f"{job}: spills {r['spills']} bytes ({r['regs']} registers)"
+        assert r["regs"] is None or r["regs"] <= REGS_MAX, f"{job}: {r['regs']} registers per thread"
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:
