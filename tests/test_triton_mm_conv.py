@@ -65,6 +65,9 @@ EXTRA = [
                   layout="channels_last")),
     ("f32", dict(n=2, cin=40, cout=40, spatial=[9], kernel=[3], stride=[2], padding=[1], groups=40,
                  layout="channels_last")),
+    # channels last, Cin = 16: every tap's weight offset is 16-byte aligned (dgrad's WVEC path)
+    ("f32", dict(n=1, cin=16, cout=8, spatial=[5, 6], kernel=[3, 3], stride=[2, 1], padding=[1, 1],
+                 layout="channels_last")),
 ]
 
 
@@ -329,6 +332,27 @@ def test_alignment_codes():
     assert _codes((3, 8, 8), (65, 8, 1), (8, 16), (16, 1), bf) == {"da": (1, 1), "db": (0, 2)}
     # Broadcast batch (b shared by the batch of a): db folds it, offsets 0, 512, ... stay aligned.
     assert _codes((4, 16, 32), (512, 32, 1), (32, 16), (16, 1), bf) == {"da": (1, 1), "db": (2, 2)}
+
+
+def _dgrad_wvec(cin, layout, dtype, groups=1):
+    """The WVEC the dgrad plan gives a 3x3 stride-2 layer of Cin -> 8 channels (meta tensors)."""
+    cl = layout == "channels_last"
+    w_shape = (8, 3, 3, cin // groups) if cl else (8, cin // groups, 3, 3)
+    x_shape = (2, 10, 10, cin) if cl else (2, cin, 10, 10)
+    y_shape = (2, 5, 5, 8) if cl else (2, 8, 5, 5)
+    dy, w, dx = (torch.empty(s, dtype=dtype, device="meta") for s in (y_shape, w_shape, x_shape))
+    params = {"stride": [2, 2], "padding": [1, 1], "dilation": [1, 1], "groups": groups, "layout": layout}
+    step = cbd._plan(dy, w, dx, params, cl, False, 0).launch
+    return dict(zip(step.kernel.arg_names[step.n_tensors:], step.tail))["WVEC"]
+
+
+def test_dgrad_weight_alignment():
+    """dgrad is told its tap weight offsets are 16-byte multiples (WVEC > 1) exactly when they are:
+    channels last with Cin/g a multiple of 16 bytes; never for channels first (offsets kh*3 + kw)."""
+    assert _dgrad_wvec(64, "channels_last", torch.bfloat16) == 8
+    assert _dgrad_wvec(16, "channels_last", torch.float32) == 4
+    assert _dgrad_wvec(20, "channels_last", torch.bfloat16) == 1   # offsets 20 k: 40-byte steps
+    assert _dgrad_wvec(64, "channels_first", torch.bfloat16) == 1
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:

@@ -73,11 +73,12 @@ def _dgrad_kernel(dy_ptr, w_ptr, dx_ptr, tap_ptr,
                   TD, TH, TW, nrb, ncb, cin, cig, cog, trow,
                   syn, syc, syd, syh, syw, swo, swi, sxn, sxc, sxd, sxh, sxw,
                   BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EW: tl.constexpr,
-                  IS_F64: tl.constexpr):
+                  IS_F64: tl.constexpr, WVEC: tl.constexpr):
     """One phase's BM input positions x BN input channels of dx (see the module docstring).
 
     tap_ptr: int32 [phases, trow = 1 + 4 * max taps]: per phase the count of its taps, then per tap the
-    dy window shift (cd, ch, cw) in output positions and the tap's weight offset."""
+    dy window shift (cd, ch, cw) in output positions and the tap's weight offset.  WVEC > 1: the
+    plan found every weight offset of the table a multiple of WVEC elements (16 bytes)."""
     pid = tl.program_id(0)
     ph = pid // nrb
     rb = pid - ph * nrb
@@ -133,6 +134,11 @@ def _dgrad_kernel(dy_ptr, w_ptr, dx_ptr, tap_ptr,
             ti = it // nco
             c0 = (it - ti * nco) * BK
             yrow, v, wtap = _tap(tab, ti, td, th, tw, valid, ybase, OD, OH, OW, syd, syh, syw)
+            if WVEC > 1:
+                # Restates the plan's fact (exact): with it the weight tile's rows are known to start
+                # 16-byte aligned, so it loads as cp.async vectors and joins the software pipeline
+                # (without it, a synchronous scalar load every step).
+                wtap = wtap // WVEC * WVEC
             co = g * cog + c0 + kk
             km = (c0 + kk) < cog
             a = tl.load(dy_ptr + yrow[:, None] + co[None, :].to(tl.int64) * syc,
@@ -224,6 +230,7 @@ def _plan(dy, w, dx, params, channels_last: bool, tune: bool, force: int | None 
     item = dy.element_size()
 
     tab, maxt = tap_table(g, sw)
+    wvec = 16 // item if not (tab.reshape(len(tab) // (1 + 4 * maxt), -1)[:, 4::4] % (16 // item)).any() else 1
     taps = torch.from_numpy(tab).to(dy.device)
 
     def build(tile):
@@ -235,7 +242,8 @@ def _plan(dy, w, dx, params, channels_last: bool, tune: bool, force: int | None 
                       TD=t[0], TH=t[1], TW=t[2], nrb=nrb, ncb=ncb, cin=g.cin, cig=g.cig, cog=g.cog, trow=1 + 4 * maxt,
                       syn=sy[0], syc=sy[1], syd=sy[2], syh=sy[3], syw=sy[4], swo=sw[0], swi=sw[1],
                       sxn=sx[0], sxc=sx[1], sxd=sx[2], sxh=sx[3], sxw=sx[4],
-                      BM=tile.bm, BN=tile.bn, BK=tile.bk, EW=_ew(g), IS_F64=item == 8)
+                      BM=tile.bm, BN=tile.bn, BK=tile.bk, EW=_ew(g), IS_F64=item == 8,
+                      WVEC=wvec)
         grid = (phases * nrb, ncb if _ew(g) else g.groups * ncb)
         launch = _Launch(_steps.Step(_dgrad_kernel, grid, 4, values, tile.warps, num_stages=tile.stages), taps)
         runner = lambda: launch(dy, w, dx)  # noqa: E731 - the tuner times the plan on this call's tensors
