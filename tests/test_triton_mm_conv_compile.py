@@ -7,7 +7,10 @@ are exactly those a CUDA call of the case would make: the same kernels, constexp
 arguments, warps and stages.  Each launch is compiled like triton's launcher would specialise
 it (ints equal to 1 as constants, ints divisible by 16 and 16-byte aligned pointers marked),
 through ptxas for sm_90a.  Checks: a cubin comes out; the GEMM launches of 16-bit cases use
-the tensor cores (mma / wgmma in the PTX); the default tiles spill at most SPILL_LIMIT bytes.
+the tensor cores (mma / wgmma in the PTX); the default tiles spill at most SPILL_LIMIT bytes;
+and the software pipeline exists (test_matmul_pipelined, test_conv_pipelined): cp.async copies
+into at least two shared-memory stages of the operand tiles, which needs the 16-byte alignment
+facts the plans prove (matmul XC/YC, dgrad WVEC).
 
 The compiles run in two worker subprocesses with TRITON_INTERPRET unset (under the interpreter
 `triton.jit` makes interpreter objects, which `triton.compile` cannot take).
@@ -215,6 +218,46 @@ def test_matmul_pipelined(compiled, job):
             assert r["wgmma"], f"{job}: no wgmma"
         assert r["spills"] == 0, f"{job}: spills {r['spills']} bytes ({r['regs']} registers)"
         assert r["regs"] is None or r["regs"] <= REGS_MAX, f"{job}: {r['regs']} registers per thread"
+
+
+def _aligned_conv_jobs() -> list[str]:
+    """16-bit conv jobs whose tensor-core tiles can all be 16-byte vectors: channels last, every
+    tensor contiguous in it, and Cin/g, Cout/g multiples of 16 bytes.  Not here: channels first
+    (its tiles are gathers: no unit stride along a tile's contiguous axis), and float32 (IEEE
+    products on the FMA units; dgrad's tiles are cp.async there but get one buffer, as triton's
+    pipeliner spends a stage on the tap-table loads the tile addresses depend on)."""
+    from cases import select
+
+    by_id = {(c.op, c.id): c for op in OPS[1:] for c in select("perf", op=op)}
+    out = []
+    for job in JOBS:
+        op, cid, _ = job.split("|")
+        if op == "matmul_backward" or by_id[(op, cid)].dtype not in ("bf16", "f16"):
+            continue
+        p, vec = by_id[(op, cid)].params, 16 // sm90.ITEM[by_id[(op, cid)].dtype]
+        g = p.get("groups", 1)
+        if (p.get("layout") == "channels_last" and all(p.get(k, "contig") == "contig" for k in
+                                                        ("dy_layout", "w_layout", "x_layout"))
+                and (p["cin"] // g) % vec == 0 and (p["cout"] // g) % vec == 0):
+            out.append(job)
+    return out
+
+
+@pytest.mark.parametrize("job", _aligned_conv_jobs())
+def test_conv_pipelined(compiled, job):
+    """The tensor-core launches of aligned channels-last conv cases (default tiles and the tuner's
+    candidates) pipeline both operands: cp.async into at least two stages of the tiles; wgmma."""
+    for r in compiled[job]:
+        assert "error" not in r, r.get("error")
+        c = r["constexprs"]
+        if r["kernel"] == "_finish_kernel" or c.get("EW"):
+            continue
+        stage = (c["BM"] * c["BK"] + c["BK"] * c["BN"]) * r["item"]
+        assert r["shared"] >= 2 * stage, (f"{job}: {r['kernel']}: {r['shared']} bytes of shared memory: fewer "
+                                          f"than 2 stages of {stage}: the loads are not pipelined")
+        assert r["cp_async"] > 0, f"{job}: {r['kernel']}: no cp.async in the PTX"
+        if r["item"] == 2:
+            assert r["wgmma"], f"{job}: {r['kernel']}: no wgmma"
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:
