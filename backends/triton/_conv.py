@@ -59,7 +59,8 @@ def gemm_candidates(itemsize: int) -> list[Tile]:
     """Tiles tried for a tensor-core GEMM of this element size, the default first."""
     if itemsize == 2:
         return [Tile(128, 128, 64, 8, 3), Tile(128, 256, 64, 8, 3), Tile(128, 128, 64, 4, 4),
-                Tile(64, 128, 64, 4, 4), Tile(128, 64, 64, 4, 4), Tile(64, 64, 64, 4, 3)]
+                Tile(64, 128, 64, 4, 4), Tile(128, 64, 64, 4, 4), Tile(64, 64, 64, 4, 3),
+                Tile(128, 256, 64, 8, 4), Tile(256, 128, 64, 8, 3), Tile(128, 128, 64, 8, 4, 16)]
     if itemsize == 4:  # IEEE float32 runs on the FMA units: smaller K steps, fewer stages
         return [Tile(64, 64, 32, 4, 3), Tile(128, 64, 32, 8, 3), Tile(128, 128, 32, 8, 2), Tile(64, 128, 32, 4, 3)]
     return [Tile(64, 64, 16, 4, 2), Tile(32, 64, 16, 4, 2), Tile(64, 32, 16, 4, 2)]
