@@ -303,11 +303,16 @@ def _codes(a_shape, a_strides, b_shape, b_strides, dtype):
     b = torch.empty_strided(b_shape, b_strides, dtype=dtype, device="meta")
     full = torch.broadcast_shapes(a_shape[:-2], b_shape[:-2])
     dy = torch.empty(full + (a_shape[-2], b_shape[-1]), dtype=dtype, device="meta")
+    da, db = (torch.empty(o.shape, dtype=dtype, device="meta") for o in (a, b))
     out = {}
-    for which, o in (("da", a), ("db", b)):
-        step = mmb._product(which, a, b, dy, torch.empty(o.shape, dtype=dtype, device="meta"), False, 0).launch
-        values = dict(zip(step.kernel.arg_names[step.n_tensors:], step.tail))
-        out[which] = (values["XC"], values["YC"])
+    for product in mmb._plan(a, b, dy, da, db, False, 0).products:
+        step = product.launch
+        v = dict(zip(step.kernel.arg_names[step.n_tensors:], step.tail))
+        if "XC0" in v:  # da and db in one launch
+            assert all(v[k] for k in ("XC0", "YC0", "XC1", "YC1")), v  # only where every code is set
+            out.update(da=(v["XC0"], v["YC0"]), db=(v["XC1"], v["YC1"]))
+        else:
+            out["da" if product.ci == 3 else "db"] = (v["XC"], v["YC"])
     return out
 
 

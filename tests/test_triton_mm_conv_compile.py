@@ -114,12 +114,10 @@ def _launches(op: str, case, force: int) -> list:
     if op == "matmul_backward":
         from backends.triton import matmul_backward as mod
 
-        out = []
-        for which in ("da", "db"):
-            prod_ = mod._product(which, t["a"], t["b"], t["dy"], t[which], False, force)
-            if prod_ is not None:
-                out.append((prod_.launch, [ty, ty, ty, "int64", "int64"]))
-        return out
+        plan = mod._plan(t["a"], t["b"], t["dy"], t["da"], t["db"], False, force)
+        # _gemm_kernel: x, y, c and two offset tables; _gemm2_kernel: a, b, dy, da, db and four
+        return [(p.launch, [ty] * 3 + ["int64"] * 2 if p.launch.n_tensors == 5 else [ty] * 5 + ["int64"] * 4)
+                for p in plan.products]
     cl = p.get("layout") == "channels_last"
     if op == "conv_backward_data":
         from backends.triton import conv_backward_data as mod
@@ -210,9 +208,12 @@ def test_matmul_pipelined(compiled, job):
     for r in compiled[job]:
         assert "error" not in r, r.get("error")
         c = r["constexprs"]
-        stage = (c["BM"] * c["BK"] + c["BK"] * c["BN"]) * r["item"]
+        # _gemm2_kernel: da's tile (BM0 x BN0) and db's (BM1 x BN1) in branches sharing the memory
+        stage = max((c[f"BM{s}"] * c["BK"] + c["BK"] * c[f"BN{s}"]) * r["item"]
+                    for s in (("",) if "BM" in c else ("0", "1")))
+        codes = {k: v for k, v in c.items() if k[:2] in ("XC", "YC")}
         assert r["shared"] >= 2 * stage, (f"{job}: {r['shared']} bytes of shared memory: fewer than 2 stages of "
-                                          f"{stage} (XC={c.get('XC')}, YC={c.get('YC')}): the loads are not pipelined")
+                                          f"{stage} ({codes}): the loads are not pipelined")
         assert r["cp_async"] > 0, f"{job}: no cp.async in the PTX: the operand loads are not asynchronous copies"
         if r["item"] == 2:
             assert r["wgmma"], f"{job}: no wgmma"

@@ -1,7 +1,7 @@
 """matmul_backward as Triton kernels on tensor cores (CUDA, or CPU under TRITON_INTERPRET=1).
 
-da = sum_to_shape(dy @ b^T, a.shape) and db = sum_to_shape(a^T @ dy, b.shape) are each one
-launch of `_gemm_kernel`, a batched GEMM with a folded batch:
+da = sum_to_shape(dy @ b^T, a.shape) and db = sum_to_shape(a^T @ dy, b.shape) are each a
+batched GEMM with a folded batch (`_gemm_tile`):
 
     C[z] (P x Q, contiguous) = sum_{r < R} X[z, r] (P x L) @ Y[z, r] (L x Q)
 
@@ -18,10 +18,16 @@ launch of `_gemm_kernel`, a batched GEMM with a folded batch:
 * Products: `tl.dot` with IEEE float32 (never TF32: the spec is the float32 product) and
   float64 (DMMA); 16-bit inputs run on the tensor cores with float32 accumulation.
 * Size-0 dims: an empty output launches nothing; an empty reduction (L = 0 or R = 0) writes 0.
+* Software pipeline: the plan proves which operand axis is contiguous with 16-byte aligned runs
+  (`aligned_axis`) and tells the kernel (XC, YC), so the tiles load as cp.async vectors into
+  multi-stage shared buffers (tests/test_triton_mm_conv_compile.py checks the compiled code).
+* Launches: where both gradients take that aligned path, one `_gemm2_kernel` launch makes both
+  (programs [0, T0) da, the rest db: twice the programs of one product in one wave, one launch
+  a call); otherwise one `_gemm_kernel` launch per non-empty output.
 
 Host side: plans are cached per (shapes, strides, dtype, device); a repeated call is a dict
-lookup and two launches through the compiled kernels' own launchers (_steps.Step).  On
-CUDA the tile of each product is autotuned per shape class on the first checked call
+lookup and one or two launches through the compiled kernels' own launchers (_steps.Step).  On
+CUDA the tile is autotuned per shape class (both products') on the first checked call
 (_conv.Tuner); `matmul_backward.unchecked`, what the harness times, never tunes.
 Nothing is unsupported: every case the oracle defines runs.
 """
@@ -48,19 +54,19 @@ TUNER = _conv.Tuner(OP)
 # Alignment (XC, YC): the loads of a tile become 16-byte vectors (and so cp.async copies, which
 # the software pipeline needs: 2-byte scalar loads are not pipelined at all) only where triton can
 # prove that runs of VEC = 16 bytes / itemsize elements are contiguous and start 16-byte aligned.
-# The plan proves it for an operand (`_contiguity`) and then says along which axis (1: the L
+# The plan proves it for an operand (`aligned_axis`) and then says along which axis (1: the L
 # axis, 2: the P (X) or Q (Y) axis; 0: no facts, the scalar fallback): that axis has stride 1
 # (written as a literal 1 below), the other stride, every batch offset of the operand and the
 # size of the contiguous axis are multiples of VEC.  `v // VEC * VEC` restates such a fact
 # exactly (tl.multiple_of has no effect on a scalar argument); the base pointers' own alignment
 # is triton's launch specialisation.
-@jit(do_not_specialize=["P", "Q", "L"])
-def _gemm_kernel(x_ptr, y_ptr, c_ptr, xoff_ptr, yoff_ptr,
-                 P, Q, L, R, sxp, sxl, syl, syq,
-                 BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr,
-                 EVEN_L: tl.constexpr, IS_F64: tl.constexpr,
-                 XC: tl.constexpr, YC: tl.constexpr, VEC: tl.constexpr):
-    """C[z] = sum_r X[z, r] @ Y[z, r]; program = (z, tile), tiles in grouped order along P."""
+@jit
+def _gemm_tile(x_ptr, y_ptr, c_ptr, xoff_ptr, yoff_ptr, pid,
+               P, Q, L, R, sxp, sxl, syl, syq,
+               BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr,
+               EVEN_L: tl.constexpr, IS_F64: tl.constexpr,
+               XC: tl.constexpr, YC: tl.constexpr, VEC: tl.constexpr):
+    """Program `pid` of C[z] = sum_r X[z, r] @ Y[z, r]: pid = (z, tile), tiles in grouped order along P."""
     if XC == 1 or YC == 1:
         L = L // VEC * VEC
     if XC == 1:
@@ -73,7 +79,6 @@ def _gemm_kernel(x_ptr, y_ptr, c_ptr, xoff_ptr, yoff_ptr,
     if YC == 2:
         Q = Q // VEC * VEC
         syl = syl // VEC * VEC
-    pid = tl.program_id(0)
     tiles_p = tl.cdiv(P, BM)
     tiles_q = tl.cdiv(Q, BN)
     per_z = tiles_p * tiles_q
@@ -141,6 +146,37 @@ def _gemm_kernel(x_ptr, y_ptr, c_ptr, xoff_ptr, yoff_ptr,
     tl.store(cp, _to_out(acc, c_ptr), mask=(rp[:, None] < P) & (rq[None, :] < Q))
 
 
+@jit(do_not_specialize=["P", "Q", "L"])
+def _gemm_kernel(x_ptr, y_ptr, c_ptr, xoff_ptr, yoff_ptr,
+                 P, Q, L, R, sxp, sxl, syl, syq,
+                 BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr,
+                 EVEN_L: tl.constexpr, IS_F64: tl.constexpr,
+                 XC: tl.constexpr, YC: tl.constexpr, VEC: tl.constexpr):
+    """One product: C[z] = sum_r X[z, r] @ Y[z, r] (see _gemm_tile)."""
+    _gemm_tile(x_ptr, y_ptr, c_ptr, xoff_ptr, yoff_ptr, tl.program_id(0), P, Q, L, R, sxp, sxl, syl, syq,
+               BM, BN, BK, GROUP, EVEN_L, IS_F64, XC, YC, VEC)
+
+
+# da and db in one launch: programs [0, T0) make da, the rest db.  One wave instead of two where a
+# product alone would leave SMs idle (1024^3 with 128 x 128 tiles: 64 tiles per product on 132 SMs),
+# and one launch a call.  Each branch is the single-product kernel with its own constexprs.
+@jit(do_not_specialize=["T0", "P0", "Q0", "L0", "P1", "Q1", "L1"])
+def _gemm2_kernel(a_ptr, b_ptr, dy_ptr, da_ptr, db_ptr, xoff0_ptr, yoff0_ptr, xoff1_ptr, yoff1_ptr, T0,
+                  P0, Q0, L0, R0, sxp0, sxl0, syl0, syq0,
+                  P1, Q1, L1, R1, sxp1, sxl1, syl1, syq1,
+                  BM0: tl.constexpr, BN0: tl.constexpr, EVEN_L0: tl.constexpr, XC0: tl.constexpr, YC0: tl.constexpr,
+                  BM1: tl.constexpr, BN1: tl.constexpr, EVEN_L1: tl.constexpr, XC1: tl.constexpr, YC1: tl.constexpr,
+                  BK: tl.constexpr, GROUP: tl.constexpr, IS_F64: tl.constexpr, VEC: tl.constexpr):
+    """da = dy @ b^T (programs < T0; X = dy, Y = b^T) and db = a^T @ dy (X = a^T, Y = dy)."""
+    pid = tl.program_id(0)
+    if pid < T0:
+        _gemm_tile(dy_ptr, b_ptr, da_ptr, xoff0_ptr, yoff0_ptr, pid, P0, Q0, L0, R0, sxp0, sxl0, syl0, syq0,
+                   BM0, BN0, BK, GROUP, EVEN_L0, IS_F64, XC0, YC0, VEC)
+    else:
+        _gemm_tile(a_ptr, dy_ptr, db_ptr, xoff1_ptr, yoff1_ptr, pid - T0, P1, Q1, L1, R1, sxp1, sxl1, syl1, syq1,
+                   BM1, BN1, BK, GROUP, EVEN_L1, IS_F64, XC1, YC1, VEC)
+
+
 # ============================================================================= planning
 
 
@@ -188,62 +224,114 @@ def aligned_axis(l_stride: int, o_stride: int, l_size: int, o_size: int, offsets
     return 0
 
 
-class _Product:
-    """One launch of `_gemm_kernel` for one gradient: the Step, and which tensors it takes."""
+class _Side:
+    """One gradient's GEMM (see _gemm_tile): its sizes, strides and alignment codes, which of
+    (a, b, dy, da, db) are its X, Y and C, its offset tables (device tensors), its tuner class."""
 
-    __slots__ = ("launch", "xi", "yi", "ci", "xoff", "yoff")
+    __slots__ = ("p", "q", "ln", "z", "r", "sxp", "sxl", "syl", "syq", "xc", "yc", "xi", "yi", "ci",
+                 "xoff", "yoff", "cls")
 
-    def __init__(self, launch, xi, yi, ci, xoff, yoff):
-        self.launch, self.xi, self.yi, self.ci, self.xoff, self.yoff = launch, xi, yi, ci, xoff, yoff
+    def values(self, tile, suffix: str = "") -> dict:
+        """The kernel's int and per-product constexpr arguments for this side with `tile`."""
+        v = dict(P=self.p, Q=self.q, L=self.ln, R=self.r, sxp=self.sxp, sxl=self.sxl, syl=self.syl, syq=self.syq,
+                 BM=tile.bm, BN=tile.bn, EVEN_L=self.ln % tile.bk == 0, XC=self.xc, YC=self.yc)
+        return {k + suffix: x for k, x in v.items()}
 
-    def __call__(self, t):
-        self.launch(t[self.xi], t[self.yi], t[self.ci], self.xoff, self.yoff)
+    def tiles(self, tile) -> int:
+        return self.z * cdiv(self.p, tile.bm) * cdiv(self.q, tile.bn)
 
 
-def _product(which, a, b, dy, out, tune, force=None):
-    """The plan of da (which="da") or db: a _Product, or None when the output is empty."""
+def _side(which, a, b, dy, vec: int):
+    """The _Side of da (which="da") or db, or None when that output is empty."""
     import torch
 
     full = tuple(dy.shape[:-2])
     m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
     sa, sb, sy = a.stride(), b.stride(), dy.stride()
+    s = _Side()
     if which == "da":  # X = dy (M x N), Y = b^T (N x K)
-        p, q, ln = m, k, n
-        xi, yi, ci = 2, 1, 3
-        sxp, sxl, syl, syq = sy[-2], sy[-1], sb[-1], sb[-2]
-        xoff, yoff, z, r = _batch_tables(a.shape[:-2], full, sy[:-2], b.shape[:-2], sb[:-2], full)
+        s.p, s.q, s.ln = m, k, n
+        s.xi, s.yi, s.ci = 2, 1, 3
+        s.sxp, s.sxl, s.syl, s.syq = sy[-2], sy[-1], sb[-1], sb[-2]
+        xoff, yoff, s.z, s.r = _batch_tables(a.shape[:-2], full, sy[:-2], b.shape[:-2], sb[:-2], full)
     else:              # X = a^T (K x M), Y = dy (M x N)
-        p, q, ln = k, n, m
-        xi, yi, ci = 0, 2, 4
-        sxp, sxl, syl, syq = sa[-1], sa[-2], sy[-2], sy[-1]
-        xoff, yoff, z, r = _batch_tables(b.shape[:-2], a.shape[:-2], sa[:-2], full, sy[:-2], full)
-    if p * q * z == 0:
+        s.p, s.q, s.ln = k, n, m
+        s.xi, s.yi, s.ci = 0, 2, 4
+        s.sxp, s.sxl, s.syl, s.syq = sa[-1], sa[-2], sy[-2], sy[-1]
+        xoff, yoff, s.z, s.r = _batch_tables(b.shape[:-2], a.shape[:-2], sa[:-2], full, sy[:-2], full)
+    if s.p * s.q * s.z == 0:
         return None
-    dev = dy.device
+    s.xc = aligned_axis(s.sxl, s.sxp, s.ln, s.p, xoff, vec)
+    s.yc = aligned_axis(s.syl, s.syq, s.ln, s.q, yoff, vec)
+    s.xoff = torch.from_numpy(xoff).to(dy.device)
+    s.yoff = torch.from_numpy(yoff).to(dy.device)
+    s.cls = (which, _conv.bucket(s.p), _conv.bucket(s.q), _conv.bucket(s.ln), s.r > 1, s.xc, s.yc)
+    return s
+
+
+class _Product:
+    """One launch of `_gemm_kernel` for one gradient: the Step, and which tensors it takes."""
+
+    __slots__ = ("launch", "xi", "yi", "ci", "xoff", "yoff")
+
+    def __init__(self, launch, side):
+        self.launch, self.xi, self.yi, self.ci, self.xoff, self.yoff = \
+            launch, side.xi, side.yi, side.ci, side.xoff, side.yoff
+
+    def __call__(self, t):
+        self.launch(t[self.xi], t[self.yi], t[self.ci], self.xoff, self.yoff)
+
+
+class _Both:
+    """One launch of `_gemm2_kernel`: da and db together."""
+
+    __slots__ = ("launch", "tables")
+
+    def __init__(self, launch, da, db):
+        self.launch, self.tables = launch, (da.xoff, da.yoff, db.xoff, db.yoff)
+
+    def __call__(self, t):
+        self.launch(*t, *self.tables)
+
+
+def _plan(a, b, dy, da, db, tune, force=None):
+    """The plan of one layout: a _Plan of one launch of `_gemm2_kernel` (both gradients, on the
+    aligned path), or one `_gemm_kernel` launch per non-empty output.  The tile is the tuner's choice for the class (force: candidate
+    `force`, untimed)."""
     item = dy.element_size()
     vec = 16 // item
-    xc = aligned_axis(sxl, sxp, ln, p, xoff, vec)
-    yc = aligned_axis(syl, syq, ln, q, yoff, vec)
-    xoff = torch.from_numpy(xoff).to(dev)
-    yoff = torch.from_numpy(yoff).to(dev)
+    sides = [s for s in (_side("da", a, b, dy, vec), _side("db", a, b, dy, vec)) if s is not None]
+    if not sides:
+        return _Plan([])
+    tensors = (a, b, dy, da, db)
+    common = dict(IS_F64=item == 8, VEC=vec)
+    # One launch for both where both take the aligned path; the gather fallback (a code 0) needs
+    # so many registers for its per-element pointers that the two branches together would spill.
+    fused = len(sides) == 2 and all(s.xc and s.yc for s in sides)
 
     def build(tile):
-        tile = _conv.small_tile(tile, p, q)
-        values = dict(P=p, Q=q, L=ln, R=r, sxp=sxp, sxl=sxl, syl=syl, syq=syq, BM=tile.bm, BN=tile.bn,
-                      BK=tile.bk, GROUP=tile.group, EVEN_L=ln % tile.bk == 0, IS_F64=item == 8,
-                      XC=xc, YC=yc, VEC=vec)
-        grid = z * cdiv(p, tile.bm) * cdiv(q, tile.bn)
-        launch = _steps.Step(_gemm_kernel, grid, 5, values, tile.warps, num_stages=tile.stages)
-        prod_ = _Product(launch, xi, yi, ci, xoff, yoff)
-        tensors = (a, b, dy, out if which == "da" else None, out if which == "db" else None)
-        runner = lambda: prod_(tensors)  # noqa: E731 - the tuner times the plan on this call's tensors
-        runner.product = prod_
+        fitted = [_conv.small_tile(tile, s.p, s.q) for s in sides]
+        warps = max(t.warps for t in fitted)
+        common.update(BK=tile.bk, GROUP=tile.group)
+        if not fused:
+            launches = [_Product(_steps.Step(_gemm_kernel, s.tiles(f), 5, {**s.values(f), **common}, f.warps,
+                                             num_stages=tile.stages), s) for s, f in zip(sides, fitted)]
+            launch = launches[0] if len(launches) == 1 else _Plan(launches)
+        else:
+            t0 = sides[0].tiles(fitted[0])
+            values = {"T0": t0, **sides[0].values(fitted[0], "0"), **sides[1].values(fitted[1], "1"), **common}
+            step = _steps.Step(_gemm2_kernel, t0 + sides[1].tiles(fitted[1]), 9, values, warps,
+                               num_stages=tile.stages)
+            launch = _Both(step, *sides)
+        runner = lambda: launch(tensors)  # noqa: E731 - the tuner times the plan on this call's tensors
+        runner.launch = launch
         return runner
 
-    cls = (which, str(dy.dtype), _conv.bucket(p), _conv.bucket(q), _conv.bucket(ln), r > 1,
-           sxp == 1, syq == 1, xc, yc)
-    cands = [_conv.INTERPRETER_TILE] if dev.type == "cpu" else _conv.gemm_candidates(item)
-    return TUNER.pick(cls, cands, build, dev, 2.0 * p * q * ln * z * r, tune, force).product
+    cls = (str(dy.dtype),) + tuple(s.cls for s in sides)
+    cands = [_conv.INTERPRETER_TILE] if dy.device.type == "cpu" else _conv.gemm_candidates(item)
+    flops = sum(2.0 * s.p * s.q * s.ln * s.z * s.r for s in sides)
+    launch = TUNER.pick(cls, cands, build, dy.device, flops, tune, force).launch
+    return launch if isinstance(launch, _Plan) else _Plan([launch])
 
 
 class _Plan:
@@ -268,8 +356,7 @@ def _call(a, b, dy, da, db, tune: bool) -> None:
         if IMPORT_ERROR is not None:
             raise RuntimeError(f"triton {OP}: triton is not importable ({IMPORT_ERROR})")
         with on_device(a):
-            plan = _Plan([p for p in (_product("da", a, b, dy, da, tune), _product("db", a, b, dy, db, tune))
-                          if p is not None])
+            plan = _plan(a, b, dy, da, db, tune)
         if len(_PLANS) >= _PLANS_MAX:
             _PLANS.clear()
         _PLANS[key] = plan
