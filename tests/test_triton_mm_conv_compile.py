@@ -122,14 +122,20 @@ def _launches(op: str, case, force: int) -> list:
     if op == "conv_backward_data":
         from backends.triton import conv_backward_data as mod
 
-        return [(mod._plan(t["dy"], t["w"], t["dx"], p, cl, False, force).launch, [ty] * 3 + ["int32"])]
+        plan = mod._plan(t["dy"], t["w"], t["dx"], p, cl, False, force)
+        return [(plan.launch, [ty] * 3 + ["int32"])] + _staging(plan, ty)
     from backends.triton import conv_backward_weight as mod
 
     plan = mod._plan(t["dy"], t["x"], t["dw"], p, cl, False, force)
     acc = "float64" if case.dtype == "f64" else "float32"
     if plan.finish is None:
-        return [(plan.main, [ty] * 3)]
-    return [(plan.main, [ty, ty, acc]), (plan.finish, [acc, ty])]
+        return [(plan.main, [ty] * 3)] + _staging(plan, ty)
+    return [(plan.main, [ty, ty, acc]), (plan.finish, [acc, ty])] + _staging(plan, ty)
+
+
+def _staging(plan, ty: str) -> list:
+    """The channels-first staging copies of a conv plan (_conv.Repack), if it has them."""
+    return [(r.step, [ty, ty]) for r in plan.stage or ()]
 
 
 def _compile(launch, ptr_types) -> dict:
@@ -192,7 +198,8 @@ def test_default_tiles(compiled, job):
     """16-bit GEMM launches run on the tensor cores; default tiles spill at most SPILL_LIMIT bytes."""
     for r in compiled[job]:
         assert "error" not in r, r.get("error")
-        if r["kernel"] != "_finish_kernel" and not r["constexprs"].get("EW") and ("bf16" in job or "f16" in job):
+        if r["kernel"] not in ("_finish_kernel", "_repack_kernel") and not r["constexprs"].get("EW") and (
+                "bf16" in job or "f16" in job):
             assert r["mma"], f"{job}: {r['kernel']} has no mma/wgmma: not on the tensor cores"
         assert r["spills"] <= SPILL_LIMIT, f"{job}: {r['kernel']} spills {r['spills']} bytes ({r['regs']} registers)"
 
@@ -222,11 +229,12 @@ def test_matmul_pipelined(compiled, job):
 
 
 def _aligned_conv_jobs() -> list[str]:
-    """16-bit conv jobs whose tensor-core tiles can all be 16-byte vectors: channels last, every
-    tensor contiguous in it, and Cin/g, Cout/g multiples of 16 bytes.  Not here: channels first
-    (its tiles are gathers: no unit stride along a tile's contiguous axis), and float32 (IEEE
-    products on the FMA units; dgrad's tiles are cp.async there but get one buffer, as triton's
-    pipeliner spends a stage on the tap-table loads the tile addresses depend on)."""
+    """16-bit conv jobs whose tensor-core tiles can all be 16-byte vectors: every tensor contiguous
+    in its layout (channels first is staged to channels last, _conv.Repack), and Cin/g, Cout/g
+    multiples of 16 bytes.  Not here: strided views of channels-first tensors (not staged: their
+    tiles are gathers), and float32 (IEEE products on the FMA units; dgrad's tiles are cp.async
+    there but get one buffer, as triton's pipeliner spends a stage on the tap-table loads the tile
+    addresses depend on)."""
     from cases import select
 
     by_id = {(c.op, c.id): c for op in OPS[1:] for c in select("perf", op=op)}
@@ -237,8 +245,7 @@ def _aligned_conv_jobs() -> list[str]:
             continue
         p, vec = by_id[(op, cid)].params, 16 // sm90.ITEM[by_id[(op, cid)].dtype]
         g = p.get("groups", 1)
-        if (p.get("layout") == "channels_last" and all(p.get(k, "contig") == "contig" for k in
-                                                        ("dy_layout", "w_layout", "x_layout"))
+        if (all(p.get(k, "contig") == "contig" for k in ("dy_layout", "w_layout", "x_layout"))
                 and (p["cin"] // g) % vec == 0 and (p["cout"] // g) % vec == 0):
             out.append(job)
     return out
@@ -246,12 +253,13 @@ def _aligned_conv_jobs() -> list[str]:
 
 @pytest.mark.parametrize("job", _aligned_conv_jobs())
 def test_conv_pipelined(compiled, job):
-    """The tensor-core launches of aligned channels-last conv cases (default tiles and the tuner's
-    candidates) pipeline both operands: cp.async into at least two stages of the tiles; wgmma."""
+    """The tensor-core launches of aligned conv cases, channels last or staged channels first
+    (default tiles and the tuner's candidates), pipeline both operands: cp.async into at least two
+    stages of the tiles; wgmma."""
     for r in compiled[job]:
         assert "error" not in r, r.get("error")
         c = r["constexprs"]
-        if r["kernel"] == "_finish_kernel" or c.get("EW"):
+        if r["kernel"] in ("_finish_kernel", "_repack_kernel") or c.get("EW"):
             continue
         stage = (c["BM"] * c["BK"] + c["BK"] * c["BN"]) * r["item"]
         assert r["shared"] >= 2 * stage, (f"{job}: {r['kernel']}: {r['shared']} bytes of shared memory: fewer "

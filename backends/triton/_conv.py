@@ -190,6 +190,62 @@ def wstrides5(w, channels_last: bool) -> tuple:
     return weight_strides(w.stride(), channels_last)
 
 
+# ============================================================================= channels-first staging
+#
+# A channels-first tensor-core tile is a gather: the GEMM's reduction runs over channels, whose
+# stride is the spatial size, so every element is a scalar load through its own 64-bit pointer,
+# nothing is a 16-byte vector and triton's pipeliner has no cp.async to schedule (one shared
+# stage, ~250 registers).  Copying a contiguous channels-first operand to channels last first (one
+# read and one write of it, a transposing copy per call) lets the conv kernels run their
+# channels-last, pipelined path; the kernels read everything through strides, so only the staged
+# operands' strides change and the output is written in place in its own layout.
+
+
+@jit(do_not_specialize=["C", "S"])
+def _repack_kernel(src, dst, C, S, BS: tl.constexpr, BC: tl.constexpr):
+    """dst[b, s, c] = src[b, c, s]: a contiguous (B, C, S) tensor to (B, S, C); program (s, c, b) blocks."""
+    s = tl.program_id(0) * BS + tl.arange(0, BS)
+    c = tl.program_id(1) * BC + tl.arange(0, BC)
+    base = tl.program_id(2).to(tl.int64) * C * S
+    m = (s[:, None] < S) & (c[None, :] < C)
+    v = tl.load(src + base + c[None, :].to(tl.int64) * S + s[:, None], mask=m)
+    tl.store(dst + base + s[:, None].to(tl.int64) * C + c[None, :], v, mask=m)
+
+
+REPACK_BS, REPACK_BC = 64, 64
+GRID_YZ_MAX = 65535  # CUDA's limit on grid dims 1 and 2
+
+
+class Repack:
+    """The transposing copy of a contiguous (B, C, S) tensor to (B, S, C): `repack(src, dst)`,
+    dst a contiguous buffer of src's size.  Channels first to channels last with (B, C, S) =
+    (N, C, spatial) or (Cout, Cin/g, taps); channels last back with (N, spatial, C)."""
+
+    __slots__ = ("step",)
+
+    def __init__(self, b: int, c: int, s: int):
+        from backends.triton import _steps
+        from backends.triton.common import cdiv
+
+        bs, bc = (REPACK_BS, REPACK_BC) if not interpreted() else (16, 16)
+        self.step = _steps.Step(_repack_kernel, (cdiv(s, bs), cdiv(c, bc), b), 2, dict(C=c, S=s, BS=bs, BC=bc), 4)
+
+    def __call__(self, src, dst) -> None:
+        self.step(src, dst)
+
+
+def repackable(t, b: int, c: int) -> bool:
+    """Whether Repack(b, c, s) can copy t: contiguous, not empty, its grid within CUDA's limits."""
+    return t.is_contiguous() and t.numel() > 0 and b <= GRID_YZ_MAX and -(-c // 16) <= GRID_YZ_MAX
+
+
+def staged_strides5(st5: tuple, c: int) -> tuple:
+    """(outer, channel, d, h, w) strides of the channels-last copy of a contiguous channels-first
+    operand with c channels, from its own: the spatial strides within a (outer, channel) plane,
+    times c; channels unit-strided."""
+    return (st5[0], 1, st5[2] * c, st5[3] * c, st5[4] * c)
+
+
 # ============================================================================= the conv ops' calls
 
 PLANS_MAX = 256  # plans an op keeps; a full cache is dropped whole (a real run meets a few layouts)

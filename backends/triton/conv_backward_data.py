@@ -206,15 +206,30 @@ def _fit(tile: _conv.Tile, g: _conv.Geo3) -> _conv.Tile:
 
 
 class _Launch:
-    """The kernel's launch with its tap table (a tensor the plan owns) appended."""
+    """The kernel's launch with its tap table (a tensor the plan owns) appended.  Staged (`stage`:
+    the Repacks of dy and w to channels last and of the kernel's channels-last dx back), it runs
+    on buffers the plan owns (allocated on its first call; calls on one stream are ordered, so
+    reusing them is safe).  dx is staged too: written in place in channels first, a tile's
+    stores are scattered (one 64-bit address per element), and the large tiles spill."""
 
-    __slots__ = ("launch", "taps")
+    __slots__ = ("launch", "taps", "stage", "bufs")
 
-    def __init__(self, launch, taps):
-        self.launch, self.taps = launch, taps
+    def __init__(self, launch, taps, stage=None):
+        self.launch, self.taps, self.stage, self.bufs = launch, taps, stage, None
 
     def __call__(self, dy, w, dx):
-        self.launch(dy, w, dx, self.taps)
+        if self.stage is None:
+            self.launch(dy, w, dx, self.taps)
+            return
+        bufs = self.bufs
+        if bufs is None:
+            import torch
+
+            bufs = self.bufs = [torch.empty(t.numel(), dtype=t.dtype, device=t.device) for t in (dy, w, dx)]
+        self.stage[0](dy, bufs[0])
+        self.stage[1](w, bufs[1])
+        self.launch(bufs[0], bufs[1], bufs[2], self.taps)
+        self.stage[2](bufs[2], dx)
 
 
 def _plan(dy, w, dx, params, channels_last: bool, tune: bool, force: int | None = None):
@@ -228,6 +243,14 @@ def _plan(dy, w, dx, params, channels_last: bool, tune: bool, force: int | None 
     t = tuple(cdiv(i, s) for i, s in zip(g.inp, g.s))
     rows = g.n * prod(t)
     item = dy.element_size()
+    # Channels first, tensor-core path: stage dy and w to channels last (see _conv.Repack).
+    stage = None
+    if (not channels_last and not _ew(g) and _conv.repackable(dy, g.n, g.cout) and _conv.repackable(w, g.cout, g.cig)
+            and _conv.repackable(dx, g.n, prod(g.inp))):
+        stage = (_conv.Repack(g.n, g.cout, prod(g.out)), _conv.Repack(g.cout, g.cig, prod(g.k)),
+                 _conv.Repack(g.n, prod(g.inp), g.cin))
+        sy, sw, sx = (_conv.staged_strides5(sy, g.cout), _conv.staged_strides5(sw, g.cig),
+                      _conv.staged_strides5(sx, g.cin))
 
     tab, maxt = tap_table(g, sw)
     wvec = 16 // item if not (tab.reshape(len(tab) // (1 + 4 * maxt), -1)[:, 4::4] % (16 // item)).any() else 1
@@ -245,13 +268,14 @@ def _plan(dy, w, dx, params, channels_last: bool, tune: bool, force: int | None 
                       BM=tile.bm, BN=tile.bn, BK=tile.bk, EW=_ew(g), IS_F64=item == 8,
                       WVEC=wvec)
         grid = (phases * nrb, ncb if _ew(g) else g.groups * ncb)
-        launch = _Launch(_steps.Step(_dgrad_kernel, grid, 4, values, tile.warps, num_stages=tile.stages), taps)
+        launch = _Launch(_steps.Step(_dgrad_kernel, grid, 4, values, tile.warps, num_stages=tile.stages), taps,
+                         stage)
         runner = lambda: launch(dy, w, dx)  # noqa: E731 - the tuner times the plan on this call's tensors
         runner.launch = launch
         return runner
 
     cls = (str(dy.dtype), _ew(g), g.k, g.s, g.d, _conv.bucket(g.cig), _conv.bucket(g.cog), _conv.bucket(rows),
-           channels_last, sy[1] == 1)
+           channels_last, sy[1] == 1, stage is not None)
     return TUNER.pick(cls, candidates(g, item, dy.device.type, sy[1] == 1), build, dy.device, 2.0 * g.n * prod(g.out)
                       * g.cout * g.cig * prod(g.k), tune, force).launch
 
