@@ -14,6 +14,8 @@
   and 3D; and the strides of each tensor as (n, c, d, h, w) whatever its layout.
 * `mma`: acc + a @ b on tensor cores, in IEEE precision for float32 (never TF32: the spec is
   the float32 product) and float64 (DMMA on sm_80+).
+* `Repack`: the transposing copy that stages a contiguous channels-first conv operand to
+  channels last (and a channels-last result back), so the conv kernels take their pipelined path.
 """
 from __future__ import annotations
 
@@ -237,6 +239,12 @@ class Repack:
 def repackable(t, b: int, c: int) -> bool:
     """Whether Repack(b, c, s) can copy t: contiguous, not empty, its grid within CUDA's limits."""
     return t.is_contiguous() and t.numel() > 0 and b <= GRID_YZ_MAX and -(-c // 16) <= GRID_YZ_MAX
+
+
+def channels_aligned(g: Geo3, itemsize: int) -> bool:
+    """Whether a group's channel blocks start on 16-byte boundaries (Cin/g, Cout/g multiples of 16 bytes)."""
+    vec = 16 // itemsize
+    return g.cig % vec == 0 and g.cog % vec == 0
 
 
 def staged_strides5(st5: tuple, c: int) -> tuple:

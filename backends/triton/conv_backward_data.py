@@ -21,6 +21,11 @@ Design:
   Cout/g output channels of a column's group is a multiply-add on the tile (CUDA cores); with
   channels last a depthwise tile's loads are contiguous across channels.
 * Accumulates in registers, writes dx once: deterministic, no atomics.
+* Pipelining: the weight offsets of the tap table are proven 16-byte multiples where they are
+  (WVEC), so with channels last both tiles load as cp.async vectors.  A contiguous
+  channels-first layer on the tensor-core path is staged: dy and w copied to channels last,
+  the kernel run on the copies into a channels-last dx buffer, copied back (_conv.Repack);
+  read in place its tiles would be per-element gathers, never pipelined.
 
 Host side: plans are cached per (shapes, strides, dtype, device, geometry); a repeated call is
 a dict lookup and one launch through the compiled kernel's launcher.  On CUDA the tile is
@@ -276,7 +281,9 @@ def _plan(dy, w, dx, params, channels_last: bool, tune: bool, force: int | None 
 
     cls = (str(dy.dtype), _ew(g), g.k, g.s, g.d, _conv.bucket(g.cig), _conv.bucket(g.cog), _conv.bucket(rows),
            channels_last, sy[1] == 1, stage is not None)
-    return TUNER.pick(cls, candidates(g, item, dy.device.type, sy[1] == 1), build, dy.device, 2.0 * g.n * prod(g.out)
+    # Staged with channel counts off the 16-byte grid, the tiles still gather: the small tiles.
+    unit = sy[1] == 1 and (stage is None or _conv.channels_aligned(g, item))
+    return TUNER.pick(cls, candidates(g, item, dy.device.type, unit), build, dy.device, 2.0 * g.n * prod(g.out)
                       * g.cout * g.cig * prod(g.k), tune, force).launch
 
 

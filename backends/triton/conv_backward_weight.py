@@ -15,6 +15,9 @@ Design:
   Cin/g]; `_finish_kernel` then adds the S partials of each weight in a fixed order and
   writes dw in its dtype.  With S = 1 the main kernel writes dw itself.  Deterministic: no
   atomics, the same summation order on every call of a plan.
+* Channels first, contiguous, on the tensor-core path: dy and x are staged to channels last
+  (_conv.Repack) so the tiles load as pipelined cp.async vectors, not per-element gathers; dw
+  is written in its own layout through its strides.
 * Small channel groups (`EW`: Cin/g * Cout/g < 64, depthwise included): columns run over
   the (co, c) pairs of all groups (contiguous across channels for a channels-last depthwise
   layer) and each step is a multiply-add on a BK x BN tile, summed over BK at the end.
@@ -268,7 +271,9 @@ def _plan(dy, x, dw, params, channels_last: bool, tune: bool, force: int | None 
 
     cls = (str(dy.dtype), _ew(g), taps, _conv.bucket(g.cig), _conv.bucket(g.cog), _conv.bucket(npos), g.groups > 1,
            channels_last, sy[1] == 1 and sx[1] == 1, stage is not None)
-    return TUNER.pick(cls, candidates(g, item, dev.type, sy[1] == 1 and sx[1] == 1), build, dev, 2.0 * npos * g.cout * g.cig * taps, tune, force).plan
+    # Staged with channel counts off the 16-byte grid, the tiles still gather: the small tiles.
+    unit = sy[1] == 1 and sx[1] == 1 and (stage is None or _conv.channels_aligned(g, item))
+    return TUNER.pick(cls, candidates(g, item, dev.type, unit), build, dev, 2.0 * npos * g.cout * g.cig * taps, tune, force).plan
 
 
 _PLANS: dict = {}

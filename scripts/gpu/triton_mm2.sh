@@ -71,11 +71,14 @@ def tensor(h):
 
 
 def launches(plan):
+    """The Steps of a cached plan: matmul's one or two, wgrad's main and finish, dgrad's main;
+    and the staging copies (channels first) of the conv plans."""
     if hasattr(plan, "products"):
         return [p.launch for p in plan.products]
+    staged = [r.step for r in getattr(plan, "stage", None) or ()]
     if hasattr(plan, "main"):
-        return [plan.main] + ([plan.finish] if plan.finish is not None else [])
-    return [plan.launch]
+        return [plan.main] + ([plan.finish] if plan.finish is not None else []) + staged
+    return [plan.launch] + staged
 
 
 def resources(mod):
@@ -87,7 +90,8 @@ def resources(mod):
         L = L if hasattr(L, "kernel") else L.launch  # dgrad's _Launch holds its Step
         k = L.compiled
         names = L.kernel.arg_names[L.n_tensors:]
-        facts = {n: v for n, v in zip(names, L.tail) if n in ("BM", "BN", "BK", "EW", "XC", "YC", "WVEC")}
+        facts = {n: v for n, v in zip(names, L.tail)
+                 if n.rstrip("01") in ("BM", "BN", "BK", "EW", "XC", "YC", "WVEC", "BS", "BC")}
         out.append(f"{L.kernel.__name__} w{L.num_warps} s{L.options.get('num_stages')} {facts} "
                    f"regs={getattr(k, 'n_regs', None)} spills={getattr(k, 'n_spills', None)} "
                    f"smem={getattr(getattr(k, 'metadata', None), 'shared', None)}")
