@@ -339,13 +339,48 @@ def test_alignment_codes():
     assert _codes((4, 16, 32), (512, 32, 1), (32, 16), (16, 1), bf) == {"da": (1, 1), "db": (2, 2)}
 
 
-def _dgrad_wvec(cin, layout, dtype, groups=1):
+def test_tap_table_matches_enumeration():
+    """dgrad's per-phase tap header makes exactly the taps a brute-force enumeration finds: for
+    each phase the (kd, kh, kw) with k*d = r (mod s) in every dim, in that order, with their dy
+    window shifts (i0 + p - k*d) / s and weight offsets (strides, gcd(d, s) > 1, s > k, padding)."""
+    from itertools import product as cartesian
+
+    from backends._plans.conv_geometry import Geo3
+
+    sw = (0, 0, 1000, 31, 7)  # weight strides (co, ci, kd, kh, kw): distinct, so offsets identify taps
+    for k, s, d, p in [((1, 3, 3), (1, 2, 2), (1, 1, 1), (0, 1, 1)), ((3, 1, 5), (3, 2, 2), (1, 3, 2), (2, 0, 2)),
+                       ((2, 1, 2), (3, 2, 3), (1, 1, 1), (0, 0, 0)), ((1, 4, 6), (1, 4, 6), (1, 2, 4), (0, 3, 5)),
+                       ((1, 7, 7), (1, 2, 2), (1, 1, 1), (0, 3, 3))]:
+        g = Geo3(1, 4, 4, 1, (1, 9, 9), (1, 5, 5), k, s, p, d)
+        tab, offsets = cbd.tap_table(g, sw)
+        tab = tab.reshape(-1, cbd.HEADER)
+        made_all = []
+        for i, r in enumerate(cartesian(*(range(x) for x in s))):
+            want = []
+            for kk in cartesian(*(range(x) for x in k)):
+                if all((kj * dj - rj) % sj == 0 for kj, dj, rj, sj in zip(kk, d, r, s)):
+                    i0 = [(rj - pj) % sj for rj, pj, sj in zip(r, p, s)]
+                    shift = tuple((a + pj - kj * dj) // sj for a, pj, kj, dj, sj in zip(i0, p, kk, d, s))
+                    want.append((shift, sum(kj * st for kj, st in zip(kk, sw[2:]))))
+            n, cntw, cnth, sd0, sh0, sw0, dqd, dqh, dqw, w0, wsd, wsh, wsw = (int(v) for v in tab[i])
+            made = []
+            for ti in range(n):  # as the kernel's _tap makes them
+                jw, jh, jd = ti % cntw, (ti // cntw) % cnth, ti // cntw // cnth
+                made.append(((sd0 - jd * dqd, sh0 - jh * dqh, sw0 - jw * dqw), w0 + jd * wsd + jh * wsh + jw * wsw))
+            assert made == want, (k, s, d, p, r)
+            made_all += [o for _, o in made]
+        assert offsets == made_all
+
+
+def _dgrad_wvec(cin, layout, dtype, groups=1, w_strides=None):
     """The WVEC the dgrad plan gives a 3x3 stride-2 layer of Cin -> 8 channels (meta tensors)."""
     cl = layout == "channels_last"
     w_shape = (8, 3, 3, cin // groups) if cl else (8, cin // groups, 3, 3)
     x_shape = (2, 10, 10, cin) if cl else (2, cin, 10, 10)
     y_shape = (2, 5, 5, 8) if cl else (2, 8, 5, 5)
     dy, w, dx = (torch.empty(s, dtype=dtype, device="meta") for s in (y_shape, w_shape, x_shape))
+    if w_strides:
+        w = torch.empty_strided(w_shape, w_strides, dtype=dtype, device="meta")
     params = {"stride": [2, 2], "padding": [1, 1], "dilation": [1, 1], "groups": groups, "layout": layout}
     step = cbd._plan(dy, w, dx, params, cl, False, 0).launch
     return dict(zip(step.kernel.arg_names[step.n_tensors:], step.tail))["WVEC"]
@@ -353,11 +388,13 @@ def _dgrad_wvec(cin, layout, dtype, groups=1):
 
 def test_dgrad_weight_alignment():
     """dgrad is told its tap weight offsets are 16-byte multiples (WVEC > 1) exactly when they are:
-    channels last with Cin/g a multiple of 16 bytes; never for channels first (offsets kh*3 + kw)."""
+    channels last with Cin/g a multiple of 16 bytes, and so contiguous channels first, which is
+    staged to channels last; not a channels-first view read in place (offsets 2 (3 kh + kw))."""
     assert _dgrad_wvec(64, "channels_last", torch.bfloat16) == 8
     assert _dgrad_wvec(16, "channels_last", torch.float32) == 4
     assert _dgrad_wvec(20, "channels_last", torch.bfloat16) == 1   # offsets 20 k: 40-byte steps
-    assert _dgrad_wvec(64, "channels_first", torch.bfloat16) == 1
+    assert _dgrad_wvec(64, "channels_first", torch.bfloat16) == 8  # staged
+    assert _dgrad_wvec(64, "channels_first", torch.bfloat16, w_strides=(64 * 18, 18, 6, 2)) == 1
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:

@@ -229,19 +229,17 @@ def test_matmul_pipelined(compiled, job):
 
 
 def _aligned_conv_jobs() -> list[str]:
-    """16-bit conv jobs whose tensor-core tiles can all be 16-byte vectors: every tensor contiguous
-    in its layout (channels first is staged to channels last, _conv.Repack), and Cin/g, Cout/g
-    multiples of 16 bytes.  Not here: strided views of channels-first tensors (not staged: their
-    tiles are gathers), and float32 (IEEE products on the FMA units; dgrad's tiles are cp.async
-    there but get one buffer, as triton's pipeliner spends a stage on the tap-table loads the tile
-    addresses depend on)."""
+    """16-bit and float32 conv jobs whose tensor-core tiles can all be 16-byte vectors: every
+    tensor contiguous in its layout (channels first is staged to channels last, _conv.Repack),
+    and Cin/g, Cout/g multiples of 16 bytes.  Not here: strided views of channels-first tensors
+    (not staged: their tiles are gathers)."""
     from cases import select
 
     by_id = {(c.op, c.id): c for op in OPS[1:] for c in select("perf", op=op)}
     out = []
     for job in JOBS:
         op, cid, _ = job.split("|")
-        if op == "matmul_backward" or by_id[(op, cid)].dtype not in ("bf16", "f16"):
+        if op == "matmul_backward" or by_id[(op, cid)].dtype == "f64":
             continue
         p, vec = by_id[(op, cid)].params, 16 // sm90.ITEM[by_id[(op, cid)].dtype]
         g = p.get("groups", 1)
