@@ -236,6 +236,32 @@ class Repack:
         self.step(src, dst)
 
 
+class Staging:
+    """A staged conv plan's Repacks (iterable, indexable) and the channels-last buffers they
+    fill: one set per layer, shared by every plan the tuner builds for it, allocated on first
+    use and kept (calls on one stream are ordered, so reusing them is safe)."""
+
+    __slots__ = ("repacks", "bufs")
+
+    def __init__(self, *repacks):
+        self.repacks, self.bufs = repacks, None
+
+    def __iter__(self):
+        return iter(self.repacks)
+
+    def __getitem__(self, i):
+        return self.repacks[i]
+
+    def buffers(self, *like):
+        """Flat buffers of the sizes and dtypes of `like` (allocated on the first call)."""
+        bufs = self.bufs
+        if bufs is None:
+            import torch
+
+            bufs = self.bufs = [torch.empty(t.numel(), dtype=t.dtype, device=t.device) for t in like]
+        return bufs
+
+
 def repackable(t, b: int, c: int) -> bool:
     """Whether Repack(b, c, s) can copy t: contiguous, not empty, its grid within CUDA's limits."""
     return t.is_contiguous() and t.numel() > 0 and b <= GRID_YZ_MAX and -(-c // 16) <= GRID_YZ_MAX

@@ -245,24 +245,20 @@ def _fit(tile: _conv.Tile, g: _conv.Geo3) -> _conv.Tile:
 class _Launch:
     """The kernel's launch with its tap table (a tensor the plan owns) appended.  Staged (`stage`:
     the Repacks of dy and w to channels last and of the kernel's channels-last dx back), it runs
-    on buffers the plan owns (allocated on its first call; calls on one stream are ordered, so
-    reusing them is safe).  dx is staged too: written in place in channels first, a tile's
-    stores are scattered (one 64-bit address per element), and the large tiles spill."""
+    on the layer's staging buffers (_conv.Staging).  dx is staged too: written in place in
+    channels first, a tile's stores are scattered (one 64-bit address per element), and the
+    large tiles spill."""
 
-    __slots__ = ("launch", "taps", "stage", "bufs")
+    __slots__ = ("launch", "taps", "stage")
 
     def __init__(self, launch, taps, stage=None):
-        self.launch, self.taps, self.stage, self.bufs = launch, taps, stage, None
+        self.launch, self.taps, self.stage = launch, taps, stage
 
     def __call__(self, dy, w, dx):
         if self.stage is None:
             self.launch(dy, w, dx, self.taps)
             return
-        bufs = self.bufs
-        if bufs is None:
-            import torch
-
-            bufs = self.bufs = [torch.empty(t.numel(), dtype=t.dtype, device=t.device) for t in (dy, w, dx)]
+        bufs = self.stage.buffers(dy, w, dx)
         self.stage[0](dy, bufs[0])
         self.stage[1](w, bufs[1])
         self.launch(bufs[0], bufs[1], bufs[2], self.taps)
@@ -284,8 +280,8 @@ def _plan(dy, w, dx, params, channels_last: bool, tune: bool, force: int | None 
     stage = None
     if (not channels_last and not _ew(g) and _conv.repackable(dy, g.n, g.cout) and _conv.repackable(w, g.cout, g.cig)
             and _conv.repackable(dx, g.n, prod(g.inp))):
-        stage = (_conv.Repack(g.n, g.cout, prod(g.out)), _conv.Repack(g.cout, g.cig, prod(g.k)),
-                 _conv.Repack(g.n, prod(g.inp), g.cin))
+        stage = _conv.Staging(_conv.Repack(g.n, g.cout, prod(g.out)), _conv.Repack(g.cout, g.cig, prod(g.k)),
+                              _conv.Repack(g.n, prod(g.inp), g.cin))
         sy, sw, sx = (_conv.staged_strides5(sy, g.cout), _conv.staged_strides5(sw, g.cig),
                       _conv.staged_strides5(sx, g.cin))
 

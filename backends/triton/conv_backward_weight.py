@@ -185,21 +185,17 @@ class _Plan:
     """The main launch, and with S > 1 the finish and the partials workspace.  The workspace is
     allocated on the first call and kept: calls on one stream are ordered, so the next call's
     partials are written only after this call's finish has read them.  Staged (`stage`: the
-    Repacks of dy and x), dy and x are first copied to channels last into buffers kept alike."""
+    Repacks of dy and x), dy and x are first copied to channels last (_conv.Staging buffers)."""
 
-    __slots__ = ("main", "finish", "ws_numel", "ws_dtype", "ws", "stage", "bufs")
+    __slots__ = ("main", "finish", "ws_numel", "ws_dtype", "ws", "stage")
 
     def __init__(self, main, finish, ws_numel, ws_dtype, stage=None):
         self.main, self.finish, self.ws_numel, self.ws_dtype, self.ws = main, finish, ws_numel, ws_dtype, None
-        self.stage, self.bufs = stage, None
+        self.stage = stage
 
     def __call__(self, dy, x, dw):
         if self.stage is not None:
-            bufs = self.bufs
-            if bufs is None:
-                import torch
-
-                bufs = self.bufs = [torch.empty(t.numel(), dtype=t.dtype, device=t.device) for t in (dy, x)]
+            bufs = self.stage.buffers(dy, x)
             self.stage[0](dy, bufs[0])
             self.stage[1](x, bufs[1])
             dy, x = bufs
@@ -232,7 +228,7 @@ def _plan(dy, x, dw, params, channels_last: bool, tune: bool, force: int | None 
     # Channels first, tensor-core path: stage dy and x to channels last (see _conv.Repack).
     stage = None
     if not channels_last and not _ew(g) and _conv.repackable(dy, g.n, g.cout) and _conv.repackable(x, g.n, g.cin):
-        stage = (_conv.Repack(g.n, g.cout, prod(g.out)), _conv.Repack(g.n, g.cin, prod(g.inp)))
+        stage = _conv.Staging(_conv.Repack(g.n, g.cout, prod(g.out)), _conv.Repack(g.n, g.cin, prod(g.inp)))
         sy, sx = _conv.staged_strides5(sy, g.cout), _conv.staged_strides5(sx, g.cin)
 
     def build(tile):
