@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Issue 14, second matmul/conv round: the pipelined Triton GEMMs (16-byte alignment facts proven
-# by the plans: matmul XC/YC, dgrad WVEC) on a CUDA machine.
+# Issue 14, second matmul/conv round on a CUDA machine: the pipelined Triton GEMMs (16-byte
+# alignment facts proven by the plans: matmul XC/YC, dgrad WVEC; matmul da + db in one launch;
+# dgrad taps computed, not loaded; channels-first convs staged to channels last).
 # Run from the repo root with $OUT a folder:   OUT=/some/dir scripts/gpu/triton_mm2.sh
 # 1. every `full` case of matmul_backward, conv_backward_data and conv_backward_weight through
-#    triton, in FULL_PROCS parallel shards (the numpy oracle and the compiles are CPU-bound), each
+#    triton, in 7 parallel shards (the numpy oracle and the compiles are CPU-bound), each
 #    cut (SIGINT: partial JSON kept) after FULL_LIMIT s;
 # 2. probe: each perf case once through triton (checked call: autotunes) and 5 unchecked calls:
 #    ms, TFLOP/s, host us per call, the tile chosen and each launch's registers, spills and shared
@@ -11,11 +12,11 @@
 # 3. `harness bench --cases perf` per op, triton beside torch (cuBLAS / cuDNN), cold, interleaved,
 #    cut after BENCH_MM / BENCH_CONV s (a bench finishes its current pair after that).
 # Everything goes to $OUT/triton_mm2.tgz; $OUT/summary.txt is this script's output.
-# About 7.5 minutes on an H100.  Knobs: FULL_LIMIT=120 PROBE_LIMIT=45 BENCH_MM=100 BENCH_CONV=75.
+# About 7 minutes on an H100.  Knobs: FULL_LIMIT=110 PROBE_LIMIT=45 BENCH_MM=90 BENCH_CONV=70.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 : "${OUT:?set OUT to a folder for the results}"
-FULL_LIMIT=${FULL_LIMIT:-120} PROBE_LIMIT=${PROBE_LIMIT:-45} BENCH_MM=${BENCH_MM:-100} BENCH_CONV=${BENCH_CONV:-75}
+FULL_LIMIT=${FULL_LIMIT:-110} PROBE_LIMIT=${PROBE_LIMIT:-45} BENCH_MM=${BENCH_MM:-90} BENCH_CONV=${BENCH_CONV:-70}
 W="$OUT/triton_mm2"
 mkdir -p "$W"
 exec > >(tee "$OUT/summary.txt") 2>&1
