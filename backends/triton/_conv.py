@@ -48,9 +48,10 @@ class Tile:
     warps: int = 4
     stages: int = 3
     group: int = 8   # programs along M that share B tiles in L2 (grouped launch order)
+    tma: bool = False  # matmul: operand tiles through TMA descriptors (sm_90), not cp.async
 
     def short(self) -> str:
-        return f"{self.bm}x{self.bn}x{self.bk}w{self.warps}s{self.stages}"
+        return f"{self.bm}x{self.bn}x{self.bk}w{self.warps}s{self.stages}" + ("tma" if self.tma else "")
 
 
 # The interpreter runs every program in Python: few, large-ish blocks keep the smoke runs short.
@@ -86,7 +87,8 @@ def small_tile(tile: Tile, m: int, n: int) -> Tile:
         bm //= 2
     while bn > 16 and bn // 2 >= n:
         bn //= 2
-    return Tile(bm, bn, tile.bk, tile.warps if bm * bn >= 64 * 64 else min(tile.warps, 4), tile.stages, tile.group)
+    return Tile(bm, bn, tile.bk, tile.warps if bm * bn >= 64 * 64 else min(tile.warps, 4), tile.stages, tile.group,
+                tile.tma)
 
 
 _current_device = None   # torch.cuda.current_device, or False with a single GPU (never another device)

@@ -24,6 +24,9 @@ batched GEMM with a folded batch (`_gemm_tile`):
 * Launches: where both gradients take that aligned path, one `_gemm2_kernel` launch makes both
   (programs [0, T0) da, the rest db: twice the programs of one product in one wave, one launch
   a call); otherwise one `_gemm_kernel` launch per non-empty output.
+* TMA: for 16-bit inputs on that path the tuner also tries the large tiles with on-device TMA
+  descriptors (`candidates`; sm_90); such a plan launches the cp.async kernel instead on a
+  call whose tensors are not all 16-byte aligned (`_BothTMA`).
 
 Host side: plans are cached per (shapes, strides, dtype, device); a repeated call is a dict
 lookup and one or two launches through the compiled kernels' own launchers (_steps.Step).  On
@@ -36,7 +39,7 @@ from __future__ import annotations
 from math import prod
 
 from backends.triton import _conv, _steps, triton_backend
-from backends.triton.common import IMPORT_ERROR, byte_span, cdiv, jit, on_device, overlap, tl
+from backends.triton.common import IMPORT_ERROR, byte_span, cdiv, interpreted, jit, on_device, overlap, tl
 from backends.triton.common import to_out as _to_out
 from harness import argcheck
 
@@ -65,8 +68,10 @@ def _gemm_tile(x_ptr, y_ptr, c_ptr, xoff_ptr, yoff_ptr, pid,
                P, Q, L, R, sxp, sxl, syl, syq,
                BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr,
                EVEN_L: tl.constexpr, IS_F64: tl.constexpr,
-               XC: tl.constexpr, YC: tl.constexpr, VEC: tl.constexpr):
-    """Program `pid` of C[z] = sum_r X[z, r] @ Y[z, r]: pid = (z, tile), tiles in grouped order along P."""
+               XC: tl.constexpr, YC: tl.constexpr, VEC: tl.constexpr, TMA: tl.constexpr = False):
+    """Program `pid` of C[z] = sum_r X[z, r] @ Y[z, r]: pid = (z, tile), tiles in grouped order along P.
+    TMA (XC, YC nonzero, base pointers 16-byte aligned): the operand tiles come through on-device
+    TMA descriptors (made per batch element; out-of-range rows and columns read as 0)."""
     if XC == 1 or YC == 1:
         L = L // VEC * VEC
     if XC == 1:
@@ -114,34 +119,54 @@ def _gemm_tile(x_ptr, y_ptr, c_ptr, xoff_ptr, yoff_ptr, pid,
             xo = xo // VEC * VEC
         if YC != 0:
             yo = yo // VEC * VEC
-        if XC == 1:
-            xp = x_ptr + xo + rpl[:, None] * sxp + rl[None, :]
-        elif XC == 2:
-            xp = x_ptr + xo + rpl[:, None] + rl[None, :].to(tl.int64) * sxl
-        else:
-            xp = x_ptr + xo + rpl[:, None] * sxp + rl[None, :].to(tl.int64) * sxl
-        if YC == 1:
-            yp = y_ptr + yo + rl[:, None] + rql[None, :] * syq
-        elif YC == 2:
-            yp = y_ptr + yo + rl[:, None].to(tl.int64) * syl + rql[None, :]
-        else:
-            yp = y_ptr + yo + rl[:, None].to(tl.int64) * syl + rql[None, :] * syq
-        for l0 in range(0, L, BK):
-            if EVEN_L:
-                a = tl.load(xp)
-                b = tl.load(yp)
-            else:
-                a = tl.load(xp, mask=(rl[None, :] + l0) < L, other=0.0)
-                b = tl.load(yp, mask=(rl[:, None] + l0) < L, other=0.0)
-            acc = _conv.mma(a, b, acc)
+        if TMA:
             if XC == 1:
-                xp += BK
+                xd = tl.make_tensor_descriptor(x_ptr + xo, shape=[P, L], strides=[sxp, 1], block_shape=[BM, BK])
             else:
-                xp += BK * sxl
+                xd = tl.make_tensor_descriptor(x_ptr + xo, shape=[L, P], strides=[sxl, 1], block_shape=[BK, BM])
             if YC == 1:
-                yp += BK
+                yd = tl.make_tensor_descriptor(y_ptr + yo, shape=[Q, L], strides=[syq, 1], block_shape=[BN, BK])
             else:
-                yp += BK * syl
+                yd = tl.make_tensor_descriptor(y_ptr + yo, shape=[L, Q], strides=[syl, 1], block_shape=[BK, BN])
+            for l0 in range(0, L, BK):
+                if XC == 1:
+                    a = xd.load([tp * BM, l0])
+                else:
+                    a = xd.load([l0, tp * BM]).T
+                if YC == 1:
+                    b = yd.load([tq * BN, l0]).T
+                else:
+                    b = yd.load([l0, tq * BN])
+                acc = _conv.mma(a, b, acc)
+        else:
+            if XC == 1:
+                xp = x_ptr + xo + rpl[:, None] * sxp + rl[None, :]
+            elif XC == 2:
+                xp = x_ptr + xo + rpl[:, None] + rl[None, :].to(tl.int64) * sxl
+            else:
+                xp = x_ptr + xo + rpl[:, None] * sxp + rl[None, :].to(tl.int64) * sxl
+            if YC == 1:
+                yp = y_ptr + yo + rl[:, None] + rql[None, :] * syq
+            elif YC == 2:
+                yp = y_ptr + yo + rl[:, None].to(tl.int64) * syl + rql[None, :]
+            else:
+                yp = y_ptr + yo + rl[:, None].to(tl.int64) * syl + rql[None, :] * syq
+            for l0 in range(0, L, BK):
+                if EVEN_L:
+                    a = tl.load(xp)
+                    b = tl.load(yp)
+                else:
+                    a = tl.load(xp, mask=(rl[None, :] + l0) < L, other=0.0)
+                    b = tl.load(yp, mask=(rl[:, None] + l0) < L, other=0.0)
+                acc = _conv.mma(a, b, acc)
+                if XC == 1:
+                    xp += BK
+                else:
+                    xp += BK * sxl
+                if YC == 1:
+                    yp += BK
+                else:
+                    yp += BK * syl
     cp = c_ptr + z.to(tl.int64) * P * Q + rp[:, None].to(tl.int64) * Q + rq[None, :]
     tl.store(cp, _to_out(acc, c_ptr), mask=(rp[:, None] < P) & (rq[None, :] < Q))
 
@@ -166,15 +191,16 @@ def _gemm2_kernel(a_ptr, b_ptr, dy_ptr, da_ptr, db_ptr, xoff0_ptr, yoff0_ptr, xo
                   P1, Q1, L1, R1, sxp1, sxl1, syl1, syq1,
                   BM0: tl.constexpr, BN0: tl.constexpr, EVEN_L0: tl.constexpr, XC0: tl.constexpr, YC0: tl.constexpr,
                   BM1: tl.constexpr, BN1: tl.constexpr, EVEN_L1: tl.constexpr, XC1: tl.constexpr, YC1: tl.constexpr,
-                  BK: tl.constexpr, GROUP: tl.constexpr, IS_F64: tl.constexpr, VEC: tl.constexpr):
+                  BK: tl.constexpr, GROUP: tl.constexpr, IS_F64: tl.constexpr, VEC: tl.constexpr,
+                  TMA: tl.constexpr):
     """da = dy @ b^T (programs < T0; X = dy, Y = b^T) and db = a^T @ dy (X = a^T, Y = dy)."""
     pid = tl.program_id(0)
     if pid < T0:
         _gemm_tile(dy_ptr, b_ptr, da_ptr, xoff0_ptr, yoff0_ptr, pid, P0, Q0, L0, R0, sxp0, sxl0, syl0, syq0,
-                   BM0, BN0, BK, GROUP, EVEN_L0, IS_F64, XC0, YC0, VEC)
+                   BM0, BN0, BK, GROUP, EVEN_L0, IS_F64, XC0, YC0, VEC, TMA)
     else:
         _gemm_tile(a_ptr, dy_ptr, db_ptr, xoff1_ptr, yoff1_ptr, pid - T0, P1, Q1, L1, R1, sxp1, sxl1, syl1, syq1,
-                   BM1, BN1, BK, GROUP, EVEN_L1, IS_F64, XC1, YC1, VEC)
+                   BM1, BN1, BK, GROUP, EVEN_L1, IS_F64, XC1, YC1, VEC, TMA)
 
 
 # ============================================================================= planning
@@ -294,6 +320,47 @@ class _Both:
         self.launch(*t, *self.tables)
 
 
+class _BothTMA(_Both):
+    """`_gemm2_kernel` with TMA descriptors, and the cp.async launch it falls back to on a call
+    whose tensors are not all 16-byte aligned (TMA needs aligned bases; the plan cannot know)."""
+
+    __slots__ = ("fallback",)
+
+    def __init__(self, launch, fallback, da, db):
+        super().__init__(launch, da, db)
+        self.fallback = fallback
+
+    def __call__(self, t):
+        (self.launch if _steps.aligned(t) else self.fallback)(*t, *self.tables)
+
+
+_ALLOCATOR_SET = []
+
+
+def _tma_allocator() -> None:
+    """Give triton the global scratch allocator its on-device TMA descriptors need (once)."""
+    if _ALLOCATOR_SET:
+        return
+    import torch
+    import triton
+
+    dev = "cpu" if interpreted() else "cuda"
+    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=dev))
+    _ALLOCATOR_SET.append(True)
+
+
+def candidates(itemsize: int, fused: bool) -> list:
+    """Tiles the tuner tries, the default first: the GEMM tiles, and where both products take the
+    aligned path in 16 bits, TMA variants of the two largest (sm_90: elsewhere they fail to
+    compile and the tuner drops them)."""
+    from dataclasses import replace
+
+    cands = _conv.gemm_candidates(itemsize)
+    if fused and itemsize == 2:
+        cands += [replace(cands[0], tma=True), replace(cands[1], tma=True)]
+    return cands
+
+
 def _plan(a, b, dy, da, db, tune, force=None):
     """The plan of one layout: a _Plan of one launch of `_gemm2_kernel` (both gradients, on the
     aligned path), or one `_gemm_kernel` launch per non-empty output.  The tile is the tuner's choice for the class (force: candidate
@@ -319,16 +386,21 @@ def _plan(a, b, dy, da, db, tune, force=None):
             launch = launches[0] if len(launches) == 1 else _Plan(launches)
         else:
             t0 = sides[0].tiles(fitted[0])
-            values = {"T0": t0, **sides[0].values(fitted[0], "0"), **sides[1].values(fitted[1], "1"), **common}
-            step = _steps.Step(_gemm2_kernel, t0 + sides[1].tiles(fitted[1]), 9, values, warps,
-                               num_stages=tile.stages)
+            values = {"T0": t0, **sides[0].values(fitted[0], "0"), **sides[1].values(fitted[1], "1"), **common,
+                      "TMA": False}
+            grid = t0 + sides[1].tiles(fitted[1])
+            step = _steps.Step(_gemm2_kernel, grid, 9, values, warps, num_stages=tile.stages)
             launch = _Both(step, *sides)
+            if tile.tma:
+                _tma_allocator()
+                tma = _steps.Step(_gemm2_kernel, grid, 9, {**values, "TMA": True}, warps, num_stages=tile.stages)
+                launch = _BothTMA(tma, step, *sides)
         runner = lambda: launch(tensors)  # noqa: E731 - the tuner times the plan on this call's tensors
         runner.launch = launch
         return runner
 
     cls = (str(dy.dtype),) + tuple(s.cls for s in sides)
-    cands = [_conv.INTERPRETER_TILE] if dy.device.type == "cpu" else _conv.gemm_candidates(item)
+    cands = [_conv.INTERPRETER_TILE] if dy.device.type == "cpu" else candidates(item, fused)
     flops = sum(2.0 * s.p * s.q * s.ln * s.z * s.r for s in sides)
     launch = TUNER.pick(cls, cands, build, dy.device, flops, tune, force).launch
     return launch if isinstance(launch, _Plan) else _Plan([launch])

@@ -92,7 +92,7 @@ def resources(mod):
         k = L.compiled
         names = L.kernel.arg_names[L.n_tensors:]
         facts = {n: v for n, v in zip(names, L.tail)
-                 if n.rstrip("01") in ("BM", "BN", "BK", "EW", "XC", "YC", "WVEC", "BS", "BC")}
+                 if n.rstrip("01") in ("BM", "BN", "BK", "EW", "XC", "YC", "WVEC", "BS", "BC", "TMA")}
         out.append(f"{L.kernel.__name__} w{L.num_warps} s{L.options.get('num_stages')} {facts} "
                    f"regs={getattr(k, 'n_regs', None)} spills={getattr(k, 'n_spills', None)} "
                    f"smem={getattr(getattr(k, 'metadata', None), 'shared', None)}")
