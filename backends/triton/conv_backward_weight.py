@@ -269,7 +269,8 @@ def _plan(dy, x, dw, params, channels_last: bool, tune: bool, force: int | None 
            channels_last, sy[1] == 1 and sx[1] == 1, stage is not None)
     # Staged with channel counts off the 16-byte grid, the tiles still gather: the small tiles.
     unit = sy[1] == 1 and sx[1] == 1 and (stage is None or _conv.channels_aligned(g, item))
-    return TUNER.pick(cls, candidates(g, item, dev.type, unit), build, dev, 2.0 * npos * g.cout * g.cig * taps, tune, force).plan
+    return TUNER.pick(cls, candidates(g, item, dev.type, unit), build, dev, 2.0 * npos * g.cout * g.cig * taps, tune,
+                      force).plan
 
 
 _PLANS: dict = {}

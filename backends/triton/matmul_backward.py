@@ -363,8 +363,8 @@ def candidates(itemsize: int, fused: bool) -> list:
 
 def _plan(a, b, dy, da, db, tune, force=None):
     """The plan of one layout: a _Plan of one launch of `_gemm2_kernel` (both gradients, on the
-    aligned path), or one `_gemm_kernel` launch per non-empty output.  The tile is the tuner's choice for the class (force: candidate
-    `force`, untimed)."""
+    aligned path), or one `_gemm_kernel` launch per non-empty output.  The tile is the tuner's
+    choice for the class (force: candidate `force`, untimed)."""
     item = dy.element_size()
     vec = 16 // item
     sides = [s for s in (_side("da", a, b, dy, vec), _side("db", a, b, dy, vec)) if s is not None]
