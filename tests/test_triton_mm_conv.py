@@ -65,6 +65,9 @@ EXTRA = [
                   layout="channels_last")),
     ("f32", dict(n=2, cin=40, cout=40, spatial=[9], kernel=[3], stride=[2], padding=[1], groups=40,
                  layout="channels_last")),
+    # channels last, Cin = 16: every tap's weight offset is 16-byte aligned (dgrad's WVEC path)
+    ("f32", dict(n=1, cin=16, cout=8, spatial=[5, 6], kernel=[3, 3], stride=[2, 1], padding=[1, 1],
+                 layout="channels_last")),
 ]
 
 
@@ -291,6 +294,134 @@ def test_batch_tables():
     # db of b (K, N) (no batch) against a (2, 3, M, K): everything folds into one output
     xo, yo, z, r = mmb._batch_tables((), (2, 3), (30, 10), (2, 3), (60, 20), (2, 3))
     assert (z, r) == (1, 6) and xo.tolist() == [0, 10, 20, 30, 40, 50] and yo.tolist() == [0, 20, 40, 60, 80, 100]
+
+
+def _codes(a_shape, a_strides, b_shape, b_strides, dtype):
+    """{"da": (XC, YC), "db": (XC, YC)}: the alignment codes the matmul plan gives its two launches
+    (planned on meta tensors with the CUDA candidates: no data, nothing launched)."""
+    a = torch.empty_strided(a_shape, a_strides, dtype=dtype, device="meta")
+    b = torch.empty_strided(b_shape, b_strides, dtype=dtype, device="meta")
+    full = torch.broadcast_shapes(a_shape[:-2], b_shape[:-2])
+    dy = torch.empty(full + (a_shape[-2], b_shape[-1]), dtype=dtype, device="meta")
+    da, db = (torch.empty(o.shape, dtype=dtype, device="meta") for o in (a, b))
+    out = {}
+    for product in mmb._plan(a, b, dy, da, db, False, 0).products:
+        step = product.launch
+        v = dict(zip(step.kernel.arg_names[step.n_tensors:], step.tail))
+        if "XC0" in v:  # da and db in one launch
+            assert all(v[k] for k in ("XC0", "YC0", "XC1", "YC1")), v  # only where every code is set
+            out.update(da=(v["XC0"], v["YC0"]), db=(v["XC1"], v["YC1"]))
+        else:
+            out["da" if product.ci == 3 else "db"] = (v["XC"], v["YC"])
+    return out
+
+
+def test_alignment_codes():
+    """The 16-byte facts the matmul kernel is told (XC/YC: 1 along L, 2 along P/Q, 0 none) hold
+    exactly where they are true: unit stride on that axis, the other stride, the batch offsets
+    and the contiguous size multiples of 16 bytes; anything else takes the hint-free path."""
+    bf, f32 = torch.bfloat16, torch.float32
+    # Contiguous: da reads dy and b along L (= N); db reads a^T along P (= K) and dy along Q (= N).
+    assert _codes((64, 32), (32, 1), (32, 48), (48, 1), bf) == {"da": (1, 1), "db": (2, 2)}
+    # b stored (N, K): b^T is contiguous along Q for da, and b's own (K, N) output is unaffected.
+    assert _codes((64, 32), (32, 1), (32, 48), (1, 32), bf) == {"da": (1, 2), "db": (2, 2)}
+    # K = 36: a's rows are 72 bytes apart (not 16-byte aligned) in bf16, but 144 bytes in f32
+    # (da reads dy and b only, whose rows of N = 48 stay aligned).
+    assert _codes((64, 36), (36, 1), (36, 48), (48, 1), bf) == {"da": (1, 1), "db": (0, 2)}
+    assert _codes((64, 36), (36, 1), (36, 48), (48, 1), f32) == {"da": (1, 1), "db": (2, 2)}
+    # N = 12 in bf16: dy's rows (L of da) are not 16-byte runs; f32 rows of 48 bytes are.
+    assert _codes((64, 32), (32, 1), (32, 12), (12, 1), bf) == {"da": (0, 0), "db": (2, 0)}
+    # Sliced (stride 2 on the last dim): no unit stride, no facts for that operand.
+    assert _codes((64, 32), (130, 2), (32, 48), (48, 1), bf)["db"] == (0, 2)
+    # A batch stride of 65 elements: a's batch offsets break the facts of every tile of a.
+    assert _codes((3, 8, 8), (65, 8, 1), (8, 16), (16, 1), bf) == {"da": (1, 1), "db": (0, 2)}
+    # Broadcast batch (b shared by the batch of a): db folds it, offsets 0, 512, ... stay aligned.
+    assert _codes((4, 16, 32), (512, 32, 1), (32, 16), (16, 1), bf) == {"da": (1, 1), "db": (2, 2)}
+
+
+def test_tap_table_matches_enumeration():
+    """dgrad's per-phase tap header makes exactly the taps a brute-force enumeration finds: for
+    each phase the (kd, kh, kw) with k*d = r (mod s) in every dim, in that order, with their dy
+    window shifts (i0 + p - k*d) / s and weight offsets (strides, gcd(d, s) > 1, s > k, padding)."""
+    from itertools import product as cartesian
+
+    from backends._plans.conv_geometry import Geo3
+
+    sw = (0, 0, 1000, 31, 7)  # weight strides (co, ci, kd, kh, kw): distinct, so offsets identify taps
+    for k, s, d, p in [((1, 3, 3), (1, 2, 2), (1, 1, 1), (0, 1, 1)), ((3, 1, 5), (3, 2, 2), (1, 3, 2), (2, 0, 2)),
+                       ((2, 1, 2), (3, 2, 3), (1, 1, 1), (0, 0, 0)), ((1, 4, 6), (1, 4, 6), (1, 2, 4), (0, 3, 5)),
+                       ((1, 7, 7), (1, 2, 2), (1, 1, 1), (0, 3, 3))]:
+        g = Geo3(1, 4, 4, 1, (1, 9, 9), (1, 5, 5), k, s, p, d)
+        tab, offsets = cbd.tap_table(g, sw)
+        tab = tab.reshape(-1, cbd.HEADER)
+        made_all = []
+        for i, r in enumerate(cartesian(*(range(x) for x in s))):
+            want = []
+            for kk in cartesian(*(range(x) for x in k)):
+                if all((kj * dj - rj) % sj == 0 for kj, dj, rj, sj in zip(kk, d, r, s)):
+                    i0 = [(rj - pj) % sj for rj, pj, sj in zip(r, p, s)]
+                    shift = tuple((a + pj - kj * dj) // sj for a, pj, kj, dj, sj in zip(i0, p, kk, d, s))
+                    want.append((shift, sum(kj * st for kj, st in zip(kk, sw[2:]))))
+            n, cntw, cnth, sd0, sh0, sw0, dqd, dqh, dqw, w0, wsd, wsh, wsw = (int(v) for v in tab[i])
+            made = []
+            for ti in range(n):  # as the kernel's _tap makes them
+                jw, jh, jd = ti % cntw, (ti // cntw) % cnth, ti // cntw // cnth
+                made.append(((sd0 - jd * dqd, sh0 - jh * dqh, sw0 - jw * dqw), w0 + jd * wsd + jh * wsh + jw * wsw))
+            assert made == want, (k, s, d, p, r)
+            made_all += [o for _, o in made]
+        assert offsets == made_all
+
+
+TMA_CASES = ("matmul[f32,A=16x32,B=32x24]", "matmul[bf16,A=64x96,B=96x80,B:transposed]",
+             "matmul[f32,A=4x1x8x16,B=3x16x12]", "matmul[f32,A=16x8,B=5x8x12]", "matmul[bf16,A=16x32,B=32x24]")
+
+
+@pytest.mark.parametrize("case_id", TMA_CASES)
+def test_matmul_tma_interpreted(monkeypatch, case_id):
+    """The TMA variant of the one-launch matmul (a tuner candidate on CUDA) against the oracle under
+    the interpreter: on-device descriptors, out-of-range tiles read as 0, transposed operands,
+    folded batches.  The interpreter's tile is made a TMA tile for the test."""
+    needs_interpreter()
+    from cases import select
+    from harness import runner, status
+    from harness.registry import find_impl
+
+    case = next(c for c in select("smoke", op="matmul_backward") if c.id == case_id)
+    monkeypatch.setattr(_conv, "INTERPRETER_TILE", _conv.Tile(32, 32, 32, 1, 1, 1, tma=True))
+    mmb.clear_plans()
+    try:
+        r = runner.run_case(find_impl("matmul_backward", "triton"), case, "cpu", run_seed=0, oracle="numpy",
+                            recheck=True)
+        kinds = {type(p).__name__ for plan in mmb._PLANS.values() for p in plan.products}
+    finally:
+        mmb.clear_plans()
+    assert r.status == status.PASS, (r.status, r.reason)
+    assert kinds == {"_BothTMA"}, kinds
+
+
+def _dgrad_wvec(cin, layout, dtype, groups=1, w_strides=None):
+    """The WVEC the dgrad plan gives a 3x3 stride-2 layer of Cin -> 8 channels (meta tensors)."""
+    cl = layout == "channels_last"
+    w_shape = (8, 3, 3, cin // groups) if cl else (8, cin // groups, 3, 3)
+    x_shape = (2, 10, 10, cin) if cl else (2, cin, 10, 10)
+    y_shape = (2, 5, 5, 8) if cl else (2, 8, 5, 5)
+    dy, w, dx = (torch.empty(s, dtype=dtype, device="meta") for s in (y_shape, w_shape, x_shape))
+    if w_strides:
+        w = torch.empty_strided(w_shape, w_strides, dtype=dtype, device="meta")
+    params = {"stride": [2, 2], "padding": [1, 1], "dilation": [1, 1], "groups": groups, "layout": layout}
+    step = cbd._plan(dy, w, dx, params, cl, False, 0).launch
+    return dict(zip(step.kernel.arg_names[step.n_tensors:], step.tail))["WVEC"]
+
+
+def test_dgrad_weight_alignment():
+    """dgrad is told its tap weight offsets are 16-byte multiples (WVEC > 1) exactly when they are:
+    channels last with Cin/g a multiple of 16 bytes, and so contiguous channels first, which is
+    staged to channels last; not a channels-first view read in place (offsets 2 (3 kh + kw))."""
+    assert _dgrad_wvec(64, "channels_last", torch.bfloat16) == 8
+    assert _dgrad_wvec(16, "channels_last", torch.float32) == 4
+    assert _dgrad_wvec(20, "channels_last", torch.bfloat16) == 1   # offsets 20 k: 40-byte steps
+    assert _dgrad_wvec(64, "channels_first", torch.bfloat16) == 8  # staged
+    assert _dgrad_wvec(64, "channels_first", torch.bfloat16, w_strides=(64 * 18, 18, 6, 2)) == 1
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:

@@ -7,7 +7,10 @@ are exactly those a CUDA call of the case would make: the same kernels, constexp
 arguments, warps and stages.  Each launch is compiled like triton's launcher would specialise
 it (ints equal to 1 as constants, ints divisible by 16 and 16-byte aligned pointers marked),
 through ptxas for sm_90a.  Checks: a cubin comes out; the GEMM launches of 16-bit cases use
-the tensor cores (mma / wgmma in the PTX); the default tiles spill at most SPILL_LIMIT bytes.
+the tensor cores (mma / wgmma in the PTX); the default tiles spill at most SPILL_LIMIT bytes;
+and the software pipeline exists (test_matmul_pipelined, test_conv_pipelined): cp.async copies
+into at least two shared-memory stages of the operand tiles, which needs the 16-byte alignment
+facts the plans prove (matmul XC/YC, dgrad WVEC).
 
 The compiles run in two worker subprocesses with TRITON_INTERPRET unset (under the interpreter
 `triton.jit` makes interpreter objects, which `triton.compile` cannot take).
@@ -28,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 OPS = ("matmul_backward", "conv_backward_data", "conv_backward_weight")
 _TORCH_DT = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "f64": "float64"}
 SPILL_LIMIT = 16  # bytes a thread may spill (a value parked across the loop; as binary_backward's tuner allows)
+_ITEM = {"fp32": 4, "fp16": 2, "bf16": 2, "fp64": 8}  # bytes per element of a pointer's triton type
 _TRITON_TY = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float64": "fp64", "int64": "i64", "int32": "i32"}
 
 
@@ -37,8 +41,10 @@ def _candidate_count(op: str, case) -> int:
     from harness.registry import get_op
 
     item = {"f32": 4, "f16": 2, "bf16": 2, "f64": 8}[case.dtype]
-    if op == "matmul_backward":
-        return len(_conv.gemm_candidates(item))
+    if op == "matmul_backward":  # the perf cases' products all take the aligned path: one launch for both
+        from backends.triton import matmul_backward as mmb
+
+        return len(mmb.candidates(item, True))
     from backends.triton import conv_backward_data as cbd, conv_backward_weight as cbw
 
     shapes = get_op(op).shapes(case)
@@ -110,24 +116,28 @@ def _launches(op: str, case, force: int) -> list:
     if op == "matmul_backward":
         from backends.triton import matmul_backward as mod
 
-        out = []
-        for which in ("da", "db"):
-            prod_ = mod._product(which, t["a"], t["b"], t["dy"], t[which], False, force)
-            if prod_ is not None:
-                out.append((prod_.launch, [ty, ty, ty, "int64", "int64"]))
-        return out
+        plan = mod._plan(t["a"], t["b"], t["dy"], t["da"], t["db"], False, force)
+        # _gemm_kernel: x, y, c and two offset tables; _gemm2_kernel: a, b, dy, da, db and four
+        return [(p.launch, [ty] * 3 + ["int64"] * 2 if p.launch.n_tensors == 5 else [ty] * 5 + ["int64"] * 4)
+                for p in plan.products]
     cl = p.get("layout") == "channels_last"
     if op == "conv_backward_data":
         from backends.triton import conv_backward_data as mod
 
-        return [(mod._plan(t["dy"], t["w"], t["dx"], p, cl, False, force).launch, [ty] * 3 + ["int32"])]
+        plan = mod._plan(t["dy"], t["w"], t["dx"], p, cl, False, force)
+        return [(plan.launch, [ty] * 3 + ["int32"])] + _staging(plan, ty)
     from backends.triton import conv_backward_weight as mod
 
     plan = mod._plan(t["dy"], t["x"], t["dw"], p, cl, False, force)
     acc = "float64" if case.dtype == "f64" else "float32"
     if plan.finish is None:
-        return [(plan.main, [ty] * 3)]
-    return [(plan.main, [ty, ty, acc]), (plan.finish, [acc, ty])]
+        return [(plan.main, [ty] * 3)] + _staging(plan, ty)
+    return [(plan.main, [ty, ty, acc]), (plan.finish, [acc, ty])] + _staging(plan, ty)
+
+
+def _staging(plan, ty: str) -> list:
+    """The channels-first staging copies of a conv plan (_conv.Repack), if it has them."""
+    return [(r.step, [ty, ty]) for r in plan.stage or ()]
 
 
 def _compile(launch, ptr_types) -> dict:
@@ -143,7 +153,10 @@ def _compile(launch, ptr_types) -> dict:
     ptx = compiled.asm["ptx"]
     return {"kernel": kernel.__name__, "cubin": len(compiled.asm.get("cubin", b"")),
             "mma": bool(re.search(r"\b(w?gmma|mma)\.", ptx)), "wgmma": "wgmma" in ptx, "regs": r["regs"],
-            "spills": r["spill_stores"], "warps": launch.num_warps,
+            "spills": r["spill_stores"], "warps": launch.num_warps, "stages": launch.options.get("num_stages"),
+            "shared": int(compiled.metadata.shared), "item": _ITEM[ptrs[names[0]]],
+            # asynchronous global -> shared copies: cp.async (16-byte vectors) or TMA (cp.async.bulk)
+            "cp_async": len(re.findall(r"\bcp\.async\.(?:ca|cg|bulk)", ptx)),
             "constexprs": {k: v for k, v in constexprs.items() if k in constexpr_names}}
 
 
@@ -187,9 +200,73 @@ def test_default_tiles(compiled, job):
     """16-bit GEMM launches run on the tensor cores; default tiles spill at most SPILL_LIMIT bytes."""
     for r in compiled[job]:
         assert "error" not in r, r.get("error")
-        if r["kernel"] != "_finish_kernel" and not r["constexprs"].get("EW") and ("bf16" in job or "f16" in job):
+        if r["kernel"] not in ("_finish_kernel", "_repack_kernel") and not r["constexprs"].get("EW") and (
+                "bf16" in job or "f16" in job):
             assert r["mma"], f"{job}: {r['kernel']} has no mma/wgmma: not on the tensor cores"
         assert r["spills"] <= SPILL_LIMIT, f"{job}: {r['kernel']} spills {r['spills']} bytes ({r['regs']} registers)"
+
+
+REGS_MAX = 232  # registers per thread a matmul tile may use (255 is ptxas's ceiling: no room left)
+
+
+@pytest.mark.parametrize("job", [j for j in JOBS if j.startswith("matmul_backward|")])
+def test_matmul_pipelined(compiled, job):
+    """Every matmul perf case's default tile, and every candidate the tuner may pick, compiles to a
+    software pipeline: asynchronous 16-byte copies (cp.async or TMA) of both operands into at least
+    two shared-memory stages of the BM x BK and BK x BN tiles; wgmma for 16-bit inputs; no spills."""
+    for r in compiled[job]:
+        assert "error" not in r, r.get("error")
+        c = r["constexprs"]
+        # _gemm2_kernel: da's tile (BM0 x BN0) and db's (BM1 x BN1) in branches sharing the memory
+        stage = max((c[f"BM{s}"] * c["BK"] + c["BK"] * c[f"BN{s}"]) * r["item"]
+                    for s in (("",) if "BM" in c else ("0", "1")))
+        codes = {k: v for k, v in c.items() if k[:2] in ("XC", "YC")}
+        assert r["shared"] >= 2 * stage, (f"{job}: {r['shared']} bytes of shared memory: fewer than 2 stages of "
+                                          f"{stage} ({codes}): the loads are not pipelined")
+        assert r["cp_async"] > 0, f"{job}: no cp.async in the PTX: the operand loads are not asynchronous copies"
+        if r["item"] == 2:
+            assert r["wgmma"], f"{job}: no wgmma"
+        assert r["spills"] == 0, f"{job}: spills {r['spills']} bytes ({r['regs']} registers)"
+        assert r["regs"] is None or r["regs"] <= REGS_MAX, f"{job}: {r['regs']} registers per thread"
+
+
+def _aligned_conv_jobs() -> list[str]:
+    """16-bit and float32 conv jobs whose tensor-core tiles can all be 16-byte vectors: every
+    tensor contiguous in its layout (channels first is staged to channels last, _conv.Repack),
+    and Cin/g, Cout/g multiples of 16 bytes.  Not here: strided views of channels-first tensors
+    (not staged: their tiles are gathers)."""
+    from cases import select
+
+    by_id = {(c.op, c.id): c for op in OPS[1:] for c in select("perf", op=op)}
+    out = []
+    for job in JOBS:
+        op, cid, _ = job.split("|")
+        if op == "matmul_backward" or by_id[(op, cid)].dtype == "f64":
+            continue
+        p, vec = by_id[(op, cid)].params, 16 // sm90.ITEM[by_id[(op, cid)].dtype]
+        g = p.get("groups", 1)
+        if (all(p.get(k, "contig") == "contig" for k in ("dy_layout", "w_layout", "x_layout"))
+                and (p["cin"] // g) % vec == 0 and (p["cout"] // g) % vec == 0):
+            out.append(job)
+    return out
+
+
+@pytest.mark.parametrize("job", _aligned_conv_jobs())
+def test_conv_pipelined(compiled, job):
+    """The tensor-core launches of aligned conv cases, channels last or staged channels first
+    (default tiles and the tuner's candidates), pipeline both operands: cp.async into at least two
+    stages of the tiles; wgmma."""
+    for r in compiled[job]:
+        assert "error" not in r, r.get("error")
+        c = r["constexprs"]
+        if r["kernel"] in ("_finish_kernel", "_repack_kernel") or c.get("EW"):
+            continue
+        stage = (c["BM"] * c["BK"] + c["BK"] * c["BN"]) * r["item"]
+        assert r["shared"] >= 2 * stage, (f"{job}: {r['kernel']}: {r['shared']} bytes of shared memory: fewer "
+                                          f"than 2 stages of {stage}: the loads are not pipelined")
+        assert r["cp_async"] > 0, f"{job}: {r['kernel']}: no cp.async in the PTX"
+        if r["item"] == 2:
+            assert r["wgmma"], f"{job}: {r['kernel']}: no wgmma"
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:

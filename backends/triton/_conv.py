@@ -14,6 +14,8 @@
   and 3D; and the strides of each tensor as (n, c, d, h, w) whatever its layout.
 * `mma`: acc + a @ b on tensor cores, in IEEE precision for float32 (never TF32: the spec is
   the float32 product) and float64 (DMMA on sm_80+).
+* `Repack`: the transposing copy that stages a contiguous channels-first conv operand to
+  channels last (and a channels-last result back), so the conv kernels take their pipelined path.
 """
 from __future__ import annotations
 
@@ -46,9 +48,10 @@ class Tile:
     warps: int = 4
     stages: int = 3
     group: int = 8   # programs along M that share B tiles in L2 (grouped launch order)
+    tma: bool = False  # matmul: operand tiles through TMA descriptors (sm_90), not cp.async
 
     def short(self) -> str:
-        return f"{self.bm}x{self.bn}x{self.bk}w{self.warps}s{self.stages}"
+        return f"{self.bm}x{self.bn}x{self.bk}w{self.warps}s{self.stages}" + ("tma" if self.tma else "")
 
 
 # The interpreter runs every program in Python: few, large-ish blocks keep the smoke runs short.
@@ -59,7 +62,8 @@ def gemm_candidates(itemsize: int) -> list[Tile]:
     """Tiles tried for a tensor-core GEMM of this element size, the default first."""
     if itemsize == 2:
         return [Tile(128, 128, 64, 8, 3), Tile(128, 256, 64, 8, 3), Tile(128, 128, 64, 4, 4),
-                Tile(64, 128, 64, 4, 4), Tile(128, 64, 64, 4, 4), Tile(64, 64, 64, 4, 3)]
+                Tile(64, 128, 64, 4, 4), Tile(128, 64, 64, 4, 4), Tile(64, 64, 64, 4, 3),
+                Tile(128, 256, 64, 8, 4), Tile(256, 128, 64, 8, 3), Tile(128, 128, 64, 8, 4, 16)]
     if itemsize == 4:  # IEEE float32 runs on the FMA units: smaller K steps, fewer stages
         return [Tile(64, 64, 32, 4, 3), Tile(128, 64, 32, 8, 3), Tile(128, 128, 32, 8, 2), Tile(64, 128, 32, 4, 3)]
     return [Tile(64, 64, 16, 4, 2), Tile(32, 64, 16, 4, 2), Tile(64, 32, 16, 4, 2)]
@@ -83,7 +87,8 @@ def small_tile(tile: Tile, m: int, n: int) -> Tile:
         bm //= 2
     while bn > 16 and bn // 2 >= n:
         bn //= 2
-    return Tile(bm, bn, tile.bk, tile.warps if bm * bn >= 64 * 64 else min(tile.warps, 4), tile.stages, tile.group)
+    return Tile(bm, bn, tile.bk, tile.warps if bm * bn >= 64 * 64 else min(tile.warps, 4), tile.stages, tile.group,
+                tile.tma)
 
 
 _current_device = None   # torch.cuda.current_device, or False with a single GPU (never another device)
@@ -187,6 +192,94 @@ def strides5(t, channels_last: bool) -> tuple:
 def wstrides5(w, channels_last: bool) -> tuple:
     """(co, ci, kd, kh, kw) element strides of a weight (Cout, Cin/g, *k) or (Cout, *k, Cin/g)."""
     return weight_strides(w.stride(), channels_last)
+
+
+# ============================================================================= channels-first staging
+#
+# A channels-first tensor-core tile is a gather: the GEMM's reduction runs over channels, whose
+# stride is the spatial size, so every element is a scalar load through its own 64-bit pointer,
+# nothing is a 16-byte vector and triton's pipeliner has no cp.async to schedule (one shared
+# stage, ~250 registers).  Copying a contiguous channels-first operand to channels last first (one
+# read and one write of it, a transposing copy per call) lets the conv kernels run their
+# channels-last, pipelined path; the kernels read everything through strides, so only the staged
+# operands' strides change and the output is written in place in its own layout.
+
+
+@jit(do_not_specialize=["C", "S"])
+def _repack_kernel(src, dst, C, S, BS: tl.constexpr, BC: tl.constexpr):
+    """dst[b, s, c] = src[b, c, s]: a contiguous (B, C, S) tensor to (B, S, C); program (s, c, b) blocks."""
+    s = tl.program_id(0) * BS + tl.arange(0, BS)
+    c = tl.program_id(1) * BC + tl.arange(0, BC)
+    base = tl.program_id(2).to(tl.int64) * C * S
+    m = (s[:, None] < S) & (c[None, :] < C)
+    v = tl.load(src + base + c[None, :].to(tl.int64) * S + s[:, None], mask=m)
+    tl.store(dst + base + s[:, None].to(tl.int64) * C + c[None, :], v, mask=m)
+
+
+REPACK_BS, REPACK_BC = 64, 64
+GRID_YZ_MAX = 65535  # CUDA's limit on grid dims 1 and 2
+
+
+class Repack:
+    """The transposing copy of a contiguous (B, C, S) tensor to (B, S, C): `repack(src, dst)`,
+    dst a contiguous buffer of src's size.  Channels first to channels last with (B, C, S) =
+    (N, C, spatial) or (Cout, Cin/g, taps); channels last back with (N, spatial, C)."""
+
+    __slots__ = ("step",)
+
+    def __init__(self, b: int, c: int, s: int):
+        from backends.triton import _steps
+        from backends.triton.common import cdiv
+
+        bs, bc = (REPACK_BS, REPACK_BC) if not interpreted() else (16, 16)
+        self.step = _steps.Step(_repack_kernel, (cdiv(s, bs), cdiv(c, bc), b), 2, dict(C=c, S=s, BS=bs, BC=bc), 4)
+
+    def __call__(self, src, dst) -> None:
+        self.step(src, dst)
+
+
+class Staging:
+    """A staged conv plan's Repacks (iterable, indexable) and the channels-last buffers they
+    fill: one set per layer, shared by every plan the tuner builds for it, allocated on first
+    use and kept (calls on one stream are ordered, so reusing them is safe)."""
+
+    __slots__ = ("repacks", "bufs")
+
+    def __init__(self, *repacks):
+        self.repacks, self.bufs = repacks, None
+
+    def __iter__(self):
+        return iter(self.repacks)
+
+    def __getitem__(self, i):
+        return self.repacks[i]
+
+    def buffers(self, *like):
+        """Flat buffers of the sizes and dtypes of `like` (allocated on the first call)."""
+        bufs = self.bufs
+        if bufs is None:
+            import torch
+
+            bufs = self.bufs = [torch.empty(t.numel(), dtype=t.dtype, device=t.device) for t in like]
+        return bufs
+
+
+def repackable(t, b: int, c: int) -> bool:
+    """Whether Repack(b, c, s) can copy t: contiguous, not empty, its grid within CUDA's limits."""
+    return t.is_contiguous() and t.numel() > 0 and b <= GRID_YZ_MAX and -(-c // 16) <= GRID_YZ_MAX
+
+
+def channels_aligned(g: Geo3, itemsize: int) -> bool:
+    """Whether a group's channel blocks start on 16-byte boundaries (Cin/g, Cout/g multiples of 16 bytes)."""
+    vec = 16 // itemsize
+    return g.cig % vec == 0 and g.cog % vec == 0
+
+
+def staged_strides5(st5: tuple, c: int) -> tuple:
+    """(outer, channel, d, h, w) strides of the channels-last copy of a contiguous channels-first
+    operand with c channels, from its own: the spatial strides within a (outer, channel) plane,
+    times c; channels unit-strided."""
+    return (st5[0], 1, st5[2] * c, st5[3] * c, st5[4] * c)
 
 
 # ============================================================================= the conv ops' calls

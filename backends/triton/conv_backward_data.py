@@ -21,6 +21,13 @@ Design:
   Cout/g output channels of a column's group is a multiply-add on the tile (CUDA cores); with
   channels last a depthwise tile's loads are contiguous across channels.
 * Accumulates in registers, writes dx once: deterministic, no atomics.
+* Pipelining: a phase's taps are made arithmetically from a per-phase header loaded once
+  (tap_table), so the tile loads depend on no load inside the loop and triton buffers them
+  fully; their weight offsets are proven 16-byte multiples where they are (WVEC), so with
+  channels last both tiles load as cp.async vectors.  A contiguous
+  channels-first layer on the tensor-core path is staged: dy and w copied to channels last,
+  the kernel run on the copies into a channels-last dx buffer, copied back (_conv.Repack);
+  read in place its tiles would be per-element gathers, never pipelined.
 
 Host side: plans are cached per (shapes, strides, dtype, device, geometry); a repeated call is
 a dict lookup and one launch through the compiled kernel's launcher.  On CUDA the tile is
@@ -46,20 +53,35 @@ EW_MAX = 64   # Cin/g * Cout/g below this: the multiply-add path (a tl.dot tile 
 
 
 @jit
-def _tap(tab, ti, td, th, tw, valid, ybase, OD, OH, OW, syd, syh, syw):
-    """Tap ti of a phase's tap table row `tab`: the dy row offsets of the tile's positions
-    (ybase shifted by the tap's dy window shift), which of them fall inside dy, and the tap's
-    weight offset."""
-    cd = tl.load(tab + 1 + 4 * ti)
-    chh = tl.load(tab + 2 + 4 * ti)
-    cw = tl.load(tab + 3 + 4 * ti)
-    wtap = tl.load(tab + 4 + 4 * ti)
+def _tap(ti, hdr, td, th, tw, valid, ybase, OD, OH, OW, syd, syh, syw):
+    """Tap ti of a phase from its header `hdr` (see tap_table; loaded once per program): the dy
+    row offsets of the tile's positions (ybase shifted by the tap's dy window shift), which of
+    them fall inside dy, and the tap's weight offset.  Arithmetic only: the tile loads that
+    depend on it are then first-level loads for triton's pipeliner (with the taps loaded from a
+    table every step, the pipeliner spends a stage on those loads and buffers the tiles less)."""
+    cntw, cnth, sd0, sh0, sw0, dqd, dqh, dqw, w0, wsd, wsh, wsw = hdr
+    jw = ti % cntw
+    rest = ti // cntw
+    jh = rest % cnth
+    jd = rest // cnth
+    cd = sd0 - jd * dqd
+    chh = sh0 - jh * dqh
+    cw = sw0 - jw * dqw
+    wtap = w0 + jd * wsd + jh * wsh + jw * wsw
     od = td + cd
     oh = th + chh
     ow = tw + cw
     v = valid & (od >= 0) & (od < OD) & (oh >= 0) & (oh < OH) & (ow >= 0) & (ow < OW)
     yrow = ybase + (cd.to(tl.int64) * syd + chh.to(tl.int64) * syh + cw.to(tl.int64) * syw)
     return yrow, v, wtap
+
+
+@jit
+def _header(tab):
+    """A phase's tap header (tap_table) after its tap count, as a tuple of scalars."""
+    return (tl.load(tab + 1), tl.load(tab + 2), tl.load(tab + 3), tl.load(tab + 4), tl.load(tab + 5),
+            tl.load(tab + 6), tl.load(tab + 7), tl.load(tab + 8), tl.load(tab + 9), tl.load(tab + 10),
+            tl.load(tab + 11), tl.load(tab + 12))
 
 
 # Spatial sizes are not specialised (one compiled kernel serves many layers; the full case set
@@ -73,11 +95,12 @@ def _dgrad_kernel(dy_ptr, w_ptr, dx_ptr, tap_ptr,
                   TD, TH, TW, nrb, ncb, cin, cig, cog, trow,
                   syn, syc, syd, syh, syw, swo, swi, sxn, sxc, sxd, sxh, sxw,
                   BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EW: tl.constexpr,
-                  IS_F64: tl.constexpr):
+                  IS_F64: tl.constexpr, WVEC: tl.constexpr):
     """One phase's BM input positions x BN input channels of dx (see the module docstring).
 
-    tap_ptr: int32 [phases, trow = 1 + 4 * max taps]: per phase the count of its taps, then per tap the
-    dy window shift (cd, ch, cw) in output positions and the tap's weight offset."""
+    tap_ptr: int32 [phases, trow = HEADER]: per phase the count of its taps and how to make each
+    (tap_table).  WVEC > 1: the plan found every tap's weight offset a multiple of WVEC elements
+    (16 bytes)."""
     pid = tl.program_id(0)
     ph = pid // nrb
     rb = pid - ph * nrb
@@ -104,6 +127,7 @@ def _dgrad_kernel(dy_ptr, w_ptr, dx_ptr, tap_ptr,
     cb = tl.program_id(1)
     tab = tap_ptr + ph * trow
     ntaps = tl.load(tab)
+    hdr = _header(tab)
     ACC: tl.constexpr = tl.float64 if IS_F64 else tl.float32
     acc = tl.zeros([BM, BN], ACC)
     if EW:
@@ -114,7 +138,7 @@ def _dgrad_kernel(dy_ptr, w_ptr, dx_ptr, tap_ptr,
         wcol = (cols - grp * cig) * swi + grp * cog * swo   # a weight is small: int32 offsets
         ycol = (grp * cog).to(tl.int64) * syc
         for ti in range(ntaps):
-            yrow, v, wtap = _tap(tab, ti, td, th, tw, valid, ybase, OD, OH, OW, syd, syh, syw)
+            yrow, v, wtap = _tap(ti, hdr, td, th, tw, valid, ybase, OD, OH, OW, syd, syh, syw)
             m = v[:, None] & cmask[None, :]
             for j in range(cog):
                 a = tl.load(dy_ptr + yrow[:, None] + (ycol + j * syc)[None, :], mask=m, other=0.0)
@@ -132,7 +156,12 @@ def _dgrad_kernel(dy_ptr, w_ptr, dx_ptr, tap_ptr,
         for it in range(ntaps * nco):
             ti = it // nco
             c0 = (it - ti * nco) * BK
-            yrow, v, wtap = _tap(tab, ti, td, th, tw, valid, ybase, OD, OH, OW, syd, syh, syw)
+            yrow, v, wtap = _tap(ti, hdr, td, th, tw, valid, ybase, OD, OH, OW, syd, syh, syw)
+            if WVEC > 1:
+                # Restates the plan's fact (exact): with it the weight tile's rows are known to start
+                # 16-byte aligned, so it loads as cp.async vectors and joins the software pipeline
+                # (without it, a synchronous scalar load every step).
+                wtap = wtap // WVEC * WVEC
             co = g * cog + c0 + kk
             km = (c0 + kk) < cog
             a = tl.load(dy_ptr + yrow[:, None] + co[None, :].to(tl.int64) * syc,
@@ -145,29 +174,43 @@ def _dgrad_kernel(dy_ptr, w_ptr, dx_ptr, tap_ptr,
     tl.store(dx_ptr + xoff, _to_out(acc, dx_ptr), mask=valid[:, None] & cmask[None, :])
 
 
+HEADER = 13  # int32 words per phase of the tap table
+
+
+def _dim_taps(k: int, d: int, s: int, p: int, r: int):
+    """The taps of one dim reaching the inputs of residue r: (count, first kk, step between kk,
+    dy shift of the first, shift decrement per step).  kk*d = r (mod s) is an arithmetic
+    progression in kk; the shift (i0 + p - kk*d) / s of input i0 = (r - p) mod s is exact."""
+    sols = [kk for kk in range(k) if (kk * d - r) % s == 0]
+    if not sols:
+        return 0, 0, 0, 0, 0
+    step = sols[1] - sols[0] if len(sols) > 1 else 0
+    assert all(b - a == step for a, b in zip(sols, sols[1:])), sols
+    i0 = (r - p) % s
+    assert (i0 + p - sols[0] * d) % s == 0 and (step * d) % s == 0
+    return len(sols), sols[0], step, (i0 + p - sols[0] * d) // s, step * d // s
+
+
 def tap_table(g: _conv.Geo3, sw: tuple):
-    """int32 [phases, 1 + 4 * maxt] (see _dgrad_kernel) and maxt: the taps that reach each phase's
-    input positions, with the shift of their dy window and their weight offset (sw: weight strides)."""
+    """(int32 [phases, HEADER], every tap's weight offset): per phase, its tap count and how to
+    make tap ti = ((jd * cnth) + jh) * cntw + jw (taps in (kd, kh, kw) order, the product of each
+    dim's progression): [ntaps, cntw, cnth, dy shifts of tap 0 (d, h, w), shift decrements per
+    step (d, h, w), weight offset of tap 0, weight offset increments per step (d, h, w)]."""
     import numpy as np
     from itertools import product as cartesian
 
     phases = list(cartesian(*(range(s) for s in g.s)))
-    per = []
-    for r in phases:
-        taps = []
-        for k in cartesian(*(range(k) for k in g.k)):
-            if all((kj * dj - rj) % sj == 0 for kj, dj, rj, sj in zip(k, g.d, r, g.s)):
-                i0 = [(rj - pj) % sj for rj, pj, sj in zip(r, g.p, g.s)]
-                shift = [(i0j + pj - kj * dj) // sj for i0j, pj, kj, dj, sj in zip(i0, g.p, k, g.d, g.s)]
-                taps.append((*shift, k[0] * sw[2] + k[1] * sw[3] + k[2] * sw[4]))
-        per.append(taps)
-    maxt = max(1, max(len(t) for t in per))
-    tab = np.zeros((len(phases), 1 + 4 * maxt), dtype=np.int32)
-    for i, taps in enumerate(per):
-        tab[i, 0] = len(taps)
-        for j, t in enumerate(taps):
-            tab[i, 1 + 4 * j: 5 + 4 * j] = t
-    return tab.reshape(-1), maxt
+    tab = np.zeros((len(phases), HEADER), dtype=np.int64)
+    offsets = []
+    for i, r in enumerate(phases):
+        dims = [_dim_taps(*args) for args in zip(g.k, g.d, g.s, g.p, r)]
+        cnt = [t[0] for t in dims]
+        wstep = [t[2] * sw[2 + j] for j, t in enumerate(dims)]
+        w0 = sum(t[1] * sw[2 + j] for j, t in enumerate(dims))
+        tab[i] = [cnt[0] * cnt[1] * cnt[2], cnt[2], cnt[1], *(t[3] for t in dims), *(t[4] for t in dims), w0, *wstep]
+        offsets += [w0 + sum(j * ws for j, ws in zip(js, wstep)) for js in cartesian(*(range(c) for c in cnt))]
+    assert np.abs(tab).max(initial=0) < 2**31
+    return tab.astype(np.int32).reshape(-1), offsets
 
 
 # ============================================================================= planning
@@ -200,15 +243,26 @@ def _fit(tile: _conv.Tile, g: _conv.Geo3) -> _conv.Tile:
 
 
 class _Launch:
-    """The kernel's launch with its tap table (a tensor the plan owns) appended."""
+    """The kernel's launch with its tap table (a tensor the plan owns) appended.  Staged (`stage`:
+    the Repacks of dy and w to channels last and of the kernel's channels-last dx back), it runs
+    on the layer's staging buffers (_conv.Staging).  dx is staged too: written in place in
+    channels first, a tile's stores are scattered (one 64-bit address per element), and the
+    large tiles spill."""
 
-    __slots__ = ("launch", "taps")
+    __slots__ = ("launch", "taps", "stage")
 
-    def __init__(self, launch, taps):
-        self.launch, self.taps = launch, taps
+    def __init__(self, launch, taps, stage=None):
+        self.launch, self.taps, self.stage = launch, taps, stage
 
     def __call__(self, dy, w, dx):
-        self.launch(dy, w, dx, self.taps)
+        if self.stage is None:
+            self.launch(dy, w, dx, self.taps)
+            return
+        bufs = self.stage.buffers(dy, w, dx)
+        self.stage[0](dy, bufs[0])
+        self.stage[1](w, bufs[1])
+        self.launch(bufs[0], bufs[1], bufs[2], self.taps)
+        self.stage[2](bufs[2], dx)
 
 
 def _plan(dy, w, dx, params, channels_last: bool, tune: bool, force: int | None = None):
@@ -222,8 +276,17 @@ def _plan(dy, w, dx, params, channels_last: bool, tune: bool, force: int | None 
     t = tuple(cdiv(i, s) for i, s in zip(g.inp, g.s))
     rows = g.n * prod(t)
     item = dy.element_size()
+    # Channels first, tensor-core path: stage dy and w to channels last (see _conv.Repack).
+    stage = None
+    if (not channels_last and not _ew(g) and _conv.repackable(dy, g.n, g.cout) and _conv.repackable(w, g.cout, g.cig)
+            and _conv.repackable(dx, g.n, prod(g.inp))):
+        stage = _conv.Staging(_conv.Repack(g.n, g.cout, prod(g.out)), _conv.Repack(g.cout, g.cig, prod(g.k)),
+                              _conv.Repack(g.n, prod(g.inp), g.cin))
+        sy, sw, sx = (_conv.staged_strides5(sy, g.cout), _conv.staged_strides5(sw, g.cig),
+                      _conv.staged_strides5(sx, g.cin))
 
-    tab, maxt = tap_table(g, sw)
+    tab, offsets = tap_table(g, sw)
+    wvec = 16 // item if all(o % (16 // item) == 0 for o in offsets) else 1
     taps = torch.from_numpy(tab).to(dy.device)
 
     def build(tile):
@@ -232,19 +295,23 @@ def _plan(dy, w, dx, params, channels_last: bool, tune: bool, force: int | None 
         ncb = cdiv(g.cin if _ew(g) else g.cig, tile.bn)
         values = dict(N=g.n, ID=g.inp[0], IH=g.inp[1], IW=g.inp[2], OD=g.out[0], OH=g.out[1], OW=g.out[2],
                       SD=g.s[0], SH=g.s[1], SW=g.s[2], PD=g.p[0], PH=g.p[1], PW=g.p[2],
-                      TD=t[0], TH=t[1], TW=t[2], nrb=nrb, ncb=ncb, cin=g.cin, cig=g.cig, cog=g.cog, trow=1 + 4 * maxt,
+                      TD=t[0], TH=t[1], TW=t[2], nrb=nrb, ncb=ncb, cin=g.cin, cig=g.cig, cog=g.cog, trow=HEADER,
                       syn=sy[0], syc=sy[1], syd=sy[2], syh=sy[3], syw=sy[4], swo=sw[0], swi=sw[1],
                       sxn=sx[0], sxc=sx[1], sxd=sx[2], sxh=sx[3], sxw=sx[4],
-                      BM=tile.bm, BN=tile.bn, BK=tile.bk, EW=_ew(g), IS_F64=item == 8)
+                      BM=tile.bm, BN=tile.bn, BK=tile.bk, EW=_ew(g), IS_F64=item == 8,
+                      WVEC=wvec)
         grid = (phases * nrb, ncb if _ew(g) else g.groups * ncb)
-        launch = _Launch(_steps.Step(_dgrad_kernel, grid, 4, values, tile.warps, num_stages=tile.stages), taps)
+        launch = _Launch(_steps.Step(_dgrad_kernel, grid, 4, values, tile.warps, num_stages=tile.stages), taps,
+                         stage)
         runner = lambda: launch(dy, w, dx)  # noqa: E731 - the tuner times the plan on this call's tensors
         runner.launch = launch
         return runner
 
     cls = (str(dy.dtype), _ew(g), g.k, g.s, g.d, _conv.bucket(g.cig), _conv.bucket(g.cog), _conv.bucket(rows),
-           channels_last, sy[1] == 1)
-    return TUNER.pick(cls, candidates(g, item, dy.device.type, sy[1] == 1), build, dy.device, 2.0 * g.n * prod(g.out)
+           channels_last, sy[1] == 1, stage is not None)
+    # Staged with channel counts off the 16-byte grid, the tiles still gather: the small tiles.
+    unit = sy[1] == 1 and (stage is None or _conv.channels_aligned(g, item))
+    return TUNER.pick(cls, candidates(g, item, dy.device.type, unit), build, dy.device, 2.0 * g.n * prod(g.out)
                       * g.cout * g.cig * prod(g.k), tune, force).launch
 
 

@@ -15,6 +15,9 @@ Design:
   Cin/g]; `_finish_kernel` then adds the S partials of each weight in a fixed order and
   writes dw in its dtype.  With S = 1 the main kernel writes dw itself.  Deterministic: no
   atomics, the same summation order on every call of a plan.
+* Channels first, contiguous, on the tensor-core path: dy and x are staged to channels last
+  (_conv.Repack) so the tiles load as pipelined cp.async vectors, not per-element gathers; dw
+  is written in its own layout through its strides.
 * Small channel groups (`EW`: Cin/g * Cout/g < 64, depthwise included): columns run over
   the (co, c) pairs of all groups (contiguous across channels for a channels-last depthwise
   layer) and each step is a multiply-add on a BK x BN tile, summed over BK at the end.
@@ -181,14 +184,21 @@ def splits_for(programs: int, npos: int, bk: int, device_type: str, sms: int = 1
 class _Plan:
     """The main launch, and with S > 1 the finish and the partials workspace.  The workspace is
     allocated on the first call and kept: calls on one stream are ordered, so the next call's
-    partials are written only after this call's finish has read them."""
+    partials are written only after this call's finish has read them.  Staged (`stage`: the
+    Repacks of dy and x), dy and x are first copied to channels last (_conv.Staging buffers)."""
 
-    __slots__ = ("main", "finish", "ws_numel", "ws_dtype", "ws")
+    __slots__ = ("main", "finish", "ws_numel", "ws_dtype", "ws", "stage")
 
-    def __init__(self, main, finish, ws_numel, ws_dtype):
+    def __init__(self, main, finish, ws_numel, ws_dtype, stage=None):
         self.main, self.finish, self.ws_numel, self.ws_dtype, self.ws = main, finish, ws_numel, ws_dtype, None
+        self.stage = stage
 
     def __call__(self, dy, x, dw):
+        if self.stage is not None:
+            bufs = self.stage.buffers(dy, x)
+            self.stage[0](dy, bufs[0])
+            self.stage[1](x, bufs[1])
+            dy, x = bufs
         if self.finish is None:
             self.main(dy, x, dw)
             return
@@ -215,6 +225,11 @@ def _plan(dy, x, dw, params, channels_last: bool, tune: bool, force: int | None 
     sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 132
     E = taps * g.cout * g.cig
     ws_dtype = torch.float64 if item == 8 else torch.float32
+    # Channels first, tensor-core path: stage dy and x to channels last (see _conv.Repack).
+    stage = None
+    if not channels_last and not _ew(g) and _conv.repackable(dy, g.n, g.cout) and _conv.repackable(x, g.n, g.cin):
+        stage = _conv.Staging(_conv.Repack(g.n, g.cout, prod(g.out)), _conv.Repack(g.n, g.cin, prod(g.inp)))
+        sy, sx = _conv.staged_strides5(sy, g.cout), _conv.staged_strides5(sx, g.cin)
 
     def build(tile):
         tile = _fit(tile, g)
@@ -245,14 +260,17 @@ def _plan(dy, x, dw, params, channels_last: bool, tune: bool, force: int | None 
             fv = dict(E=E, S=s, cout=g.cout, cig=g.cig, KH=g.k[1], KW=g.k[2], so_co=so[0], so_ci=so[1],
                       so_kd=so[2], so_kh=so[3], so_kw=so[4], BLOCK=FINISH_BLOCK, IS_F64=item == 8)
             finish = _steps.Step(_finish_kernel, cdiv(E, FINISH_BLOCK), 2, fv, 4)
-        plan = _Plan(main, finish, s * E, ws_dtype)
+        plan = _Plan(main, finish, s * E, ws_dtype, stage)
         runner = lambda: plan(dy, x, dw)  # noqa: E731 - the tuner times the plan on this call's tensors
         runner.plan = plan
         return runner
 
     cls = (str(dy.dtype), _ew(g), taps, _conv.bucket(g.cig), _conv.bucket(g.cog), _conv.bucket(npos), g.groups > 1,
-           channels_last, sy[1] == 1 and sx[1] == 1)
-    return TUNER.pick(cls, candidates(g, item, dev.type, sy[1] == 1 and sx[1] == 1), build, dev, 2.0 * npos * g.cout * g.cig * taps, tune, force).plan
+           channels_last, sy[1] == 1 and sx[1] == 1, stage is not None)
+    # Staged with channel counts off the 16-byte grid, the tiles still gather: the small tiles.
+    unit = sy[1] == 1 and sx[1] == 1 and (stage is None or _conv.channels_aligned(g, item))
+    return TUNER.pick(cls, candidates(g, item, dev.type, unit), build, dev, 2.0 * npos * g.cout * g.cig * taps, tune,
+                      force).plan
 
 
 _PLANS: dict = {}
