@@ -30,6 +30,7 @@ from backends.cupy import binary_backward as cupy_raw
 from backends.cupy import nvrtc as _nvrtc
 from oracle.binary_backward import FNS, binary_backward_numpy
 from nvrtc_mark import needs_nvrtc
+from nvrtc_ptxas import ptxas_usage
 
 SOURCE = _nvrtc.read_source(cupy_raw.SOURCE)
 
@@ -72,30 +73,8 @@ static_assert(sizeof(BBParams::chunk) == 24 && sizeof(BBParams::nchunk) == 24 &&
 
 
 def ptxas_report(exprs, arch: str = "sm_90") -> dict[str, tuple[int, int]]:
-    """{name expression: (registers, spill store bytes)} from NVRTC's ptxas -v log."""
-    from cupy.cuda import nvrtc
-
-    prog = nvrtc.createProgram(SOURCE, "bb.cu", [], [])
-    try:
-        for expr in exprs:
-            nvrtc.addNameExpression(prog, expr)
-        nvrtc.compileProgram(prog, list(_nvrtc.compile_options(("-Xptxas=-v", f"-arch={arch}"))))
-        log = nvrtc.getProgramLog(prog)
-        names = {nvrtc.getLoweredName(prog, e): e for e in exprs}
-    finally:
-        nvrtc.destroyProgram(prog)
-    out, cur, spill = {}, None, 0
-    for line in log.splitlines():
-        m = re.search(r"Compiling entry function '(\w+)'", line)
-        if m:
-            cur = names.get(m[1])
-        m = re.search(r"(\d+) bytes spill stores", line)
-        if m:
-            spill = int(m[1])
-        m = re.search(r"Used (\d+) registers", line)
-        if m and cur:
-            out[cur] = (int(m[1]), spill)
-    return out
+    """{name expression: (registers, spill store bytes)} of binary_backward.cuh's kernels."""
+    return ptxas_usage(SOURCE, "bb.cu", exprs, arch=arch)
 
 
 @needs_nvrtc

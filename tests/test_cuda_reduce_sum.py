@@ -31,6 +31,7 @@ from cases import select
 from harness.tensors import from_values
 from oracle.reduce_sum import out_shape, reduce_sum_numpy
 from nvrtc_mark import needs_nvrtc
+from nvrtc_ptxas import ptxas_usage
 
 SOURCE = _nvrtc.read_source(rs.SOURCE)
 ITEMSIZE = {"f32": 4, "f64": 8, "f16": 2, "bf16": 2}
@@ -51,32 +52,8 @@ def test_nvrtc_compiles_every_instantiation(dt):
 
 
 def _ptxas(exprs, options=()) -> dict[str, tuple[int, int]]:
-    """{name expression: (registers, spill store bytes)} from NVRTC's ptxas -v log (sm_90)."""
-    import re
-
-    from cupy.cuda import nvrtc
-
-    prog = nvrtc.createProgram(SOURCE, "rs.cu", [], [])
-    try:
-        for expr in exprs:
-            nvrtc.addNameExpression(prog, expr)
-        nvrtc.compileProgram(prog, list(_nvrtc.compile_options(("-Xptxas=-v", "-arch=sm_90", *options))))
-        log = nvrtc.getProgramLog(prog)
-        names = {nvrtc.getLoweredName(prog, e): e for e in exprs}
-    finally:
-        nvrtc.destroyProgram(prog)
-    out, cur, spill = {}, None, 0
-    for line in log.splitlines():
-        m = re.search(r"Compiling entry function '(\w+)'", line)
-        if m:
-            cur = names.get(m[1])
-        m = re.search(r"(\d+) bytes spill stores", line)
-        if m:
-            spill = int(m[1])
-        m = re.search(r"Used (\d+) registers", line)
-        if m and cur:
-            out[cur] = (int(m[1]), spill)
-    return out
+    """{name expression: (registers, spill store bytes)} of reduce_sum.cuh's kernels on sm_90."""
+    return ptxas_usage(SOURCE, "rs.cu", exprs, options)
 
 
 @needs_nvrtc
