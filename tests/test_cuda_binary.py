@@ -14,7 +14,7 @@ small cases already take several tiles, partial rows and stage 2; `best_v` runs 
 packs of cases sized so that they apply.
 
 What this cannot check: timing, the memory model across blocks, and the GPU's own rounding (no
-FMA contraction on the host): scripts/gpu/cupy_binary.sh runs the same cases on the device.
+FMA contraction on the host): scripts/gpu/cupy_bcast.sh runs the same cases on the device.
 """
 from __future__ import annotations
 

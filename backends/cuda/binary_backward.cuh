@@ -458,6 +458,15 @@ bb_lk(const __grid_constant__ BBParams p, const T* __restrict__ P, const T* __re
 
 // ============================================================================ lanes along X, Y empty
 
+// Lanes in segments of p.lanes (a power of two up to 32, lanes_log2 its log), one task per
+// segment, tasks dealt to whole warps at a time: the segment shuffles need all 32 lanes.
+struct BBSegs {
+  int xw, lg, lane, seg, nseg, warp_seg0;
+  __device__ __forceinline__ explicit BBSegs(const BBParams& p)
+      : xw((int)p.lanes), lg((int)p.lanes_log2), lane((int)threadIdx.x & (xw - 1)), seg((int)threadIdx.x >> lg),
+        nseg(BB_BLOCK >> lg), warp_seg0(((int)threadIdx.x >> 5) * (32 >> lg)) {}
+};
+
 // Row reductions (B = (..., 1) against A = (..., N)): each task is one row z and one chunk of
 // X, owned by an XW-lane segment.  Lanes stream along X (unrolled 4x), store dQ elementwise
 // and accumulate g*dP; a segment shuffle gives dP[z].  No block barriers.
@@ -471,11 +480,8 @@ bb_lr_stream(const __grid_constant__ BBParams p, const T* __restrict__ P, const 
   constexpr bool kOps = BBUsesOperands<FN>::value;
   const BBGroup& X = p.grp[0];
   const BBGroup& Z = p.grp[2];
-  const int tid = threadIdx.x, xw = (int)p.lanes, lg = (int)p.lanes_log2;
-  const int lane = tid & (xw - 1), seg = tid >> lg;
-  const int spw = 32 >> lg;                      // segments per warp
-  const int nseg = BB_BLOCK >> lg;               // segments per block
-  const int warp_seg0 = (tid >> 5) * spw;        // first segment of this warp
+  const BBSegs sg(p);
+  const int xw = sg.xw, lane = sg.lane, seg = sg.seg, nseg = sg.nseg, warp_seg0 = sg.warp_seg0;
   const bool swap = p.swap != 0;
 
   // Warp-uniform loop (the shuffle needs all 32 lanes): t0 is the task of the warp's first segment.
@@ -908,10 +914,8 @@ bb_rows(const __grid_constant__ BBParams p, const T* __restrict__ P, const T* __
   constexpr bool kOps = BBUsesOperands<FN>::value;
   const BBGroup& X = p.grp[0];
   const BBGroup& Z = p.grp[2];
-  const int tid = threadIdx.x, xw = (int)p.lanes, lg = (int)p.lanes_log2;
-  const int lane = tid & (xw - 1), seg = tid >> lg;
-  const int nseg = BB_BLOCK >> lg;
-  const int warp_seg0 = (tid >> 5) * (32 >> lg);  // first segment of this warp
+  const BBSegs sg(p);
+  const int xw = sg.xw, lane = sg.lane, seg = sg.seg, nseg = sg.nseg, warp_seg0 = sg.warp_seg0;
   const bool swap = p.swap != 0;
   const long long pstep = (long long)xw * V;      // elements between a lane's packs
 
@@ -974,10 +978,8 @@ __device__ __forceinline__ void bb_batch_ylooped(const BBParams& p, const T* __r
   const BBGroup& X = p.grp[0];
   const BBGroup& Y = p.grp[1];
   const BBGroup& Z = p.grp[2];
-  const int tid = threadIdx.x, xw = (int)p.lanes, lg = (int)p.lanes_log2;
-  const int lane = tid & (xw - 1), seg = tid >> lg;
-  const int nseg = BB_BLOCK >> lg;
-  const int warp_seg0 = (tid >> 5) * (32 >> lg);  // first segment of this warp
+  const BBSegs sg(p);
+  const int xw = sg.xw, lane = sg.lane, seg = sg.seg, nseg = sg.nseg, warp_seg0 = sg.warp_seg0;
   const bool swap = p.swap != 0;
 
   // Warp-uniform loop (the shuffles need all 32 lanes).
@@ -1076,10 +1078,8 @@ __device__ __forceinline__ void bb_batch_stream(const BBParams& p, const T* __re
   constexpr int YG = sizeof(A) == 8 ? 1 : BB_YG;
   const int ny = (int)Y.numel;
   const long long ys_g = Y.stride[BB_G][0], ys_p = Y.stride[BB_P][0], ys_dp = Y.stride[BB_DP][0];
-  const int tid = threadIdx.x, xw = (int)p.lanes, lg = (int)p.lanes_log2;
-  const int lane = tid & (xw - 1), seg = tid >> lg;
-  const int nseg = BB_BLOCK >> lg;
-  const int warp_seg0 = (tid >> 5) * (32 >> lg);  // first segment of this warp
+  const BBSegs sg(p);
+  const int xw = sg.xw, lane = sg.lane, seg = sg.seg, nseg = sg.nseg, warp_seg0 = sg.warp_seg0;
   const bool swap = p.swap != 0;
   const long long pstep = (long long)xw * V;      // elements between a lane's packs
   __shared__ A pshared[BB_YT * BB_BLOCK];          // P's rows, BB_YT per thread
@@ -1094,7 +1094,7 @@ __device__ __forceinline__ void bb_batch_stream(const BBParams& p, const T* __re
     // P's rows: loaded once per task (one request per row and warp: a segment's lanes share
     // the address) into the thread's own shared slots pv[j * BB_BLOCK] (in registers they would
     // spill; no other thread reads them, so no barrier), read back per pack.
-    A* pv = pshared + tid;
+    A* pv = pshared + threadIdx.x;
     if (kOps && valid) {
 #pragma unroll
       for (int j = 0; j < BB_YT; ++j)
