@@ -1,8 +1,8 @@
 // nb_rows3 (cupy@v7; GRADORACLE_CUPY_NORMS=kernel=rows3): the rows kernel of the normalisation
 // backwards for dense, 16-byte aligned rows, with small blocks capped at 64 registers and the
 // loads decoupled from the registers.  Included at the end of norm_common.cuh (it uses its
-// params, math, reductions, cp.async wrappers and grid barrier).  Host: backends/cupy/_norm_plan.py
-// (rows3_config, plan_rows3).
+// params, math, reductions, loads and stores); the cp.async wrappers and the grid barrier below are
+// its own.  Host: backends/cupy/_norm_plan.py (rows3_config, plan_rows3).
 //
 // Why this shape (H100 profiles of cupy@best and cupy@v6, results/h100/bench-2/profile/05-*, 06-*):
 // both kept their loads in registers, so the bytes in flight per SM were bounded by the registers
@@ -23,9 +23,9 @@
 //     16-byte vector of x and dy per row in 16-bit types, two in float, two in double (8, 8
 //     and 4 elements: 16 sum registers).  16 elements in 16-bit or 32-bit types (32 sum
 //     registers) spill 24-80 bytes at 64 registers, and holding the row itself in registers
-//     (nb_rows, nb_stage) costs 96-128.  The weight sits in shared memory too (each thread's own
-//     vectors), and the row's vectors are laundered between the passes so that the compiler
-//     keeps the packed vectors, not their converted elements.
+//     (nb_rows) costs 96-128.  The weight sits in shared memory too (each thread's own vectors),
+//     and the row's vectors are laundered between the passes so that the compiler keeps the
+//     packed vectors, not their converted elements.
 //   * Groups of GW threads (a power of two) take one row each per step.  GW <= 32 (rows of up
 //     to 32 threads' elements): a warp or part of one per row, row sums by shuffles only, no
 //     barrier anywhere in the row loop.  GW > 32: warp sums through shared memory, one block
@@ -55,6 +55,60 @@
 #define NB_ROWS3_REGS 64       // registers per thread the launch bounds allow
 #define NB_ROWS3_MIN_BLOCK 256 // threads per block at least (several groups when GW is smaller)
 #define NB_ROWS3_BLOCK(GW) ((GW) < NB_ROWS3_MIN_BLOCK ? NB_ROWS3_MIN_BLOCK : (GW))
+#define NB_PHASE_ROWS 4        // flags: the rows (dx, partial rows)
+#define NB_PHASE_COLS 8        // flags: the column sums of the partial rows
+
+// cp.async (sm_80+): global -> shared copies that take no registers and complete in commit-group
+// order; a thread sees its own copies after cp.async.wait_group (another thread's only after a
+// barrier as well).  Under the CPU stand-in (tests/cuda_host) the copies are deferred until the
+// wait that retires their group, so a read before its wait sees stale shared memory.
+#ifdef CUHOST_RUNTIME
+template <int BYTES>
+__device__ __forceinline__ void nb_cp_async(void* smem, const void* gmem) { cuhost::cp_async(smem, gmem, BYTES); }
+__device__ __forceinline__ void nb_cp_commit() { cuhost::cp_async_commit(); }
+template <int N>
+__device__ __forceinline__ void nb_cp_wait() { cuhost::cp_async_wait(N); }
+#define NB_DYNAMIC_SHARED(type, name) type* name = reinterpret_cast<type*>(cuhost::dynamic_shared())
+#else
+template <int BYTES>
+__device__ __forceinline__ void nb_cp_async(void* smem, const void* gmem) {
+  static_assert(BYTES == 4 || BYTES == 8 || BYTES == 16, "cp.async copies 4, 8 or 16 bytes");
+  const unsigned int s = (unsigned int)__cvta_generic_to_shared(smem);
+  if (BYTES == 16)  // .cg: L2 only (streamed once)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+  else
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(s), "l"(gmem), "n"(BYTES) : "memory");
+}
+__device__ __forceinline__ void nb_cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void nb_cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+#define NB_DYNAMIC_SHARED(type, name) extern __shared__ __align__(16) type name[]
+#endif
+
+// Every block of a cooperative launch (all resident at once) meets here.  bar[0] counts arrivals
+// and returns to 0; bar[1] is a generation number the last arrival advances (both zero when the
+// buffer is allocated; any generation works after that).  Fences make each block's earlier
+// writes visible to every block that passes the barrier after it.
+__device__ __forceinline__ void nb_grid_sync(unsigned int* bar) {
+#ifdef CUHOST_RUNTIME
+  cuhost::grid_sync();  // the stand-in runs blocks one after another: the host splits the phases
+#endif
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const unsigned int gen = atomicAdd(bar + 1, 0u);  // read before arriving: the barrier's generation
+    __threadfence();
+    if (atomicAdd(bar, 1u) == gridDim.x * gridDim.y - 1) {
+      atomicExch(bar, 0u);
+      __threadfence();
+      atomicAdd(bar + 1, 1u);
+    } else {
+      while (atomicAdd(bar + 1, 0u) == gen) __nanosleep(128);
+    }
+    __threadfence();
+  }
+  __syncthreads();
+}
+
 
 // nb_rows3's shared memory: STAGES stages of [x | dy][VPT][BLOCK] 16-byte vectors then
 // [mean | rstd][BLOCK] statistics, then [VPT][BLOCK] weight vectors; after the rows the first
