@@ -171,6 +171,34 @@ __device__ __forceinline__ void nb_rows3_colsum(const NBParams& p, const nb_acc_
   }
 }
 
+// One pass of nb_rows3 over this thread's vectors of a staged row (vs: its first x slot of the
+// stage, ws: its first weight slot): per vector k in the row, x / dy (and the weight, when given)
+// read from the slots and laundered, so that each pass converts the packed vectors afresh rather
+// than keeping the converted elements live across the row sums; then elem(k, e, x-hat, dy,
+// weight * dy) for its elements in order, and done(k).
+template <class Norm, typename T, int VEC, int VPT, int BLOCK, class Elem, class Done>
+__device__ __forceinline__ void nb_rows3_pass(const NBVec<T, VEC>* vs, const NBVec<T, VEC>* ws, const bool* cok,
+                                              bool has_w, nb_acc_t<T> m, nb_acc_t<T> r, Elem elem, Done done) {
+  typedef nb_acc_t<T> A;
+#pragma unroll
+  for (int k = 0; k < VPT; ++k) {
+    if (!cok[k]) continue;
+    NBVec<T, VEC> xv = vs[k * BLOCK], dv = vs[(VPT + k) * BLOCK], wv;
+    if (has_w) wv = ws[k * BLOCK];
+    nb_launder(xv);
+    nb_launder(dv);
+    nb_launder(wv);
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+      const A xh = nb_xhat<Norm, A>(nb_to_acc(xv.v[e]), m, r);
+      const A d = nb_to_acc(dv.v[e]);
+      const A g = has_w ? nb_to_acc(wv.v[e]) * d : d;
+      elem(k, e, xh, d, g);
+    }
+    done(k);
+  }
+}
+
 template <class Norm, typename T, int VPT, int GW, int STAGES>
 __global__ void __launch_bounds__(NB_ROWS3_BLOCK(GW), (65536 / NB_ROWS3_REGS) / NB_ROWS3_BLOCK(GW))
 nb_rows3(const __grid_constant__ NBParams p, const T* __restrict__ x, const T* __restrict__ dy,
@@ -252,23 +280,13 @@ nb_rows3(const __grid_constant__ NBParams p, const T* __restrict__ x, const T* _
       if (rok) {
         if (Norm::kMean) m = sslot[s * SA];
         r = sslot[s * SA + BLOCK];
-#pragma unroll
-        for (int k = 0; k < VPT; ++k) {
-          if (!cok[k]) continue;
-          V xv = vslot[s * SV + k * BLOCK], dv = vslot[s * SV + (VPT + k) * BLOCK], wv;
-          if (has_w) wv = wslot[k * BLOCK];
-          nb_launder(xv);
-          nb_launder(dv);
-          nb_launder(wv);
-#pragma unroll
-          for (int e = 0; e < VEC; ++e) {
-            const A xh = nb_xhat<Norm, A>(nb_to_acc(xv.v[e]), m, r);
-            const A d = nb_to_acc(dv.v[e]);
-            const A g = has_w ? nb_to_acc(wv.v[e]) * d : d;
-            s1 += g;
-            s2 += g * xh;
-          }
-        }
+        nb_rows3_pass<Norm, T, VEC, VPT, BLOCK>(
+            vslot + s * SV, wslot, cok, has_w, m, r,
+            [&](int, int, A xh, A, A g) {
+              s1 += g;
+              s2 += g * xh;
+            },
+            [](int) {});
       }
       if (GW > 32) {
         s1 = nb_warp_sum(s1);
@@ -296,25 +314,15 @@ nb_rows3(const __grid_constant__ NBParams p, const T* __restrict__ x, const T* _
       if (rok) {
         long long off[NB_NT];
         nb_row_offsets(p, row, off);
-#pragma unroll
-        for (int k = 0; k < VPT; ++k) {
-          if (!cok[k]) continue;
-          V xv = vslot[s * SV + k * BLOCK], dv = vslot[s * SV + (VPT + k) * BLOCK], wv, out;
-          if (has_w) wv = wslot[k * BLOCK];
-          nb_launder(xv);
-          nb_launder(dv);
-          nb_launder(wv);
-#pragma unroll
-          for (int e = 0; e < VEC; ++e) {
-            const A xh = nb_xhat<Norm, A>(nb_to_acc(xv.v[e]), m, r);
-            const A d = nb_to_acc(dv.v[e]);
-            const A g = has_w ? nb_to_acc(wv.v[e]) * d : d;
-            out.v[e] = nb_from_acc<T>(nb_dx<Norm, A>(g, xh, r, a, b));
-            accw[k][e] += d * xh;
-            accb[k][e] += d;
-          }
-          nb_store_vec<T, VEC>(dx + off[NB_DX], col[k], 1, out);
-        }
+        V out;
+        nb_rows3_pass<Norm, T, VEC, VPT, BLOCK>(
+            vslot + s * SV, wslot, cok, has_w, m, r,
+            [&](int k, int e, A xh, A d, A g) {
+              out.v[e] = nb_from_acc<T>(nb_dx<Norm, A>(g, xh, r, a, b));
+              accw[k][e] += d * xh;
+              accb[k][e] += d;
+            },
+            [&](int k) { nb_store_vec<T, VEC>(dx + off[NB_DX], col[k], 1, out); });
       }
     }
     nb_cp_wait<0>();  // only empty groups are left (and the weight's, when there were no steps)
