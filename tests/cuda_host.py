@@ -3,9 +3,9 @@ stand-in in tests/cuda_host/ (fibers for threads, real barriers and warp shuffle
 ctypes, launched through `_norm_plan.run` by `HostCudaDevice`.
 
 One shared library per (op, dtype) holds every instantiation the planner can launch for it
-(`_norm_plan.all_kernel_exprs`, plus any nb_stage a test asks for), each behind an `extern "C"`
+(`_norm_plan.all_kernel_exprs`, plus any a test asks for), each behind an `extern "C"`
 wrapper that takes its arguments the way cuLaunchKernel does (an array of pointers to the argument
-values) and the launch's dynamic shared memory.  A cooperative launch (nb_stage finishing its own
+values) and the launch's dynamic shared memory.  A cooperative launch (nb_rows3 finishing its own
 column sums after a grid-wide barrier) runs as two launches of the same kernel, split at the
 barrier: the rows phase, then the column-sum phase (NBParams.flags' phase bits).  Libraries are cached in
 the temp folder under a hash of their sources.  Needs g++ with C++20 and _Float16 (GCC >= 12).
@@ -49,7 +49,7 @@ def _types(expr: str) -> tuple[str, str]:
     """(T, A) of a kernel name expression."""
     name, targs = expr.split("<", 1)
     args = [a.strip() for a in targs.rstrip(">").split(",")]
-    t = args[1] if name in ("nb_rows", "nb_rows2", "nb_rows3", "nb_chunked", "nb_stage") else args[0]
+    t = args[1] if name in ("nb_rows", "nb_rows2", "nb_rows3", "nb_chunked") else args[0]
     return t, f"{'bb' if name.startswith('bb_') else 'nb'}_acc_t<{t}>"
 
 
@@ -79,7 +79,7 @@ def _signature(expr: str) -> list[str]:
     main = ["NBParams", f"const {t}*", f"const {t}*", f"const {t}*", f"const {a}*", f"const {a}*", f"{t}*", f"{a}*"]
     if name in ("nb_rows", "nb_rows2"):
         return main + [f"{t}*", f"{t}*"]
-    if name in ("nb_stage", "nb_rows3"):
+    if name == "nb_rows3":
         return main + [f"{t}*", f"{t}*", "unsigned int*"]
     if name == "nb_colsum":
         return [f"const {a}*", "long long", "long long", "long long", f"{t}*", "long long", f"{t}*", "long long"]

@@ -38,9 +38,8 @@ LN, RMS = plan.LN, plan.RMS
 def _default_settings(monkeypatch):
     """Plans here use the default knobs unless a test sets GRADORACLE_CUPY_NORMS itself."""
     monkeypatch.delenv(plan.ENV, raising=False)
-    # These tests exercise the staged kernel and the driver launch path as the default they were
-    # written for; the shipped default is nb_rows through cupy until nb_stage has run on a GPU.
-    monkeypatch.setitem(plan.SETTINGS, "kernel", (plan.SETTINGS["kernel"][0], "stage"))
+    # These tests exercise the driver launch path as the default they were written for; the
+    # shipped default launches through cupy until the driver path has run on a GPU.
     monkeypatch.setitem(plan.SETTINGS, "launch", (plan.SETTINGS["launch"][0], "driver"))
 
 
@@ -53,7 +52,7 @@ def _default_settings(monkeypatch):
 def test_nvrtc_compiles_every_instantiation(op, dt):
     exprs = plan.all_kernel_exprs(op, dt)
     kinds = {e.split("<")[0] for e in exprs}
-    assert {"nb_rows", "nb_stage", "nb_chunked", "nb_colsum", "nb_rows2", "nb_rows3"} <= kinds
+    assert {"nb_rows", "nb_chunked", "nb_colsum", "nb_rows2", "nb_rows3"} <= kinds
     if op == LN:
         assert {"ln_v1", "ln_v2", "ln_v3", "ln_v4", "ln_v5"} <= kinds
     source = _nvrtc.read_source(plan.SOURCES[op])
@@ -81,16 +80,12 @@ static_assert(sizeof(NBParams) == {plan.PARAMS_WORDS} * 8, "NBParams size");
 static_assert(sizeof(NBParams::size) == {plan.MAX_LEAD} * 8, "size");
 static_assert(sizeof(NBParams::stride) == {plan.NT * plan.MAX_LEAD} * 8, "stride");
 static_assert(sizeof(NBParams::col_stride) == 4 * 8 && sizeof(NBParams::out_stride) == 2 * 8, "col/out strides");
-static_assert(NB_STAGE_BLOCK == {plan.STAGE_BLOCK}, "STAGE_BLOCK");
 static_assert(NB_PHASE_ROWS == {plan.PHASE_ROWS} && NB_PHASE_COLS == {plan.PHASE_COLS}, "phases");
 static_assert(NB_ROWS3_MIN_BLOCK == {plan.ROWS3_MIN_BLOCK} && NB_ROWS3_REGS == {plan.ROWS3_REGS}, "rows3");
-""" + "".join(f"static_assert(NBStageSmem<{plan.CUDA_TYPE[dt]}, {vpt}, {st}>::BYTES == "
-              f"{plan.stage_smem_bytes(dt, vpt, st)}, \"stage smem {dt} {vpt} {st}\");\n"
-              for dt in plan.DTYPES for vpt in (1, 2, 4) for st in (2, 4, 6)) \
-        + "".join(f"static_assert(NBRows3Smem<{plan.CUDA_TYPE[dt]}, {vpt}, {gw}, {st}>::BYTES == "
-                  f"{plan.rows3_smem_bytes(dt, vpt, gw, st)} && NBRows3Smem<{plan.CUDA_TYPE[dt]}, {vpt}, {gw}, {st}>"
-                  f"::BLOCK == {plan.rows3_block(gw)}, \"rows3 smem {dt} {vpt} {gw} {st}\");\n"
-                  for dt in plan.DTYPES for vpt in (1, 2, 4) for gw in (1, 32, 256, 512, 1024) for st in (2, 4))
+""" + "".join(f"static_assert(NBRows3Smem<{plan.CUDA_TYPE[dt]}, {vpt}, {gw}, {st}>::BYTES == "
+              f"{plan.rows3_smem_bytes(dt, vpt, gw, st)} && NBRows3Smem<{plan.CUDA_TYPE[dt]}, {vpt}, {gw}, {st}>"
+              f"::BLOCK == {plan.rows3_block(gw)}, \"rows3 smem {dt} {vpt} {gw} {st}\");\n"
+              for dt in plan.DTYPES for vpt in (1, 2, 4) for gw in (1, 32, 256, 512, 1024) for st in (2, 4))
     cubin, _ = _nvrtc.compile_cubin(probe, name_expressions=["nb_colsum<float>"], options=plan.compile_options())
     assert cubin
     assert plan.PARAMS_DTYPE.itemsize == plan.PARAMS_WORDS * 8
@@ -105,7 +100,7 @@ def _nvcc_instantiations(op: str, dt: str) -> str:
     t = plan.CUDA_TYPE[dt]
     a = f"nb_acc_t<{t}>"
     main = f"const __grid_constant__ NBParams, const {t}*, const {t}*, const {t}*, const {a}*, const {a}*, {t}*, {a}*"
-    sigs = {"nb_rows": f"{main}, {t}*, {t}*", "nb_rows2": f"{main}, {t}*, {t}*", "nb_stage": f"{main}, {t}*, {t}*, unsigned int*",
+    sigs = {"nb_rows": f"{main}, {t}*, {t}*", "nb_rows2": f"{main}, {t}*, {t}*",
             "nb_rows3": f"{main}, {t}*, {t}*, unsigned int*", "nb_chunked": main,
             "nb_colsum": f"const {a}*, long long, long long, long long, {t}*, long long, {t}*, long long"}
     lines = [f'#include "{_nvrtc.CUDA_DIR / plan.SOURCES[op]}"']
@@ -376,8 +371,8 @@ def emu_chunked(mean_sub, vec, vpt, grid, block, p, x, dy, w, mean, rstd, dx, pa
                             part.store(q, val if t0 == r_lo else part.load(q) + val)
 
 
-def emu_stage_colsum(p, part, dw, db):
-    """nb_stage's column-sum phase (after the grid barrier): dweight's then dbias's partial rows."""
+def emu_coop_colsum(p, part, dw, db):
+    """nb_rows3's column-sum phase (after the grid barrier): dweight's then dbias's partial rows."""
     n, np_ = p.n, p.nparts
     for which, on, out in ((0, p.flags & plan.HAS_W, dw), (1, p.flags & plan.HAS_B, db)):
         if on:
@@ -468,29 +463,13 @@ class EmuDevice:
             assert source == plan.SOURCES[LN if mean_sub else RMS]
             assert block == int(targs[4]) and int(targs[5]) in (1, 2) and block % p.gw == 0
             emu_rows(mean_sub, int(targs[2]), int(targs[3]), p.gw > 32, grid, block, p, *args[1:])
-        elif name == "nb_stage":
-            mean_sub = targs[0] == "NBLayerNorm"
-            assert source == plan.SOURCES[LN if mean_sub else RMS]
-            dt = next(k for k, v in plan.CUDA_TYPE.items() if v == targs[1])
-            vpt, stages = int(targs[2]), int(targs[3])
-            assert smem == plan.stage_smem_bytes(dt, vpt, stages) <= plan.STAGE_SMEM_LIMIT
-            phases = p.flags & (plan.PHASE_ROWS | plan.PHASE_COLS)
-            assert phases in (plan.PHASE_ROWS, plan.PHASE_ROWS | plan.PHASE_COLS)
-            assert coop == (phases == plan.PHASE_ROWS | plan.PHASE_COLS)
-            x, dy, w, mean, rstd, dx, part, dw, db, bar = args[1:]
-            assert (bar is not None) == coop and (part is not None) == (coop or p.nparts > 1 and bool(p.flags & 3))
-            p.flags &= plan.HAS_W | plan.HAS_B
-            emu_rows(mean_sub, 16 // plan.ITEMSIZE[dt], vpt, p.gw > 32, grid, block, p, x, dy, w, mean, rstd, dx, part,
-                     dw, db)
-            if coop:
-                emu_stage_colsum(p, part, dw, db)
-        elif name == "nb_rows3":  # nb_rows' work split and sums, its block, the fused finish as nb_stage's
+        elif name == "nb_rows3":  # nb_rows' work split and sums in its own block, then the fused finish
             mean_sub = targs[0] == "NBLayerNorm"
             assert source == plan.SOURCES[LN if mean_sub else RMS]
             dt = next(k for k, v in plan.CUDA_TYPE.items() if v == targs[1])
             vpt, gw, stages = int(targs[2]), int(targs[3]), int(targs[4])
             assert gw == p.gw and block == plan.rows3_block(gw) and p.rows_per_block % (block // gw) == 0
-            assert smem == plan.rows3_smem_bytes(dt, vpt, gw, stages) <= plan.STAGE_SMEM_LIMIT
+            assert smem == plan.rows3_smem_bytes(dt, vpt, gw, stages) <= plan.ROWS3_SMEM_LIMIT
             phases = p.flags & (plan.PHASE_ROWS | plan.PHASE_COLS)
             assert phases in (plan.PHASE_ROWS, plan.PHASE_ROWS | plan.PHASE_COLS)
             assert coop == (phases == plan.PHASE_ROWS | plan.PHASE_COLS)
@@ -500,7 +479,7 @@ class EmuDevice:
             emu_rows(mean_sub, 16 // plan.ITEMSIZE[dt], vpt, gw > 32, grid, block, p, x, dy, w, mean, rstd, dx, part,
                      dw, db)
             if coop:
-                emu_stage_colsum(p, part, dw, db)
+                emu_coop_colsum(p, part, dw, db)
         elif name == "nb_chunked":
             mean_sub = targs[0] == "NBLayerNorm"
             emu_chunked(mean_sub, int(targs[2]), int(targs[3]), grid, block, p, *args[1:])
@@ -603,23 +582,23 @@ def test_small_n_takes_several_rows_per_block():
     launch = entry.launch
     assert launch.kind == "rows" and launch.vec == 1 and launch.gw == 8 and launch.vpt == 1
     assert launch.nparts == 1 and not launch.colsum  # 40 rows fit one step of one block
-    for kernel in ("rows", "stage"):  # vec 4: gw = 2, 256 groups; 2 blocks, partial rows
-        entry, dev = emulate(LN, (300, 8), num_sms=2, knobs=f"kernel={kernel}")
-        launch = entry.launch
-        assert launch.kind == kernel and launch.vec == 4 and launch.gw == 2 and launch.vpt == 1
-        assert launch.nparts == 2 and launch.colsum and dev.launches[-1] == "nb_colsum<float>"
-        assert launch.rows_per_block % (plan.ROWS_BLOCK // launch.gw) == 0
+    entry, dev = emulate(LN, (300, 8), num_sms=2)  # vec 4: gw = 2, 256 groups; 2 blocks, partial rows
+    launch = entry.launch
+    assert launch.kind == "rows" and launch.vec == 4 and launch.gw == 2 and launch.vpt == 1
+    assert launch.nparts == 2 and launch.colsum and dev.launches[-1] == "nb_colsum<float>"
+    assert launch.rows_per_block % (plan.ROWS_BLOCK // launch.gw) == 0
 
 
-@pytest.mark.parametrize("knobs", ["", "kernel=rows", "finish=coop,stages=2"])
+@pytest.mark.parametrize("knobs", ["", "kernel=rows3", "kernel=rows3,finish=colsum,stages=2"])
 @pytest.mark.parametrize("op", [LN, RMS])
 @pytest.mark.parametrize("dt", ["f32", "bf16", "f64"])
 @pytest.mark.parametrize("shape", [(3, 5), (2, 2, 6), (7,), (1, 17), (4, 1), (37, 64), (9, 256), (5, 1023), (70, 24)])
 def test_emulated_best_matches_oracle(op, dt, shape, knobs):
     entry, dev = emulate(op, shape, dt, num_sms=3, knobs=knobs)
     vec = plan.vector_width(entry.layout, plan.ITEMSIZE[dt], True, True)
-    assert entry.launch.kind == ("stage" if vec > 1 and "rows" not in knobs else "rows")
-    assert bool(dev.coop) == entry.launch.coop == ("coop" in knobs and vec > 1 and entry.launch.nparts > 1)
+    assert entry.launch.kind == ("rows3" if vec > 1 and "rows3" in knobs else "rows")
+    coop = entry.launch.kind == "rows3" and "colsum" not in knobs and entry.launch.nparts > 1
+    assert bool(dev.coop) == entry.launch.coop == coop
 
 
 @pytest.mark.parametrize("has_w,has_b", [(True, True), (True, False), (False, True), (False, False)])
@@ -632,7 +611,7 @@ def test_emulated_best_affine_and_bias_forms(has_w, has_b, shape, num_sms):
 
 def test_m1_needs_no_second_stage():
     for shape in [(1, 4096), (4096,), (1, 17)]:
-        for knobs in ("", "finish=coop"):
+        for knobs in ("", "kernel=rows3"):
             entry, dev = emulate(LN, shape, "bf16", num_sms=132, knobs=knobs)
             assert entry.launch.nparts == 1 and not entry.launch.colsum and len(dev.launches) == 1
             assert not entry.launch.coop and not dev.coop and entry.ws_size == 0
@@ -690,10 +669,10 @@ def test_occupancy_sets_the_grid():
         seen.append((expr, block, smem))
         return 2
 
-    for kernel in ("rows", "stage"):  # gw 128: 4 rows a step
+    for kernel in ("rows", "rows3"):  # gw 128: 4 rows a step (nb_rows), 2 (nb_rows3: 8 rows a block at least)
         entry, _ = emulate(LN, (64, 1024), "f32", num_sms=2, occupancy=occupancy, knobs=f"kernel={kernel}")
-        assert entry.launch.nparts == 4
-    assert seen[-1] == (entry.launch.expr, plan.STAGE_BLOCK, entry.launch.smem) and entry.launch.smem > 48 * 1024
+        assert entry.launch.kind == kernel and entry.launch.nparts == 4
+    assert seen[-1] == (entry.launch.expr, entry.launch.block, entry.launch.smem) and entry.launch.smem > 48 * 1024
 
 
 @pytest.mark.parametrize("rung", plan.RUNGS)
@@ -770,8 +749,7 @@ def _layout_for(shape):
 def test_perf_shapes_plan_one_block_per_sm(shape, dt):
     layout = _layout_for(shape)
     launch = plan.plan_best(LN, dt, layout, True, True, 16 // plan.ITEMSIZE[dt], num_sms=132)
-    assert launch.kind == "stage" and launch.colsum and launch.stages == plan.STAGES
-    assert launch.smem == plan.stage_smem_bytes(dt, launch.vpt, launch.stages) <= plan.STAGE_SMEM_LIMIT
+    assert launch.kind == "rows" and launch.colsum and launch.block == plan.ROWS_BLOCK and launch.smem == 0
     assert 120 <= launch.nparts <= 132 and launch.nparts * launch.rows_per_block >= layout.rows
     assert (launch.nparts - 1) * launch.rows_per_block < layout.rows
     assert launch.expr in plan.all_kernel_exprs(LN, dt)
@@ -964,7 +942,7 @@ def _value(a):
 
 @pytest.mark.parametrize("op,dt,shape,has_w,has_b,knobs", [
     (LN, "bf16", (300, 64), True, True, ""), (LN, "bf16", (300, 64), False, True, ""),
-    (LN, "f32", (300, 4096), True, True, "finish=coop"), (RMS, "bf16", (40, 4096), True, False, ""),
+    (LN, "f32", (300, 4096), True, True, "kernel=rows3,stages=2"), (RMS, "bf16", (40, 4096), True, False, ""),
     (LN, "f32", (70, 33), True, True, ""), (LN, "f32", (70, 9000), True, False, ""),
     (LN, "bf16", (300, 64), True, True, "kernel=rows"), (LN, "bf16", (1, 64), True, True, ""),
     (LN, "bf16", (300, 4096), True, True, "kernel=rows3"), (RMS, "f32", (300, 1024), True, False,
@@ -1004,8 +982,8 @@ def test_cooperative_launch_through_cupy_packs_the_arguments():
               "weight": _layout(np.ones(4096), "contig", 4), "mean": _layout(np.ones(300), "contig", 4),
               "rstd": _layout(np.ones(300), "contig", 4), "dx": _out(shape, 4), "dweight": _out((4096,), 4),
               "dbias": _out((4096,), 4)}
-    entry = plan.build_entry(LN, "best", "f32", arrays, True, 8, knobs=plan.settings("finish=coop,launch=cupy"))
-    assert not entry.fast and entry.launch.coop and len(entry.kernels) == 1
+    entry = plan.build_entry(LN, "best", "f32", arrays, True, 8, knobs=plan.settings("kernel=rows3,launch=cupy"))
+    assert not entry.fast and entry.launch.kind == "rows3" and entry.launch.coop and len(entry.kernels) == 1
     dev, exprs = _fake_device(entry)
     fake = {k: _FakeArray(4, np.float32) for k in plan.NAMES}
     k = entry.kernels[0]
@@ -1098,7 +1076,7 @@ def test_rows3_plan_of_the_perf_shapes():
     la = plan.plan_best(LN, "bf16", lay, True, True, 8, 132, two, knobs)
     assert (la.kind, la.vpt, la.gw, la.block, la.stages) == ("rows3", 1, 512, 512, plan.STAGES)
     assert la.rows_per_block == 16 and la.grid == 128 and la.coop and not la.colsum
-    assert la.smem == plan.rows3_smem_bytes("bf16", 1, 512, plan.STAGES) <= plan.STAGE_SMEM_LIMIT // 2
+    assert la.smem == plan.rows3_smem_bytes("bf16", 1, 512, plan.STAGES) <= plan.ROWS3_SMEM_LIMIT // 2
     # 8192 rows: the grid is the resident blocks (264), each 32 rows (31 in the last).
     la = plan.plan_best(RMS, "bf16", _layout_for((8192, 4096)), True, False, 8, 132, two, knobs)
     assert la.grid == 256 and la.rows_per_block == 32 and la.coop
@@ -1142,5 +1120,5 @@ def test_v7_takes_the_driver_path_by_default(monkeypatch):
 def test_rows3_settings():
     assert plan.settings("kernel=rows3")["kernel"] == "rows3"
     assert plan.settings("")["finish"] is None  # each kernel's own default
-    with pytest.raises(ValueError, match="kernel='rows4', expected one of stage, rows, rows2, rows3"):
+    with pytest.raises(ValueError, match="kernel='rows4', expected one of rows, rows2, rows3"):
         plan.settings("kernel=rows4")

@@ -10,11 +10,11 @@ inputs unchanged, repeated calls bitwise equal for `best`, the stale-input reche
 oracle and its tolerance model.  The planner sees 3 SMs, so cases with enough rows take several
 blocks and the partial-row second stage.
 
-`best` runs with the default settings (nb_stage where 16-byte vectors apply); `best_rows`,
-`best_coop` and `best_s2` with GRADORACLE_CUPY_NORMS' other kernel, the fused (cooperative)
-column sums, and two copy stages of 8 elements per thread (slots refilled every other step).
-The stand-in defers every asynchronous copy to the wait that retires it, and fills dynamic shared
-memory with NaN, so a missing wait or a slot refilled too early shows up as a wrong result.
+`best` runs with the default settings (nb_rows, nb_chunked for long rows); `best_rows2*` and
+`best_rows3*` with GRADORACLE_CUPY_NORMS' other kernels, nb_rows3 with nb_colsum after it and with
+two copy stages (slots refilled every other step).  The stand-in defers every asynchronous copy to
+the wait that retires it, and fills dynamic shared memory with NaN, so a missing wait or a slot
+refilled too early shows up as a wrong result.
 
 What this cannot check: timing, the memory model across blocks (blocks run one after another),
 and the GPU's own rounding (no FMA contraction on the host): the GPU batch
@@ -50,14 +50,12 @@ cupyhost = Backend("cupyhost", framework="numpy", devices=("cpu",), register=Fal
                    description="the cupy norm kernels' CUDA source run on the CPU (tests/cuda_host)")
 
 
-KNOBS = {"best": "", "best_rows": "kernel=rows", "best_coop": "finish=coop", "best_s2": "stages=2,elems=8",
-         "best_rows2": "kernel=rows2", "best_rows2_pf2": "kernel=rows2,prefetch=2,minrows=1",
+KNOBS = {"best": "", "best_rows2": "kernel=rows2", "best_rows2_pf2": "kernel=rows2,prefetch=2,minrows=1",
          "best_rows3_colsum": "kernel=rows3,finish=colsum", "best_rows3_s2": "kernel=rows3,stages=2,minrows=1"}
 for _op in (LN, RMS):
     for _dt in plan.DTYPES:  # instantiations beyond the defaults' (built into the stand-in's library)
         cuda_host.EXTRA_EXPRS[(_op, _dt)] = sorted(
-            set(plan.all_kernel_exprs(_op, _dt, plan.settings(KNOBS["best_s2"])))
-            | set(plan.all_kernel_exprs(_op, _dt, plan.settings(KNOBS["best_rows2_pf2"])))
+            set(plan.all_kernel_exprs(_op, _dt, plan.settings(KNOBS["best_rows2_pf2"])))
             | set(plan.all_kernel_exprs(_op, _dt, plan.settings(KNOBS["best_rows3_s2"]))))
 
 
@@ -93,7 +91,6 @@ for _op in (LN, RMS):
         cupyhost.impl(_op, variant=_name, dtypes=plan.DTYPES)(_impl(_op, "best", knobs=_knobs))
     # 40 SMs: 16 or more partial rows, every row slice of nb_colsum in use
     cupyhost.impl(_op, variant="best_40sm", dtypes=plan.DTYPES)(_impl(_op, "best", 40))
-    cupyhost.impl(_op, variant="best_40sm_coop", dtypes=plan.DTYPES)(_impl(_op, "best", 40, KNOBS["best_coop"]))
     # cupy@v6 as the backend registers it (nb_rows2 whatever the variable says), and with one row
     # per block at least: 40 SMs give it many partial rows.
     cupyhost.impl(_op, variant="v6", dtypes=plan.DTYPES)(_impl(_op, "v6"))
@@ -158,9 +155,8 @@ def _check(impl_id: str, case) -> None:
 @pytest.fixture(autouse=True)
 def _default_settings(monkeypatch):
     monkeypatch.delenv(plan.ENV, raising=False)  # each impl names its own knobs
-    # These tests exercise the staged kernel and the driver launch path as the default they were
-    # written for; the shipped default is nb_rows through cupy until nb_stage has run on a GPU.
-    monkeypatch.setitem(plan.SETTINGS, "kernel", (plan.SETTINGS["kernel"][0], "stage"))
+    # These tests exercise the driver launch path as the default they were written for; the
+    # shipped default launches through cupy until the driver path has run on a GPU.
     monkeypatch.setitem(plan.SETTINGS, "launch", (plan.SETTINGS["launch"][0], "driver"))
 
 
@@ -178,7 +174,7 @@ def test_rmsnorm_smoke_on_host(variant, case):
 
 @pytest.mark.parametrize("case", EXTRA, ids=_ids(EXTRA))
 def test_long_rows_and_partial_rows_on_host(case):
-    for variant in ("best", "best_rows", "best_coop", "best_rows2", "best_rows2_pf2", "v6", "v7"):
+    for variant in ("best", "best_rows2", "best_rows2_pf2", "v6", "v7"):
         _check(variant, case)
     shape = case.params["shape"]
     if case.op == LN and shape[-1] <= 8200 and np.prod(shape[:-1]) <= 64:  # long rows through two rungs too
@@ -189,7 +185,6 @@ def test_long_rows_and_partial_rows_on_host(case):
 @pytest.mark.parametrize("case", MANY_PARTS, ids=_ids(MANY_PARTS))
 def test_many_partial_rows_on_host(case):
     _check("best_40sm", case)
-    _check("best_40sm_coop", case)
     _check("v6_40sm", case)
     _check("v7_40sm", case)
 
@@ -209,9 +204,6 @@ def test_the_extra_cases_reach_their_paths():
             seen.add((entry.launch.kind, entry.launch.vec > 1, entry.launch.nparts > 1, entry.launch.coop))
             if sms == 40 and entry.launch.kind not in ("chunked", "rows2", "rows3"):  # rows2 / 3: ROWS2_MIN_ROWS a block
                 assert entry.launch.nparts >= 2 * (plan.COLSUM_BLOCK // 32), entry.launch
-            la = entry.launch
-            if la.kind == "stage" and knobs == KNOBS["best_s2"] and la.rows_per_block * la.gw > 4 * plan.STAGE_BLOCK:
-                seen.add("several trips round two stages")
     for case in MANY_PARTS:  # v6_40sm: every row slice of nb_colsum in use there too
         x = np.zeros(case.params["shape"], dtypes.numpy_dtype(case.dtype))
         n = x.shape[-1]
@@ -226,8 +218,7 @@ def test_the_extra_cases_reach_their_paths():
         assert entry.launch.kind == "rows2" and entry.launch.nparts >= 2 * (plan.COLSUM_BLOCK // 32), entry.launch
         seen.add(("rows2", entry.launch.vec > 1, True, False))
     assert {("rows2", True, True, False), ("rows2", False, True, False), ("chunked", True, True, False), ("chunked", False, True, False), ("rows", True, True, False),
-            ("stage", True, True, False), ("stage", True, True, True), ("rows", False, True, False),
-            "several trips round two stages"} <= seen
+            ("rows", False, True, False)} <= seen
 
 
 # ============================================================================= nb_rows3 (cupy@v7)

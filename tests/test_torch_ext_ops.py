@@ -346,7 +346,7 @@ def test_every_planner_kernel_of_the_rows_path_is_built(op, dt):
         kind, vec, vpt, wide = _norm.parse_expr(op, expr)
         assert built_norm_kernel(kind, item, vec, vpt), expr
     with pytest.raises(ValueError, match="does not build"):
-        _norm.parse_expr(op, "nb_stage<NBRmsNorm, float, 2, 4>")
+        _norm.parse_expr(op, "nb_rows3<NBRmsNorm, float, 2, 32, 4>")
 
 
 def test_reduce_sum_kernel_names_parse():

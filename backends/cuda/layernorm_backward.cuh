@@ -2,7 +2,7 @@
 // norm_common.cuh).  Spec: oracle/layernorm_backward.py.  Host: backends/cupy/layernorm_backward.py
 // and backends/cupy/_norm_plan.py.
 //
-// The `best` variant is norm_common.cuh's nb_stage / nb_rows / nb_chunked / nb_colsum with the
+// The `best` variant is norm_common.cuh's nb_rows / nb_chunked / nb_colsum with the
 // policy below.  This file adds the ladder of seed 004 (layernorm backward, FP32 16x64x2048 on an
 // A100: v1 7.48M cycles, v2 0.25M, v3 0.25M, v4 0.098M), each rung written to do what the
 // seed's version does, with three corrections every rung needs to meet the spec:

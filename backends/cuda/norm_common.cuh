@@ -19,24 +19,9 @@
 // row tensors t = NB_X, NB_DY, NB_DX, NB_MEAN, NB_RSTD.  Row r's offsets are those of the
 // row-major unravel of r.  col_stride[t] (t = NB_X, NB_DY, NB_DX, NB_W) is the element stride
 // along N; out_stride[0 / 1] those of dweight / dbias.  flags: NB_HAS_W (weight given, dweight
-// wanted), NB_HAS_B (dbias wanted); nb_stage also NB_PHASE_ROWS / NB_PHASE_COLS (below).  Kernels
-// read only the fields their entry below names.
+// wanted), NB_HAS_B (dbias wanted); nb_rows3 also NB_PHASE_ROWS / NB_PHASE_COLS (norm_rows3.cuh).
+// Kernels read only the fields their entry below names.
 //
-//   nb_stage<Norm,T,VPT,STAGES>(p, x, dy, w, mean, rstd, dx, part, dw, db, bar)   [best, 16-byte]
-//       nb_rows' work split (its row groups, columns per thread, partial rows; VEC = 16 /
-//       sizeof(T), so nb_rows' VEC > 1 requirements) with blockDim = NB_STAGE_BLOCK, 1 block per
-//       SM (launch bounds), NBStageSmem<T,VPT,STAGES>::BYTES of dynamic shared memory.  Each
-//       thread copies its own x / dy vectors and the row's mean / rstd of step i + STAGES - 1
-//       into shared memory with cp.async (no registers, STAGES - 1 steps in flight) while it
-//       works on step i from the copies (wait_group), the row held in registers for both passes.
-//       The dweight / dbias sums stay in registers and leave through shared memory once per
-//       block: the groups' sums added in group order, 16-byte runs of a partial row.
-//       flags' phases: NB_PHASE_ROWS: the rows, as nb_rows (dw / db final when nparts == 1,
-//       else row b of part); NB_PHASE_COLS: the column sums of part into dw / db
-//       (nb_colsum_tile, 32-column tiles dealt out over the grid); both: rows, a grid-wide
-//       barrier on bar (2 uint, zero at the first launch, left reusable), then the sums -- a
-//       cooperative launch only (every block resident).  The host runs NB_PHASE_ROWS and then
-//       nb_colsum, or both in one cooperative launch; the CPU stand-in runs them as two launches.
 //   nb_rows<Norm,T,VEC,VPT,WIDE>(p, x, dy, w, mean, rstd, dx, part, dw, db)   [best, other layouts]
 //       blockDim = NB_ROWS_BLOCK; grid = nparts blocks.  Block b takes rows
 //       [b * rows_per_block, min(rows, (b+1) * rows_per_block)); its NB_ROWS_BLOCK / gw groups of
@@ -62,7 +47,7 @@
 //       grid = (ceil(n / 32), outputs); blockIdx.y = 0 writes out0 from part rows
 //       [row0, row0 + nparts), 1 writes out1 from the next nparts rows: out[j * stride] =
 //       T(sum over those rows of part[row * n + j], in a fixed order).  blockDim = NB_COLSUM_BLOCK.
-//       (nb_colsum_tile: one block's 32 columns; nb_stage's fused finish sums in the same order.)
+//       (nb_colsum_tile: one block's 32 columns.)
 //
 // Every element of every output (or partial row) is written once per call and every sum is
 // taken in an order fixed by the launch configuration: results are bitwise reproducible.
@@ -77,11 +62,8 @@
 #define NB_CHUNK_BLOCK 512   // threads per nb_chunked block
 #define NB_COLSUM_BLOCK 512  // threads per nb_colsum block: 32 columns x 16 row slices
 #define NB_MAX_TILE_ROWS 32  // nb_chunked: rows per tile at most
-#define NB_STAGE_BLOCK 512   // threads per nb_stage block
 #define NB_HAS_W 1
 #define NB_HAS_B 2
-#define NB_PHASE_ROWS 4      // nb_stage: the rows (dx, partial rows)
-#define NB_PHASE_COLS 8      // nb_stage: the column sums of the partial rows
 
 enum : int { NB_X = 0, NB_DY = 1, NB_DX = 2, NB_MEAN = 3, NB_RSTD = 4 };
 enum : int { NB_W = 3 };  // col_stride slot of weight
@@ -542,8 +524,8 @@ nb_chunked(const __grid_constant__ NBParams p, const T* __restrict__ x, const T*
 // The column sums of one 32-column tile of partial rows: out[j * stride] = T(sum over rows r <
 // nparts of src[r * n + j]) for j in [j0, min(n, j0 + 32)), the rows summed in the same fixed
 // order wherever and by whichever block it runs.  Block-uniform: all NB_COLSUM_BLOCK threads call
-// it; `red` is shared memory of SLICES x 32 A.  Reads through L2 (__ldcg): in nb_stage's fused
-// finish the rows were written by other blocks of the same launch.
+// it; `red` is shared memory of SLICES x 32 A.  Reads through L2 (__ldcg): the partial rows were
+// just written by other blocks.
 template <typename T>
 __device__ __forceinline__ void nb_colsum_tile(const nb_acc_t<T>* __restrict__ src, long long nparts, long long n,
                                                long long j0, T* __restrict__ out, long long stride,
@@ -589,302 +571,6 @@ nb_colsum(const nb_acc_t<T>* __restrict__ part, long long row0, long long nparts
     nb_colsum_tile<T>(src, nparts, n, (long long)blockIdx.x * 32, out0, stride0, red);
   else
     nb_colsum_tile<T>(src, nparts, n, (long long)blockIdx.x * 32, out1, stride1, red);
-}
-
-// ============================================================================ asynchronous copies
-
-// cp.async (sm_80+): global -> shared copies that take no registers and complete in commit-group
-// order; a thread sees its own copies after cp.async.wait_group (another thread's only after a
-// barrier as well).  Under the CPU stand-in (tests/cuda_host) the copies are deferred until the
-// wait that retires their group, so a read before its wait sees stale shared memory.
-#ifdef CUHOST_RUNTIME
-template <int BYTES>
-__device__ __forceinline__ void nb_cp_async(void* smem, const void* gmem) { cuhost::cp_async(smem, gmem, BYTES); }
-__device__ __forceinline__ void nb_cp_commit() { cuhost::cp_async_commit(); }
-template <int N>
-__device__ __forceinline__ void nb_cp_wait() { cuhost::cp_async_wait(N); }
-#define NB_DYNAMIC_SHARED(type, name) type* name = reinterpret_cast<type*>(cuhost::dynamic_shared())
-#else
-template <int BYTES>
-__device__ __forceinline__ void nb_cp_async(void* smem, const void* gmem) {
-  static_assert(BYTES == 4 || BYTES == 8 || BYTES == 16, "cp.async copies 4, 8 or 16 bytes");
-  const unsigned int s = (unsigned int)__cvta_generic_to_shared(smem);
-  if (BYTES == 16)  // .cg: L2 only (streamed once)
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
-  else
-    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(s), "l"(gmem), "n"(BYTES) : "memory");
-}
-__device__ __forceinline__ void nb_cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void nb_cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
-#define NB_DYNAMIC_SHARED(type, name) extern __shared__ __align__(16) type name[]
-#endif
-
-// Every block of a cooperative launch (all resident at once) meets here.  bar[0] counts arrivals
-// and returns to 0; bar[1] is a generation number the last arrival advances (both zero when the
-// buffer is allocated; any generation works after that).  Fences make each block's earlier
-// writes visible to every block that passes the barrier after it.
-__device__ __forceinline__ void nb_grid_sync(unsigned int* bar) {
-#ifdef CUHOST_RUNTIME
-  cuhost::grid_sync();  // the stand-in runs blocks one after another: the host splits the phases
-#endif
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    const unsigned int gen = atomicAdd(bar + 1, 0u);  // read before arriving: the barrier's generation
-    __threadfence();
-    if (atomicAdd(bar, 1u) == gridDim.x * gridDim.y - 1) {
-      atomicExch(bar, 0u);
-      __threadfence();
-      atomicAdd(bar + 1, 1u);
-    } else {
-      while (atomicAdd(bar + 1, 0u) == gen) __nanosleep(128);
-    }
-    __threadfence();
-  }
-  __syncthreads();
-}
-
-// ============================================================================ best: staged rows
-//
-// Why not nb_rows: on sm_90 its bf16 N = 4096 instantiation takes 127 registers, so one 512-thread
-// block (16 warps) per SM, and each thread has only the next row's 4 x 16-byte loads in flight
-// (32 KiB per SM) when it starts on a row; the step's arithmetic and barrier then run with no
-// further loads issued.  The H100 ran it at 38-57% of a copy of the same bytes.  nb_stage keeps
-// the row in registers too, but has STAGES - 1 steps of copies in flight (96 KiB per SM with the
-// defaults) that cost no registers and keep going through the arithmetic and barriers.
-
-// nb_stage's shared memory: STAGES stages, each [x | dy][VPT][NB_STAGE_BLOCK] 16-byte vectors,
-// then [mean | rstd][NB_STAGE_BLOCK] statistics; after the rows, the same bytes hold the
-// threads' dweight / dbias sums ([2][VPT][VEC][NB_STAGE_BLOCK] A).  The host computes the same
-// size (_norm_plan.stage_smem_bytes; a compile test checks both).
-template <typename T, int VPT>
-struct NBStageLayout {
-  typedef nb_acc_t<T> A;
-  static constexpr int VEC = 16 / (int)sizeof(T);
-  static constexpr int VECS = 2 * VPT * NB_STAGE_BLOCK;                           // 16-byte slots
-  static constexpr int BYTES = VECS * 16 + 2 * NB_STAGE_BLOCK * (int)sizeof(A);  // one stage
-  static constexpr int ACC_BYTES = 2 * VPT * VEC * NB_STAGE_BLOCK * (int)sizeof(A);
-};
-
-template <typename T, int VPT, int STAGES>
-struct NBStageSmem {  // dynamic shared memory of nb_stage<., T, VPT, STAGES>, in bytes
-  typedef NBStageLayout<T, VPT> L;
-  static constexpr int BYTES = STAGES * L::BYTES > L::ACC_BYTES ? STAGES * L::BYTES : L::ACC_BYTES;
-};
-
-// The rows of nb_stage (see the contract at the top).  Each thread copies, and later reads, only
-// its own slots of a stage, so the pipeline needs no barrier: a thread's wait_group makes its own
-// copies visible, and a slot is refilled only after the same thread has used what it read from it.
-template <class Norm, typename T, int VPT, int STAGES>
-__device__ __forceinline__ void nb_stage_rows(const NBParams& p, const T* __restrict__ x, const T* __restrict__ dy,
-                                              const T* __restrict__ w, const nb_acc_t<T>* __restrict__ mean,
-                                              const nb_acc_t<T>* __restrict__ rstd, T* __restrict__ dx,
-                                              nb_acc_t<T>* __restrict__ part, T* __restrict__ dw,
-                                              T* __restrict__ db, unsigned char* smem,
-                                              nb_acc_t<T> (*red)[NB_STAGE_BLOCK / 32][2]) {
-  typedef nb_acc_t<T> A;
-  typedef NBStageLayout<T, VPT> L;
-  constexpr int VEC = L::VEC;
-  typedef NBVec<T, VEC> V;
-
-  const int tid = threadIdx.x;
-  const int gw = (int)p.gw, glog = (int)p.gw_log2;
-  const int lane = tid & (gw - 1), grp = tid >> glog, ngrp = NB_STAGE_BLOCK >> glog;
-  const int n = (int)p.n;
-  const bool has_w = (p.flags & NB_HAS_W) != 0, has_b = Norm::kBias && (p.flags & NB_HAS_B) != 0;
-  const A inv_n = A(1) / A(n);
-
-  bool cok[VPT];
-  int col[VPT];
-  V wv[VPT];
-  A accw[VPT][VEC], accb[VPT][VEC];
-#pragma unroll
-  for (int k = 0; k < VPT; ++k) {
-    col[k] = (k * gw + lane) * VEC;
-    cok[k] = col[k] < n;
-    if (has_w && cok[k]) wv[k] = nb_load_vec<T, VEC>(w, col[k], 1);
-#pragma unroll
-    for (int e = 0; e < VEC; ++e) accw[k][e] = accb[k][e] = A(0);
-  }
-
-  const long long r_lo = (long long)blockIdx.x * p.rows_per_block;
-  const long long r_hi = nb_min(p.rows, r_lo + p.rows_per_block);
-  const int nsteps = r_hi > r_lo ? (int)((r_hi - r_lo + ngrp - 1) / ngrp) : 0;  // block-uniform
-
-  // Slots of stage s: x vectors, dy vectors, then the statistics.
-  V* const vslot = reinterpret_cast<V*>(smem) + tid;
-  A* const sslot = reinterpret_cast<A*>(smem + L::VECS * 16) + tid;
-  constexpr int SV = L::BYTES / 16;                 // a stage in 16-byte vectors
-  constexpr int SA = L::BYTES / (int)sizeof(A);     // a stage in A
-  // Queue step i's copies (none past the block's rows), then close its group: one group per
-  // step, empty or not, so that wait_group counts steps.
-  auto issue = [&](int i) {
-    const long long row = r_lo + (long long)i * ngrp + grp;
-    if (i < nsteps && row < r_hi) {
-      long long off[NB_NT];
-      nb_row_offsets(p, row, off);
-      const int s = i % STAGES;
-#pragma unroll
-      for (int k = 0; k < VPT; ++k) {
-        if (cok[k]) {
-          nb_cp_async<16>(vslot + s * SV + k * NB_STAGE_BLOCK, x + off[NB_X] + col[k]);
-          nb_cp_async<16>(vslot + s * SV + (VPT + k) * NB_STAGE_BLOCK, dy + off[NB_DY] + col[k]);
-        }
-      }
-      if (Norm::kMean) nb_cp_async<(int)sizeof(A)>(sslot + s * SA, mean + off[NB_MEAN]);
-      nb_cp_async<(int)sizeof(A)>(sslot + s * SA + NB_STAGE_BLOCK, rstd + off[NB_RSTD]);
-    }
-    nb_cp_commit();
-  };
-
-#pragma unroll
-  for (int i = 0; i < STAGES - 1; ++i) issue(i);
-  int buf = 0;
-  for (int i = 0; i < nsteps; ++i) {
-    issue(i + STAGES - 1);
-    nb_cp_wait<STAGES - 1>();  // step i's group is done
-    const long long row = r_lo + (long long)i * ngrp + grp;
-    const bool rok = row < r_hi;
-    const int s = i % STAGES;
-    V xv[VPT], dv[VPT];
-    A m = A(0), r = A(0);
-    A s1 = A(0), s2 = A(0);
-    if (rok) {
-      if (Norm::kMean) m = sslot[s * SA];
-      r = sslot[s * SA + NB_STAGE_BLOCK];
-#pragma unroll
-      for (int k = 0; k < VPT; ++k) {
-        if (!cok[k]) continue;
-        xv[k] = vslot[s * SV + k * NB_STAGE_BLOCK];
-        dv[k] = vslot[s * SV + (VPT + k) * NB_STAGE_BLOCK];
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) {
-          const A xh = nb_xhat<Norm, A>(nb_to_acc(xv[k].v[e]), m, r);
-          const A d = nb_to_acc(dv[k].v[e]);
-          const A g = has_w ? nb_to_acc(wv[k].v[e]) * d : d;
-          s1 += g;
-          s2 += g * xh;
-        }
-      }
-    }
-    if (gw > 32) {  // block-uniform
-      s1 = nb_warp_sum(s1);
-      s2 = nb_warp_sum(s2);
-      if ((tid & 31) == 0) {
-        red[buf][tid >> 5][0] = s1;
-        red[buf][tid >> 5][1] = s2;
-      }
-      // One barrier per step: a buffer is rewritten two steps later, after every thread has
-      // passed the next step's barrier, so after it has read this one.
-      __syncthreads();
-      const int w0 = (grp << glog) >> 5, nw = gw >> 5;
-      s1 = s2 = A(0);
-      for (int j = 0; j < nw; ++j) {  // the same order in every thread of the group
-        s1 += red[buf][w0 + j][0];
-        s2 += red[buf][w0 + j][1];
-      }
-      buf ^= 1;
-    } else {
-      s1 = nb_group_sum(s1, gw);
-      s2 = nb_group_sum(s2, gw);
-    }
-    const A a = s1 * inv_n, b = s2 * inv_n;
-    if (rok) {
-      long long off[NB_NT];
-      nb_row_offsets(p, row, off);
-#pragma unroll
-      for (int k = 0; k < VPT; ++k) {
-        if (!cok[k]) continue;
-        V out;
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) {
-          const A xh = nb_xhat<Norm, A>(nb_to_acc(xv[k].v[e]), m, r);
-          const A d = nb_to_acc(dv[k].v[e]);
-          const A g = has_w ? nb_to_acc(wv[k].v[e]) * d : d;
-          out.v[e] = nb_from_acc<T>(nb_dx<Norm, A>(g, xh, r, a, b));
-          accw[k][e] += d * xh;
-          accb[k][e] += d;
-        }
-        nb_store_vec<T, VEC>(dx + off[NB_DX], col[k], 1, out);
-      }
-    }
-  }
-  nb_cp_wait<0>();  // (only empty groups are left)
-  __syncthreads();  // every thread is done with its slots: the memory now takes the sums
-
-  // dweight / dbias: the groups' sums of each column added in group order (nb_rows' order), then
-  // written final (nparts == 1) or as row blockIdx.x of the partial rows.  Thread t takes the
-  // vectors t, t + NB_STAGE_BLOCK, ... of the row: conflict-free shared reads, 16-byte runs out.
-  A* const acc = reinterpret_cast<A*>(smem);  // [2][VPT][VEC][NB_STAGE_BLOCK]
-#pragma unroll
-  for (int k = 0; k < VPT; ++k) {
-#pragma unroll
-    for (int e = 0; e < VEC; ++e) {
-      acc[((0 * VPT + k) * VEC + e) * NB_STAGE_BLOCK + tid] = accw[k][e];
-      acc[((1 * VPT + k) * VEC + e) * NB_STAGE_BLOCK + tid] = accb[k][e];
-    }
-  }
-  __syncthreads();
-  const long long np = p.nparts;
-  const int nv = n / VEC;
-  for (int v = tid; v < nv; v += NB_STAGE_BLOCK) {
-    const int k = v >> glog, l = v & (gw - 1);
-#pragma unroll
-    for (int which = 0; which < 2; ++which) {
-      if (which == 0 ? !has_w : !has_b) continue;
-      const A* src = acc + (which * VPT + k) * VEC * NB_STAGE_BLOCK + l;
-      A sum[VEC];
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) {
-        sum[e] = src[e * NB_STAGE_BLOCK];
-        for (int g2 = 1; g2 < ngrp; ++g2) sum[e] += src[e * NB_STAGE_BLOCK + (g2 << glog)];
-      }
-      if (np == 1) {
-        T* out = which == 0 ? dw : db;
-        const long long os = p.out_stride[which];
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) out[((long long)v * VEC + e) * os] = nb_from_acc<T>(sum[e]);
-      } else {
-        A* q = part + ((long long)which * np + blockIdx.x) * n + (long long)v * VEC;
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) q[e] = sum[e];
-      }
-    }
-  }
-}
-
-// The fused finish: the 32-column tiles of dweight then dbias, taken by blocks in turn.
-template <typename T>
-__device__ __forceinline__ void nb_stage_colsum(const NBParams& p, const nb_acc_t<T>* __restrict__ part,
-                                                T* __restrict__ dw, T* __restrict__ db,
-                                                nb_acc_t<T> (*red)[32]) {
-  const long long n = p.n, np = p.nparts, tiles = (n + 31) / 32;
-  const bool has_w = (p.flags & NB_HAS_W) != 0, has_b = (p.flags & NB_HAS_B) != 0;
-  const long long total = tiles * ((has_w ? 1 : 0) + (has_b ? 1 : 0));
-  for (long long t = blockIdx.x; t < total; t += gridDim.x) {  // block-uniform
-    const bool second = t >= tiles || !has_w;                  // a dbias tile
-    const int which = second ? 1 : 0;
-    const long long j0 = (t % tiles) * 32;
-    nb_colsum_tile<T>(part + (long long)which * np * n, np, n, j0, which ? db : dw, p.out_stride[which], red);
-  }
-}
-
-template <class Norm, typename T, int VPT, int STAGES>
-__global__ void __launch_bounds__(NB_STAGE_BLOCK, 1)
-nb_stage(const __grid_constant__ NBParams p, const T* __restrict__ x, const T* __restrict__ dy,
-         const T* __restrict__ w, const nb_acc_t<T>* __restrict__ mean, const nb_acc_t<T>* __restrict__ rstd,
-         T* __restrict__ dx, nb_acc_t<T>* __restrict__ part, T* __restrict__ dw, T* __restrict__ db,
-         unsigned int* __restrict__ bar) {
-  typedef nb_acc_t<T> A;
-  static_assert(NB_STAGE_BLOCK == NB_COLSUM_BLOCK, "the fused finish runs nb_colsum_tile with the whole block");
-  NB_DYNAMIC_SHARED(unsigned char, smem);
-  __shared__ A red[2][NB_STAGE_BLOCK / 32][2];
-  __shared__ A cred[NB_COLSUM_BLOCK / 32][32];
-  const long long phases = p.flags & (NB_PHASE_ROWS | NB_PHASE_COLS);
-  if (phases & NB_PHASE_ROWS)
-    nb_stage_rows<Norm, T, VPT, STAGES>(p, x, dy, w, mean, rstd, dx, part, dw, db, smem, red);
-  if (phases == (NB_PHASE_ROWS | NB_PHASE_COLS)) nb_grid_sync(bar);
-  if (phases & NB_PHASE_COLS) nb_stage_colsum<T>(p, part, dw, db, cred);
 }
 
 // ============================================================================ best (candidate): rows2

@@ -1,8 +1,8 @@
 // nb_rows3 (cupy@v7; GRADORACLE_CUPY_NORMS=kernel=rows3): the rows kernel of the normalisation
 // backwards for dense, 16-byte aligned rows, with small blocks capped at 64 registers and the
 // loads decoupled from the registers.  Included at the end of norm_common.cuh (it uses its
-// params, math, reductions, cp.async wrappers and grid barrier).  Host: backends/cupy/_norm_plan.py
-// (rows3_config, plan_rows3).
+// params, math, reductions, loads and stores); the cp.async wrappers and the grid barrier below are
+// its own.  Host: backends/cupy/_norm_plan.py (rows3_config, plan_rows3).
 //
 // Why this shape (H100 profiles of cupy@best and cupy@v6, results/h100/bench-2/profile/05-*, 06-*):
 // both kept their loads in registers, so the bytes in flight per SM were bounded by the registers
@@ -23,9 +23,9 @@
 //     16-byte vector of x and dy per row in 16-bit types, two in float, two in double (8, 8
 //     and 4 elements: 16 sum registers).  16 elements in 16-bit or 32-bit types (32 sum
 //     registers) spill 24-80 bytes at 64 registers, and holding the row itself in registers
-//     (nb_rows, nb_stage) costs 96-128.  The weight sits in shared memory too (each thread's own
-//     vectors), and the row's vectors are laundered between the passes so that the compiler
-//     keeps the packed vectors, not their converted elements.
+//     (nb_rows) costs 96-128.  The weight sits in shared memory too (each thread's own vectors),
+//     and the row's vectors are laundered between the passes so that the compiler keeps the
+//     packed vectors, not their converted elements.
 //   * Groups of GW threads (a power of two) take one row each per step.  GW <= 32 (rows of up
 //     to 32 threads' elements): a warp or part of one per row, row sums by shuffles only, no
 //     barrier anywhere in the row loop.  GW > 32: warp sums through shared memory, one block
@@ -55,6 +55,60 @@
 #define NB_ROWS3_REGS 64       // registers per thread the launch bounds allow
 #define NB_ROWS3_MIN_BLOCK 256 // threads per block at least (several groups when GW is smaller)
 #define NB_ROWS3_BLOCK(GW) ((GW) < NB_ROWS3_MIN_BLOCK ? NB_ROWS3_MIN_BLOCK : (GW))
+#define NB_PHASE_ROWS 4        // flags: the rows (dx, partial rows)
+#define NB_PHASE_COLS 8        // flags: the column sums of the partial rows
+
+// cp.async (sm_80+): global -> shared copies that take no registers and complete in commit-group
+// order; a thread sees its own copies after cp.async.wait_group (another thread's only after a
+// barrier as well).  Under the CPU stand-in (tests/cuda_host) the copies are deferred until the
+// wait that retires their group, so a read before its wait sees stale shared memory.
+#ifdef CUHOST_RUNTIME
+template <int BYTES>
+__device__ __forceinline__ void nb_cp_async(void* smem, const void* gmem) { cuhost::cp_async(smem, gmem, BYTES); }
+__device__ __forceinline__ void nb_cp_commit() { cuhost::cp_async_commit(); }
+template <int N>
+__device__ __forceinline__ void nb_cp_wait() { cuhost::cp_async_wait(N); }
+#define NB_DYNAMIC_SHARED(type, name) type* name = reinterpret_cast<type*>(cuhost::dynamic_shared())
+#else
+template <int BYTES>
+__device__ __forceinline__ void nb_cp_async(void* smem, const void* gmem) {
+  static_assert(BYTES == 4 || BYTES == 8 || BYTES == 16, "cp.async copies 4, 8 or 16 bytes");
+  const unsigned int s = (unsigned int)__cvta_generic_to_shared(smem);
+  if (BYTES == 16)  // .cg: L2 only (streamed once)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+  else
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(s), "l"(gmem), "n"(BYTES) : "memory");
+}
+__device__ __forceinline__ void nb_cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void nb_cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+#define NB_DYNAMIC_SHARED(type, name) extern __shared__ __align__(16) type name[]
+#endif
+
+// Every block of a cooperative launch (all resident at once) meets here.  bar[0] counts arrivals
+// and returns to 0; bar[1] is a generation number the last arrival advances (both zero when the
+// buffer is allocated; any generation works after that).  Fences make each block's earlier
+// writes visible to every block that passes the barrier after it.
+__device__ __forceinline__ void nb_grid_sync(unsigned int* bar) {
+#ifdef CUHOST_RUNTIME
+  cuhost::grid_sync();  // the stand-in runs blocks one after another: the host splits the phases
+#endif
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const unsigned int gen = atomicAdd(bar + 1, 0u);  // read before arriving: the barrier's generation
+    __threadfence();
+    if (atomicAdd(bar, 1u) == gridDim.x * gridDim.y - 1) {
+      atomicExch(bar, 0u);
+      __threadfence();
+      atomicAdd(bar + 1, 1u);
+    } else {
+      while (atomicAdd(bar + 1, 0u) == gen) __nanosleep(128);
+    }
+    __threadfence();
+  }
+  __syncthreads();
+}
+
 
 // nb_rows3's shared memory: STAGES stages of [x | dy][VPT][BLOCK] 16-byte vectors then
 // [mean | rstd][BLOCK] statistics, then [VPT][BLOCK] weight vectors; after the rows the first
@@ -114,6 +168,34 @@ __device__ __forceinline__ void nb_rows3_colsum(const NBParams& p, const nb_acc_
       (which ? db : dw)[j * p.out_stride[which]] = nb_from_acc<T>(u);
     }
     __syncthreads();  // red is rewritten by the next tile
+  }
+}
+
+// One pass of nb_rows3 over this thread's vectors of a staged row (vs: its first x slot of the
+// stage, ws: its first weight slot): per vector k in the row, x / dy (and the weight, when given)
+// read from the slots and laundered, so that each pass converts the packed vectors afresh rather
+// than keeping the converted elements live across the row sums; then elem(k, e, x-hat, dy,
+// weight * dy) for its elements in order, and done(k).
+template <class Norm, typename T, int VEC, int VPT, int BLOCK, class Elem, class Done>
+__device__ __forceinline__ void nb_rows3_pass(const NBVec<T, VEC>* vs, const NBVec<T, VEC>* ws, const bool* cok,
+                                              bool has_w, nb_acc_t<T> m, nb_acc_t<T> r, Elem elem, Done done) {
+  typedef nb_acc_t<T> A;
+#pragma unroll
+  for (int k = 0; k < VPT; ++k) {
+    if (!cok[k]) continue;
+    NBVec<T, VEC> xv = vs[k * BLOCK], dv = vs[(VPT + k) * BLOCK], wv;
+    if (has_w) wv = ws[k * BLOCK];
+    nb_launder(xv);
+    nb_launder(dv);
+    nb_launder(wv);
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+      const A xh = nb_xhat<Norm, A>(nb_to_acc(xv.v[e]), m, r);
+      const A d = nb_to_acc(dv.v[e]);
+      const A g = has_w ? nb_to_acc(wv.v[e]) * d : d;
+      elem(k, e, xh, d, g);
+    }
+    done(k);
   }
 }
 
@@ -198,23 +280,13 @@ nb_rows3(const __grid_constant__ NBParams p, const T* __restrict__ x, const T* _
       if (rok) {
         if (Norm::kMean) m = sslot[s * SA];
         r = sslot[s * SA + BLOCK];
-#pragma unroll
-        for (int k = 0; k < VPT; ++k) {
-          if (!cok[k]) continue;
-          V xv = vslot[s * SV + k * BLOCK], dv = vslot[s * SV + (VPT + k) * BLOCK], wv;
-          if (has_w) wv = wslot[k * BLOCK];
-          nb_launder(xv);
-          nb_launder(dv);
-          nb_launder(wv);
-#pragma unroll
-          for (int e = 0; e < VEC; ++e) {
-            const A xh = nb_xhat<Norm, A>(nb_to_acc(xv.v[e]), m, r);
-            const A d = nb_to_acc(dv.v[e]);
-            const A g = has_w ? nb_to_acc(wv.v[e]) * d : d;
-            s1 += g;
-            s2 += g * xh;
-          }
-        }
+        nb_rows3_pass<Norm, T, VEC, VPT, BLOCK>(
+            vslot + s * SV, wslot, cok, has_w, m, r,
+            [&](int, int, A xh, A, A g) {
+              s1 += g;
+              s2 += g * xh;
+            },
+            [](int) {});
       }
       if (GW > 32) {
         s1 = nb_warp_sum(s1);
@@ -242,25 +314,15 @@ nb_rows3(const __grid_constant__ NBParams p, const T* __restrict__ x, const T* _
       if (rok) {
         long long off[NB_NT];
         nb_row_offsets(p, row, off);
-#pragma unroll
-        for (int k = 0; k < VPT; ++k) {
-          if (!cok[k]) continue;
-          V xv = vslot[s * SV + k * BLOCK], dv = vslot[s * SV + (VPT + k) * BLOCK], wv, out;
-          if (has_w) wv = wslot[k * BLOCK];
-          nb_launder(xv);
-          nb_launder(dv);
-          nb_launder(wv);
-#pragma unroll
-          for (int e = 0; e < VEC; ++e) {
-            const A xh = nb_xhat<Norm, A>(nb_to_acc(xv.v[e]), m, r);
-            const A d = nb_to_acc(dv.v[e]);
-            const A g = has_w ? nb_to_acc(wv.v[e]) * d : d;
-            out.v[e] = nb_from_acc<T>(nb_dx<Norm, A>(g, xh, r, a, b));
-            accw[k][e] += d * xh;
-            accb[k][e] += d;
-          }
-          nb_store_vec<T, VEC>(dx + off[NB_DX], col[k], 1, out);
-        }
+        V out;
+        nb_rows3_pass<Norm, T, VEC, VPT, BLOCK>(
+            vslot + s * SV, wslot, cok, has_w, m, r,
+            [&](int k, int e, A xh, A d, A g) {
+              out.v[e] = nb_from_acc<T>(nb_dx<Norm, A>(g, xh, r, a, b));
+              accw[k][e] += d * xh;
+              accb[k][e] += d;
+            },
+            [&](int k) { nb_store_vec<T, VEC>(dx + off[NB_DX], col[k], 1, out); });
       }
     }
     nb_cp_wait<0>();  // only empty groups are left (and the weight's, when there were no steps)

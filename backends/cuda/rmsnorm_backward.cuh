@@ -4,7 +4,7 @@
 //
 // RMS norm is layer norm without the mean: xhat = x * rstd, dx = rstd * (g - xhat * mean(g *
 // xhat)), dweight = sum over rows of dy * xhat, no dbias.  Its `best` variant is the layer
-// norm's design (norm_common.cuh: nb_stage / nb_rows for rows held in registers, nb_chunked for
+// norm's design (norm_common.cuh: nb_rows for rows held in registers, nb_chunked for
 // long rows, nb_colsum for the deterministic second stage) instantiated with the policy below;
 // the launch contract is the one documented there, with mean = nullptr (never read), flags =
 // NB_HAS_W.

@@ -10,8 +10,8 @@ Inputs may have any strides (16-byte vectors where the layout allows, scalar acc
 outputs must be C-contiguous.  Per call: `call` builds a key from the arrays' shapes, strides,
 dtypes, 16-byte alignment and device, finds (or, once, builds and checks) the `Entry` for it,
 checks that no output overlaps another array (once per set of addresses), and launches one kernel,
-plus nb_colsum when dweight / dbias come from partial rows or the rungs' accumulators (unless the
-staged kernel finishes them itself in a cooperative launch).  The launch contract is documented at
+plus nb_colsum when dweight / dbias come from partial rows or the rungs' accumulators (unless
+nb_rows3 finishes them itself in a cooperative launch).  The launch contract is documented at
 the top of norm_common.cuh.
 
 The best variant's kernel and launch path are chosen at plan time from the environment variable
@@ -53,9 +53,10 @@ MAX_TILE_ROWS = 32
 HAS_W, HAS_B = 1, 2
 PARAMS_WORDS = 3 + MAX_LEAD + NT * MAX_LEAD + 4 + 2 + 6
 FLAGS_WORD = 3 + MAX_LEAD + NT * MAX_LEAD + 4 + 2  # NBParams.flags
-STAGE_BLOCK = 512
-PHASE_ROWS, PHASE_COLS = 4, 8
-STAGE_SMEM_LIMIT = 232448 - 8192  # H100 / H200: 227 KiB of shared memory per block, less nb_stage's static arrays
+PHASE_ROWS, PHASE_COLS = 4, 8  # norm_rows3.cuh
+# H100 / H200: 227 KiB of shared memory per block, less 8 KiB of headroom for static arrays
+# (nb_rows3's take 1 KiB at most).
+ROWS3_SMEM_LIMIT = 232448 - 8192
 V1_BLOCK = 256
 V4_BLOCK = 1024
 V5_MAX_CPT = 16
@@ -65,10 +66,6 @@ V5_MAX_CPT = 16
 # a 512-thread block leaves each thread without spilling (ptxas -v on sm_90).
 ROWS_ELEMS = {"vec": {2: 16, 4: 8, 8: 4}, "scalar": {2: 8, 4: 8, 8: 4}}
 CHUNK_ELEMS = {"vec": {2: 8, 4: 8, 8: 4}, "scalar": {2: 8, 4: 8, 8: 4}}
-# nb_stage: elements of a row per thread (the row in registers, the dweight / dbias sums beside it:
-# ptxas -v on sm_90 gives 96-128 registers, no spills, for these) and stages of copies in flight.
-STAGE_ELEMS = {2: 16, 4: 8, 8: 4}
-STAGES = 4
 # nb_rows2 (kernel=rows2, cupy@v6): blocks of these sizes, every one capped at 64 registers by its
 # launch bounds (1024 threads resident per SM).  Vectors per thread: one 16-byte vector of x and
 # of dy per row in the vector layouts, up to ROWS2_SCALAR_VPT elements in the scalar ones; with
@@ -91,6 +88,7 @@ ROWS2_MIN_ROWS = 16
 # shared memory is short), at least ROWS2_MIN_ROWS rows per block when partial rows are written,
 # finished in the same cooperative launch unless finish=colsum.
 ROWS3_ELEMS = {2: 8, 4: 8, 8: 4}
+STAGES = 4
 ROWS3_MIN_BLOCK = 256
 ROWS3_MAX_GW = 1024
 ROWS3_REGS = 64
@@ -116,21 +114,19 @@ def next_pow2(n: int) -> int:
 
 ENV = "GRADORACLE_CUPY_NORMS"
 # Defaults: the kernel and launch path verified on the H100 (results/h100/cupy/norms-1/: every full case
-# passes).  nb_stage and the driver launch path pass every CPU test but have not run on a GPU yet:
-# GRADORACLE_CUPY_NORMS=kernel=stage,launch=driver selects them (scripts/gpu/cuda_norms_tune.sh measures them).
+# passes).  The other kernels and the driver launch path pass every CPU test but have not run on
+# a GPU yet.
 SETTINGS = {  # name -> (allowed values, default); None: the planner's own choice
-    # rows held while loads are copied ahead (nb_stage), nb_rows, or nb_rows2 (64 registers, 1024
-    # threads per SM; not yet run on a GPU: scripts/gpu/cuda_norms_v6.sh; the switch to make it the
-    # default is this entry's default, "rows" -> "rows2", once that batch passes and measures faster)
-    # nb_rows3 (64 registers, loads copied STAGES rows ahead into shared memory: cupy@v7; not yet
-    # run on a GPU: scripts/gpu/cuda_norms_v7.sh)
-    "kernel": (("stage", "rows", "rows2", "rows3"), "rows"),
-    "stages": ((2, 3, 4, 5, 6), None),         # nb_stage, nb_rows3: copy stages (default STAGES, as many as fit)
-    "elems": ((4, 8, 16, 32), None),           # nb_stage, nb_rows3: elements per thread at most (default
-                                               # STAGE_ELEMS / ROWS3_ELEMS; 32 in 16-bit types spills in
-                                               # nb_stage: ptxas, 324 bytes; 16 in nb_rows3)
-    # nb_stage, nb_rows3: nb_colsum after it, or its own (cooperative launch); default: nb_stage
-    # colsum, nb_rows3 coop
+    # nb_rows, or nb_rows2 (64 registers, 1024 threads per SM; not yet run on a GPU:
+    # scripts/gpu/cuda_norms_v6.sh; the switch to make it the default is this entry's default,
+    # "rows" -> "rows2", once that batch passes and measures faster), or nb_rows3 (64 registers,
+    # loads copied STAGES rows ahead into shared memory: cupy@v7; not yet run on a GPU:
+    # scripts/gpu/cuda_norms_v7.sh)
+    "kernel": (("rows", "rows2", "rows3"), "rows"),
+    "stages": ((2, 3, 4, 5, 6), None),         # nb_rows3: copy stages (default STAGES, as many as fit)
+    "elems": ((4, 8, 16, 32), None),           # nb_rows3: elements per thread at most (default
+                                               # ROWS3_ELEMS; 16 and more spill: ptxas)
+    # nb_rows3: nb_colsum after it, or its own (cooperative launch, the default)
     "finish": (("colsum", "coop"), None),
     # cuLaunchKernel on prebuilt arguments, or cupy.RawKernel calls; default: driver for nb_rows3 (its
     # cooperative launch goes through the driver either way: prebuilt arguments keep the host time
@@ -144,7 +140,7 @@ SETTINGS = {  # name -> (allowed values, default); None: the planner's own choic
 
 def settings(text: str | None = None) -> dict:
     """The best variant's knobs from `text` (default: the environment variable GRADORACLE_CUPY_NORMS),
-    comma-separated name=value pairs, e.g. "kernel=stage,stages=3,finish=coop".  Unnamed knobs take
+    comma-separated name=value pairs, e.g. "kernel=rows3,stages=3,finish=colsum".  Unnamed knobs take
     their defaults; a bad name or value is a ValueError naming the variable."""
     text = os.environ.get(ENV, "") if text is None else text
     out = {k: d for k, (_, d) in SETTINGS.items()}
@@ -238,10 +234,10 @@ def vector_width(layout: Layout, itemsize: int, aligned: bool, has_w: bool) -> i
 
 @dataclass
 class Launch:
-    """One call's launches: the main kernel, then nb_colsum when `colsum` (the staged kernel with
-    `coop` sums the partial rows itself, after a grid-wide barrier, in a cooperative launch)."""
+    """One call's launches: the main kernel, then nb_colsum when `colsum` (nb_rows3 with `coop`
+    sums the partial rows itself, after a grid-wide barrier, in a cooperative launch)."""
 
-    kind: str                  # zero | rows | rows2 | rows3 | stage | chunked | v1 ... v5
+    kind: str                  # zero | rows | rows2 | rows3 | chunked | v1 ... v5
     expr: str = ""             # main kernel's name expression
     grid: int = 0
     block: int = 0
@@ -253,7 +249,7 @@ class Launch:
     gw: int = 0
     rows_per_block: int = 0
     tile_rows: int = 0
-    smem: int = 0              # dynamic shared memory (nb_stage, nb_rows3)
+    smem: int = 0              # dynamic shared memory (nb_rows3)
     stages: int = 0
     coop: bool = False
 
@@ -276,41 +272,14 @@ def _flags(has_w: bool, has_b: bool) -> int:
     return (HAS_W if has_w else 0) | (HAS_B if has_b else 0)
 
 
-def rows_config(n: int, vec: int, itemsize: int, elems: int | None = None) -> tuple[int, int] | None:
-    """(VPT, gw) of nb_rows (nb_stage with `elems`, its elements per thread at most) for rows of n
-    elements, or None when the row does not fit in registers."""
+def rows_config(n: int, vec: int, itemsize: int) -> tuple[int, int] | None:
+    """(VPT, gw) of nb_rows for rows of n elements, or None when the row does not fit in registers."""
     nv = _ceil_div(n, vec)
-    if elems is None:
-        elems = ROWS_ELEMS["vec" if vec > 1 else "scalar"][itemsize]
-    vpt_max = max(1, elems // vec)
+    vpt_max = max(1, ROWS_ELEMS["vec" if vec > 1 else "scalar"][itemsize] // vec)
     if nv > ROWS_BLOCK * vpt_max:
         return None
     vpt = min(vpt_max, next_pow2(_ceil_div(nv, 32)))
     return vpt, next_pow2(_ceil_div(nv, vpt))
-
-
-def stage_smem_bytes(dt: str, vpt: int, stages: int) -> int:
-    """nb_stage's dynamic shared memory (NBStageSmem in norm_common.cuh)."""
-    vec, acc = 16 // ITEMSIZE[dt], 8 if dt == "f64" else 4
-    one = 2 * vpt * STAGE_BLOCK * 16 + 2 * STAGE_BLOCK * acc
-    return max(stages * one, 2 * vpt * vec * STAGE_BLOCK * acc)
-
-
-def stage_config(dt: str, n: int, vec: int, knobs: dict) -> tuple[int, int, int] | None:
-    """(VPT, gw, stages) of nb_stage, or None when it does not apply (scalar accesses, or a row
-    that does not fit in registers)."""
-    if vec == 1:
-        return None
-    cfg = rows_config(n, vec, ITEMSIZE[dt], knobs.get("elems") or STAGE_ELEMS[ITEMSIZE[dt]])
-    if cfg is None:
-        return None
-    vpt, gw = cfg
-    stages = knobs.get("stages") or STAGES
-    while stages > 2 and stage_smem_bytes(dt, vpt, stages) > STAGE_SMEM_LIMIT:
-        stages -= 1
-    if stage_smem_bytes(dt, vpt, stages) > STAGE_SMEM_LIMIT:
-        return None
-    return vpt, gw, stages
 
 
 def rows2_config(n: int, vec: int, itemsize: int) -> tuple[int, int] | None:
@@ -403,9 +372,9 @@ def rows3_stages(dt: str, vpt: int, gw: int, knobs: dict) -> int | None:
     """Copy stages of nb_rows3: the knob's (default STAGES), fewer while shared memory is short;
     None when two do not fit."""
     stages = knobs.get("stages") or STAGES
-    while stages > 2 and rows3_smem_bytes(dt, vpt, gw, stages) > STAGE_SMEM_LIMIT:
+    while stages > 2 and rows3_smem_bytes(dt, vpt, gw, stages) > ROWS3_SMEM_LIMIT:
         stages -= 1
-    return stages if rows3_smem_bytes(dt, vpt, gw, stages) <= STAGE_SMEM_LIMIT else None
+    return stages if rows3_smem_bytes(dt, vpt, gw, stages) <= ROWS3_SMEM_LIMIT else None
 
 
 def plan_rows3(op: str, dt: str, layout: Layout, flags: int, vec: int, num_sms: int, occupancy, knobs: dict):
@@ -434,10 +403,6 @@ def plan_rows3(op: str, dt: str, layout: Layout, flags: int, vec: int, num_sms: 
                   smem=smem, stages=stages, coop=coop)
 
 
-def stage_expr(op: str, dt: str, vpt: int, stages: int) -> str:
-    return f"nb_stage<{POLICIES[op]}, {CUDA_TYPE[dt]}, {vpt}, {stages}>"
-
-
 def _split_rows(rows: int, target_blocks: int, step: int) -> tuple[int, int]:
     """(rows per block, a multiple of step; blocks) covering `rows` with about target_blocks blocks."""
     rpb = _ceil_div(_ceil_div(rows, max(1, target_blocks)), step) * step
@@ -462,18 +427,6 @@ def plan_best(op: str, dt: str, layout: Layout, has_w: bool, has_b: bool, vec: i
         launch = plan_rows3(op, dt, layout, flags, vec, num_sms, occupancy, knobs)
         if launch is not None:
             return launch
-    scfg = stage_config(dt, layout.n, vec, knobs) if knobs["kernel"] == "stage" else None
-    if scfg is not None:
-        vpt, gw, stages = scfg
-        expr, smem = stage_expr(op, dt, vpt, stages), stage_smem_bytes(dt, vpt, stages)
-        per_sm = max(1, occupancy(expr, STAGE_BLOCK, smem))
-        rpb, nparts = _split_rows(layout.rows, num_sms * per_sm, STAGE_BLOCK // gw)
-        sums = nparts > 1 and bool(flags)
-        coop = sums and (knobs["finish"] or "colsum") == "coop"  # grid <= resident blocks: _split_rows never exceeds it
-        phases = PHASE_ROWS | (PHASE_COLS if coop else 0)
-        words = pack_params(layout, flags | phases, gw=gw, rows_per_block=rpb, nparts=nparts)
-        return Launch("stage", expr, nparts, STAGE_BLOCK, words, nparts, sums and not coop, vec, vpt, gw, rpb,
-                      smem=smem, stages=stages, coop=coop)
     cfg = rows_config(layout.n, vec, item)
     if cfg is not None:
         vpt, gw = cfg
@@ -527,17 +480,11 @@ def colsum_expr(dt: str) -> str:
 
 def all_kernel_exprs(op: str, dt: str, knobs: dict | None = None) -> list[str]:
     """Every name expression the planner can launch for (op, dtype): nb_rows, nb_chunked, nb_colsum,
-    the rungs, and nb_stage with `knobs`' stages and elements per thread (default: the defaults'),
-    whichever kernel the environment picks."""
+    the rungs, nb_rows2, and nb_rows3 with `knobs`' stages and elements per thread (default: the
+    defaults'), whichever kernel the environment picks."""
     item, t, pol = ITEMSIZE[dt], CUDA_TYPE[dt], POLICIES[op]
     exprs = set()
     knobs = dict(settings(""), **(knobs or {}))
-    vec = 16 // item
-    for nv in (1 << k for k in range(0, 20)):
-        cfg = stage_config(dt, nv * vec, vec, knobs)
-        if cfg is None:
-            break
-        exprs.add(stage_expr(op, dt, cfg[0], cfg[2]))
     for vec in sorted({1, 16 // item}):
         kind = "vec" if vec > 1 else "scalar"
         vpt_max = ROWS_ELEMS[kind][item] // vec
@@ -611,7 +558,7 @@ def acc_dtype(dt: str):
 NAMES = ("x", "dy", "weight", "mean", "rstd", "dx", "dweight", "dbias")  # the order of `arrs` below
 X, DY, W, MEAN, RSTD, DX, DW, DB = range(len(NAMES))
 OUTPUTS = (DX, DW, DB)
-PART, BAR = "part", "bar"  # argument tokens: the workspace's partial rows, nb_stage's barrier words
+PART, BAR = "part", "bar"  # argument tokens: the workspace's partial rows, nb_rows3's barrier words
 
 
 @dataclass
@@ -719,7 +666,7 @@ def build_entry(op: str, variant: str, dt: str, arrays: dict, aligned: bool, num
     n = layout.n
     outs = [s for present, s in zip((has_w, has_b), layout.out) if present]
     sums = launch.colsum or launch.coop  # partial rows (or the rungs' accumulators) to sum
-    if launch.kind in ("rows", "rows2", "rows3", "chunked", "stage") and sums:
+    if launch.kind in ("rows", "rows2", "rows3", "chunked") and sums:
         entry.ws_size = 2 * launch.nparts * n
     elif launch.kind in RUNGS and outs:
         entry.ws_size, entry.zeroed = 2 * n, True
@@ -727,7 +674,7 @@ def build_entry(op: str, variant: str, dt: str, arrays: dict, aligned: bool, num
     main = (entry.params, X, DY, W, MEAN, RSTD, DX, part)
     if launch.kind in ("rows", "rows2"):
         main += (DW, DB)
-    elif launch.kind in ("stage", "rows3"):
+    elif launch.kind == "rows3":
         main += (DW, DB, BAR if launch.coop else _NULL)
     entry.kernels.append(Kernel(launch.expr, launch.grid, launch.block, main, launch.smem, launch.coop))
     if launch.colsum:
@@ -918,7 +865,7 @@ class CupyDevice:
         return buf
 
     def barrier(self, entry: Entry):
-        """nb_stage's grid-barrier words for the current stream: zeroed once, left reusable by
+        """nb_rows3's grid-barrier words for the current stream: zeroed once, left reusable by
         every launch (the count returns to 0)."""
         key = ("bar", self.cupy.cuda.get_current_stream().ptr)
         buf = entry.workspace.get(key)

@@ -21,12 +21,9 @@ top of layernorm_backward.cuh):
          dweight / dbias partial rows summed in the same cooperative launch after a grid
          barrier; deterministic.  Other layouts and longer rows: @best's plan.  Not yet the
          default (GRADORACLE_CUPY_NORMS=kernel=rows3 makes @best take it too);
-  @best  where rows are dense, 16-byte aligned runs: the row held in registers, x / dy and the
-         statistics copied into shared memory STAGES rows ahead (cp.async, nb_stage); other
-         layouts: the row in registers, the next row's loads in flight (nb_rows); long rows:
-         two passes over column chunks.  No atomics: per-block partial rows of dweight / dbias,
-         then a fixed-order column sum (a second kernel, or the same one after a grid barrier
-         in a cooperative launch: GRADORACLE_CUPY_NORMS=finish=coop); deterministic.
+  @best  the row in registers, the next row's loads in flight (nb_rows); long rows: two passes
+         over column chunks.  No atomics: per-block partial rows of dweight / dbias, then a
+         fixed-order column sum in a second kernel; deterministic.
 The rungs accumulate dweight / dbias in float (double for f64) atomics: not deterministic.
 
 Host planning and launching: backends/cupy/_norm_plan.py.  Importing this module never imports cupy.

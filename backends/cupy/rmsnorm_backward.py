@@ -7,11 +7,9 @@ Variants:
   @v7    layernorm_backward@v7's kernel without the mean (nb_rows3: 64 registers, loads copied
          into shared memory rows ahead, the finish in the same cooperative launch); not yet
          the default;
-  @best  layernorm_backward's best design without the mean: where rows are dense, 16-byte
-         aligned runs, the row held in registers with x / dy copied into shared memory STAGES
-         rows ahead (nb_stage); other layouts: nb_rows; long rows: two passes over column
-         chunks; no atomics: per-block partial rows of dweight, then a fixed-order column sum;
-         deterministic.
+  @best  layernorm_backward's best design without the mean: the row in registers (nb_rows);
+         long rows: two passes over column chunks; no atomics: per-block partial rows of
+         dweight, then a fixed-order column sum; deterministic.
 
 Host planning and launching: backends/cupy/_norm_plan.py.  Importing this module never imports cupy.
 """

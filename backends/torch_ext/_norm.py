@@ -7,7 +7,7 @@ never imports cupy; imported from there rather than moved, so that cupy's behavi
 as they are): the row layout (leading dims merged where every row tensor allows, element strides
 for any view), and on CUDA the launch of nb_rows (nb_chunked for long rows) and nb_colsum, for
 the device's SM count and the kernels' occupancy (asked of the extension once per kernel).  The
-planner's default kernel is used whatever GRADORACLE_CUPY_NORMS says (nb_stage is cupy's alone).
+planner's default kernel is used whatever GRADORACLE_CUPY_NORMS says (nb_rows2 / nb_rows3 are cupy's alone).
 The NBRecord words (norm_backward.h) are: kind, vec, vpt, wide, grid, colsum, workspace
 elements, a spare word, then NBParams.
 

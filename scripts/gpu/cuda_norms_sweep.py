@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-# This sweep tunes nb_rows (the first best kernel); nb_stage's is scripts/gpu/cuda_norms_tune.py.
+# This sweep tunes nb_rows (the first best kernel); nb_rows3's is scripts/gpu/cuda_norms_tune.py.
 os.environ["GRADORACLE_CUPY_NORMS"] = "kernel=rows,launch=cupy"
 
 import numpy as np  # noqa: E402

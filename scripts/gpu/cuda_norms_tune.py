@@ -2,11 +2,11 @@
 
 Settings are GRADORACLE_CUPY_NORMS strings (backends/cupy/_norm_plan.py `settings`): the first
 best kernel as it shipped (nb_rows + nb_colsum through cupy.RawKernel), the same through
-cuLaunchKernel, and nb_stage with its copy stages, elements per thread, fused finish and launch
-path varied.  Per (shape, setting), with the L2 flushed by a read of 2 x L2 before each sample (as
+cuLaunchKernel, and nb_rows3 (kernel=rows3) with its copy stages, elements per thread, finish
+and launch path varied.  Per (shape, setting), with the L2 flushed by a read of 2 x L2 before each sample (as
 `harness bench --mode cold`) and the GPU held busy by a spin while the host queues the sample:
 
-  main_us   the first kernel alone (nb_stage / nb_rows; with finish=coop the whole call)
+  main_us   the first kernel alone (nb_rows3 / nb_rows; with nb_rows3's fused finish the whole call)
   call_us   one call as the backend makes it (plan.call: key, overlap check, launches)
   GB/s      the op's byte model (oracle cost: dy, x, dx, weight, dweight, dbias, mean, rstd) / call_us
   %copy     a device-to-device copy of the same bytes (read + write) as a share of call_us
@@ -25,7 +25,7 @@ them (registers, local memory = spills, static shared memory, resident blocks pe
 
     python scripts/gpu/cuda_norms_tune.py [--json out.json] [--samples 25] [--time-limit 110]
     python scripts/gpu/cuda_norms_tune.py --warm [--jobs 16]   # compile every kernel it needs
-    python scripts/gpu/cuda_norms_tune.py --best-from out.json # the fastest nb_stage setting's knobs
+    python scripts/gpu/cuda_norms_tune.py --best-from out.json # the fastest nb_rows3 setting's knobs
 """
 from __future__ import annotations
 
@@ -59,17 +59,17 @@ SHAPES = [  # (op, dtype, shape, bias): the issue's examples first
 ]
 SETTINGS = {  # name -> GRADORACLE_CUPY_NORMS; the first is the reference for `err` and bitwise equality
     "rows-cupy": "kernel=rows,launch=cupy",   # the first best variant as it shipped
-    "rows": "kernel=rows",                    # the same kernels, cuLaunchKernel path
-    "stage": "",                              # the default
-    "stage-s2": "stages=2",
-    "stage-s3": "stages=3",
-    "stage-s6": "stages=6",
-    "stage-e8": "elems=8",                    # half the elements per thread: twice the threads per row
-    "coop": "finish=coop",                    # the column sums in the same (cooperative) launch
-    "coop-s3": "finish=coop,stages=3",
-    "stage-cupy": "launch=cupy",              # host time of cupy.RawKernel calls
+    "rows": "kernel=rows",                    # the same kernels, cuLaunchKernel path (the default kernel)
+    "rows3": "kernel=rows3",                  # nb_rows3: its defaults (fused cooperative finish)
+    "rows3-s2": "kernel=rows3,stages=2",
+    "rows3-s3": "kernel=rows3,stages=3",
+    "rows3-s6": "kernel=rows3,stages=6",
+    "rows3-e4": "kernel=rows3,elems=4",       # float: one vector a thread (default two), twice the threads a row
+    "colsum": "kernel=rows3,finish=colsum",   # the column sums in a second kernel (nb_colsum)
+    "colsum-s3": "kernel=rows3,finish=colsum,stages=3",
+    "colsum-cupy": "kernel=rows3,finish=colsum,launch=cupy",  # host time of cupy.RawKernel calls
 }
-DEFAULT = "stage"
+DEFAULT = "rows"
 
 
 def _fake(shape, dt):
@@ -150,19 +150,19 @@ def resources(dev) -> None:
 
 
 def best_from(path: str) -> str:
-    """The knobs of the nb_stage setting (driver launch) with the lowest geometric-mean call time
+    """The knobs of the nb_rows3 setting (driver launch) with the lowest geometric-mean call time
     among those that checked ok on every shape they ran."""
     rows = json.loads(Path(path).read_text())["rows"]
     score = {}
     for name, knobs in SETTINGS.items():
-        if "kernel=rows" in knobs or "launch=cupy" in knobs:
+        if "kernel=rows3" not in knobs or "launch=cupy" in knobs:
             continue
         mine = [r for r in rows if r["setting"] == name]
         if not mine or any("error" in r or not r.get("ok") for r in mine):
             continue
         score[name] = sum(math.log(r["call_us"]) for r in mine) / len(mine)
     if not score:
-        return SETTINGS[DEFAULT]
+        return SETTINGS["rows3"]
     return SETTINGS[min(score, key=score.get)]
 
 
@@ -320,7 +320,7 @@ def main() -> int:
     ap.add_argument("--warm", action="store_true", help="only compile every kernel the sweep needs")
     ap.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 4))
     ap.add_argument("--only", help="comma-separated setting names (default: all)")
-    ap.add_argument("--best-from", help="print the fastest nb_stage setting's knobs in this sweep JSON")
+    ap.add_argument("--best-from", help="print the fastest nb_rows3 setting's knobs in this sweep JSON")
     args = ap.parse_args()
     if args.warm:
         return warm(args.jobs)

@@ -1,19 +1,19 @@
 #!/usr/bin/env bash
-# GPU batch for issue 15: the cupy norm backwards' best variant (nb_stage, planner knobs in
-# GRADORACLE_CUPY_NORMS) checked and compared with the first version (nb_rows).  Run from the repo
+# GPU batch for issue 15: the cupy norm backwards' best variant under GRADORACLE_CUPY_NORMS'
+# knobs: nb_rows3 (kernel=rows3) checked and compared with the first version (nb_rows).  Run from the repo
 # root on a CUDA machine:   OUT=/some/dir bash scripts/gpu/cuda_norms_tune.sh      (about 5-6 min)
 #
 #  1. device, versions, commit                                                    -> tune.txt (top)
 #  2. background: `harness run --backend cupy@best --cases perf` of both ops, default settings
 #     meanwhile: every kernel the sweep uses compiled in parallel (cupy's disk cache); then the
-#     smoke + full (less perf) cases of both ops under the default, finish=coop and
-#     stages=2,elems=8 settings                                                   -> correctness.log
+#     smoke + full (less perf) cases of both ops under the default, kernel=rows3 and
+#     kernel=rows3,finish=colsum,stages=2 settings                                -> correctness.log
 #  3. the sweep (scripts/gpu/cuda_norms_tune.py): kernel resources (registers, spills, occupancy),
 #     then per shape and setting: main-kernel and call device us (cold L2), GB/s, % of a copy of
 #     the same bytes, % of the harness's copy ceiling, x torch eager, host us per call, error vs a
 #     float64 reference; the ranking of settings                        -> tune.txt, tune.json
 #  4. ncu (scripts/gpu/profile_cases.sh) of bf16 2048x4096 and 8192x8192 layernorm_backward under
-#     the first version (kernel=rows,launch=cupy) and the sweep's fastest nb_stage setting
+#     the first version (kernel=rows,launch=cupy) and the sweep's fastest nb_rows3 setting
 #                                                                               -> profiles.tar.gz
 #  Everything printed also goes to run.log.  Five files under $OUT.
 set -uo pipefail
@@ -54,16 +54,16 @@ json.dump(cases, open(sys.argv[1], "w"))
 print(len(cases), "cases")
 EOF
 ONLY=""  # settings the sweep leaves out: a cooperative finish that failed or hung here
-for knobs in "" "finish=coop" "stages=2,elems=8"; do
+for knobs in "" "kernel=rows3" "kernel=rows3,finish=colsum,stages=2"; do
   echo "--- GRADORACLE_CUPY_NORMS='$knobs'" >> "$WORK/checks.log"
   GRADORACLE_CUPY_NORMS="$knobs" timeout 120 python3 -m harness run "${OPS[@]}" --backend cupy@best \
     --cases "$WORK/cases.json" --device cuda >> "$WORK/checks.log" 2>&1
   rc=$?
   echo "exit $rc" >> "$WORK/checks.log"
   echo "settings '$knobs': exit $rc: $(grep -E 'passed|failed' "$WORK/checks.log" | tail -1)"
-  if [ "$knobs" = "finish=coop" ] && [ $rc -ne 0 ]; then
-    ONLY="--only rows-cupy,rows,stage,stage-s2,stage-s3,stage-s6,stage-e8,stage-cupy"
-    echo "finish=coop failed (exit $rc): the sweep leaves the coop settings out"
+  if [ "$knobs" = "kernel=rows3" ] && [ $rc -ne 0 ]; then
+    ONLY="--only rows-cupy,rows,colsum,colsum-s3,colsum-cupy"
+    echo "kernel=rows3 (cooperative finish) failed (exit $rc): the sweep leaves the coop settings out"
   fi
 done
 
@@ -75,9 +75,9 @@ stamp "== sweep"
 timeout 200 python3 scripts/gpu/cuda_norms_tune.py --json "$OUT/tune.json" --time-limit 85 --samples 20 $ONLY \
   2>&1 | tee "$WORK/sweep.txt"
 
-stamp "== ncu: first version and the fastest nb_stage setting"
+stamp "== ncu: first version and the fastest nb_rows3 setting"
 best=$(python3 scripts/gpu/cuda_norms_tune.py --best-from "$OUT/tune.json" 2>/dev/null || echo "")
-echo "fastest nb_stage setting: '${best}'"
+echo "fastest nb_rows3 setting: '${best}'"
 cat > "$WORK/profile.list" <<'EOF'
 layernorm_backward cupy@best {"op": "layernorm_backward", "dtype": "bf16", "params": {"shape": [2048, 4096]}}
 layernorm_backward cupy@best {"op": "layernorm_backward", "dtype": "bf16", "params": {"shape": [8192, 8192]}}
