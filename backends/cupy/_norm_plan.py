@@ -114,12 +114,11 @@ def next_pow2(n: int) -> int:
 
 ENV = "GRADORACLE_CUPY_NORMS"
 # Defaults: the kernel and launch path verified on the H100 (results/h100/cupy/norms-1/: every full case
-# passes).  The other kernels and the driver launch path pass every CPU test but have not run on
-# a GPU yet.
+# passes).  nb_rows3 and the driver launch path pass every CPU test but have not run on a GPU yet.
 SETTINGS = {  # name -> (allowed values, default); None: the planner's own choice
-    # nb_rows, or nb_rows2 (64 registers, 1024 threads per SM; not yet run on a GPU:
-    # scripts/gpu/cuda_norms_v6.sh; the switch to make it the default is this entry's default,
-    # "rows" -> "rows2", once that batch passes and measures faster), or nb_rows3 (64 registers,
+    # nb_rows, or nb_rows2 (64 registers, 1024 threads per SM: cupy@v6; every full case passes on
+    # the H100, results/h100/kernels-full-3/; faster on the medians, still short of the bar:
+    # results/h100/bench-2/norms/), or nb_rows3 (64 registers,
     # loads copied STAGES rows ahead into shared memory: cupy@v7; not yet run on a GPU:
     # scripts/gpu/cuda_norms_v7.sh)
     "kernel": (("rows", "rows2", "rows3"), "rows"),
