@@ -33,7 +33,7 @@ import numpy as np
 
 from backends.cupy import nvrtc as _nvrtc
 from backends.cupy import cupy_backend
-from backends.cupy.common import CUDA_TYPE, byte_span, num_sms
+from backends.cupy.common import CUDA_TYPE, byte_span, num_sms, short_dtype
 from harness import argcheck, dtypes
 from oracle.reduce_sum import reduced_axes
 
@@ -683,21 +683,9 @@ def run_rung(dev, rung: str, dt: str, entry: Entry, x, y) -> list[tuple]:
 # ============================================================================= registration
 
 
-_SHORT: dict = {}  # dtype -> 'f32' ... or None
-
-
-def _short(dtype) -> str | None:
-    if dtype not in _SHORT:
-        try:
-            _SHORT[dtype] = dtypes.from_any(dtype)
-        except TypeError:
-            _SHORT[dtype] = None
-    return _SHORT[dtype]
-
-
 def _entry(inputs, outs, params) -> tuple[str, Entry]:
     x, y = inputs["x"], outs["y"]
-    dt = _short(x.dtype)
+    dt = short_dtype(x.dtype)
     if dt not in DTYPES:
         raise TypeError(f"{OP}: x has dtype {x.dtype}, expected one of float32, float16, bfloat16, float64")
     if y.dtype != x.dtype:
