@@ -114,18 +114,6 @@ def dtype_name(dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
-_SHORT: dict = {}  # dtype object -> 'f32' ... or None
-
-
-def _short(dtype) -> str | None:
-    if dtype not in _SHORT:
-        try:
-            _SHORT[dtype] = _dtypes.from_any(dtype)
-        except TypeError:
-            _SHORT[dtype] = None
-    return _SHORT[dtype]
-
-
 def _type_name(x) -> str:
     cls = type(x)
     return cls.__name__ if cls.__module__ == "builtins" else f"{cls.__module__.split('.')[0]}.{cls.__name__}"
@@ -217,7 +205,7 @@ def _shapes_of_params(c: Call) -> None:
     """The rule of an op that declares no `check_args`: its validate accepts the params, and every
     tensor has the shape its shapes() gives for them."""
     spec = get_op(c.op)
-    case = SimpleNamespace(op=c.op, params=dict(c.params), dtype=_short(c.arrays[c.anchor].dtype), tags=frozenset())
+    case = SimpleNamespace(op=c.op, params=dict(c.params), dtype=_dtypes.short_or_none(c.arrays[c.anchor].dtype), tags=frozenset())
     try:
         spec.validate(case)
         shapes = spec.shapes(case)
@@ -269,7 +257,7 @@ _MISSING = object()
 
 def _check_dtypes(call: Call, anchor: str, supported: tuple[str, ...], saved: tuple[str, ...]) -> None:
     want = call.arrays[anchor].dtype
-    short = _short(want)
+    short = _dtypes.short_or_none(want)
     if short not in supported:
         names = ", ".join(_dtypes.long_name(d) for d in supported)
         call.fail(TypeError, f"argument {anchor!r} has dtype {dtype_name(want)}, expected one of {names}"
@@ -277,7 +265,7 @@ def _check_dtypes(call: Call, anchor: str, supported: tuple[str, ...], saved: tu
     stats = _dtypes.accumulate_dtype(short)
     for name, x in call.arrays.items():
         if name in saved:
-            if _short(x.dtype) != stats:
+            if _dtypes.short_or_none(x.dtype) != stats:
                 call.fail(TypeError, f"argument {name!r} has dtype {dtype_name(x.dtype)}, expected "
                                      f"{_dtypes.long_name(stats)} (saved statistics are float32, float64 for "
                                      f"float64 data; {anchor} is {dtype_name(want)})")

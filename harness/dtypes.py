@@ -47,6 +47,20 @@ def from_any(dtype) -> str:
     raise TypeError(f"unsupported dtype {dtype}: expected one of {', '.join(_LONG.values())}")
 
 
+_SHORT: dict = {}  # dtype object -> short name or None
+
+
+def short_or_none(dtype) -> str | None:
+    """from_any's short name, or None for a dtype the project has no name for; cached per dtype
+    object (argument checks and launch paths call it on every call)."""
+    if dtype not in _SHORT:
+        try:
+            _SHORT[dtype] = from_any(dtype)
+        except TypeError:
+            _SHORT[dtype] = None
+    return _SHORT[dtype]
+
+
 def unit_roundoff(name: str) -> float:
     return _UNIT_ROUNDOFF[check(name)]
 

@@ -89,7 +89,7 @@ def _impl(name: str):
 
     def fn(inputs, outs, params):
         a, b, dy = inputs["a"], inputs["b"], inputs["dy"]
-        dt = mm.short_dtype(a.dtype)
+        dt = mm.dtypes.short_or_none(a.dtype)
         entry = mm.entry_for(dt, a.shape, element_strides(a, "a"), b.shape, element_strides(b, "b"), dy.shape,
                              element_strides(dy, "dy"))
         mm.run(DEVICES[name], variant, entry, {"a": a, "b": b, "dy": dy, "da": outs["da"], "db": outs["db"]})

@@ -902,10 +902,7 @@ def _device() -> CupyDevice:
 def _dtype_name(op: str, x) -> str:
     from harness import dtypes
 
-    try:
-        dt = dtypes.from_any(x.dtype)
-    except TypeError:
-        dt = None
+    dt = dtypes.short_or_none(x.dtype)
     if dt not in DTYPES:
         raise TypeError(f"{op}: x has dtype {x.dtype}, expected one of float32, float16, bfloat16, float64")
     return dt

@@ -71,10 +71,7 @@ def check_args(inputs, outs, params) -> tuple[str, str]:
     if fn not in FNS:
         raise ValueError(f"{OP}: fn is {fn!r}, expected one of {', '.join(FNS)}")
     a, b, g = inputs["a"], inputs["b"], inputs["grad_out"]
-    try:
-        dt = dtypes.from_any(a.dtype)
-    except TypeError:
-        dt = None
+    dt = dtypes.short_or_none(a.dtype)
     if dt not in DTYPES:
         raise TypeError(f"{OP}: a has dtype {a.dtype}, expected one of float32, float16, bfloat16, float64")
     for name, x in (("b", b), ("grad_out", g), ("grad_a", outs["grad_a"]), ("grad_b", outs["grad_b"])):

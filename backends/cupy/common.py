@@ -9,24 +9,11 @@ from __future__ import annotations
 
 from backends._buffers import byte_span, overlap  # noqa: F401 - re-exported for op modules
 from backends.cupy import nvrtc as _nvrtc
-from harness import dtypes as _dtypes
 
 CUDA_TYPE = {"f32": "float", "f64": "double", "f16": "__half", "bf16": "__nv_bfloat16"}
 
 _FUNCTIONS: dict = {}
 _SMS: dict[int, int] = {}
-_SHORT: dict = {}  # dtype -> 'f32' ... or None
-
-
-def short_dtype(dtype) -> str | None:
-    """The short name ('f32', 'bf16', ...) of an array's dtype, or None for one the project has no
-    name for; cached per dtype (it is on every call's path)."""
-    if dtype not in _SHORT:
-        try:
-            _SHORT[dtype] = _dtypes.from_any(dtype)
-        except TypeError:
-            _SHORT[dtype] = None
-    return _SHORT[dtype]
 
 
 def check(device: str) -> str | None:

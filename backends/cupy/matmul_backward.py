@@ -26,8 +26,8 @@ import numpy as np
 from backends._buffers import byte_span, overlap
 from backends._plans import matmul_backward_cuda as mmplan
 from backends.cupy import cupy_backend
-from backends.cupy.common import element_strides, function, short_dtype
-from harness import argcheck
+from backends.cupy.common import element_strides, function
+from harness import argcheck, dtypes
 
 OP = "matmul_backward"
 DTYPES = ("f32", "f16", "bf16", "f64")
@@ -147,7 +147,7 @@ _CALLS: dict = {}  # (dtype, shapes, byte strides) -> Entry, for the per-call pa
 
 def _checked_entry(a, b, dy, da, db) -> Entry:
     """The checks the kernels rely on beyond argcheck's (dense outputs) and the plan: once per layout."""
-    dt = short_dtype(a.dtype)
+    dt = dtypes.short_or_none(a.dtype)
     if dt not in DTYPES:
         raise TypeError(f"{OP}: a has dtype {a.dtype}, expected one of float32, float16, bfloat16, float64")
     for name, x in (("da", da), ("db", db)):

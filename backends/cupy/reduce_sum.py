@@ -33,7 +33,7 @@ import numpy as np
 
 from backends.cupy import nvrtc as _nvrtc
 from backends.cupy import cupy_backend
-from backends.cupy.common import CUDA_TYPE, byte_span, num_sms, short_dtype
+from backends.cupy.common import CUDA_TYPE, byte_span, num_sms
 from harness import argcheck, dtypes
 from oracle.reduce_sum import reduced_axes
 
@@ -685,7 +685,7 @@ def run_rung(dev, rung: str, dt: str, entry: Entry, x, y) -> list[tuple]:
 
 def _entry(inputs, outs, params) -> tuple[str, Entry]:
     x, y = inputs["x"], outs["y"]
-    dt = short_dtype(x.dtype)
+    dt = dtypes.short_or_none(x.dtype)
     if dt not in DTYPES:
         raise TypeError(f"{OP}: x has dtype {x.dtype}, expected one of float32, float16, bfloat16, float64")
     if y.dtype != x.dtype:
