@@ -142,8 +142,10 @@ class Prefetch:
     """Yields (item, result or exception) in order, computing up to `depth` items ahead in threads.
 
     `quiet()` is a context in which no preparation runs: it waits for running ones to end and
-    holds new ones back.  A measurement whose samples include host time (JAX) runs inside it,
-    so prefetch threads cannot take the GIL or the cores from it.
+    holds new ones back.  Every measurement runs inside it: a thread computing an oracle takes
+    the GIL and the cores from the launching thread, and the gaps it leaves between the
+    launches of a multi-kernel op count as device time (H100: SDPA and cupy attention
+    backward read 10-300x slow beside a float64 attention oracle being prepared).
     """
 
     def __init__(self, items, fn, depth: int):
@@ -247,10 +249,11 @@ STOPPED = "stopped"  # how `interrupted` begins when the run could not go on (be
 
 
 def bench_pair(impl: Impl, case, inputs: CaseInputs, opts: BenchOptions, clock=None, uploads: dict | None = None,
-               skip=_UNKNOWN) -> dict:
+               skip=_UNKNOWN, quiet=nullcontext) -> dict:
     """Time and re-validate one implementation on one case; the result row's JSON (no figures yet).
 
-    skip: impl.skip_reason(case, device) if the caller has it already."""
+    skip: impl.skip_reason(case, device) if the caller has it already.
+    quiet: the prefetch's `quiet`, held while samples are taken (runner.timed_check)."""
     row = base_row(impl, case, opts)
     reason = impl.skip_reason(case, opts.device) if skip is _UNKNOWN else skip
     if reason:
@@ -260,7 +263,7 @@ def bench_pair(impl: Impl, case, inputs: CaseInputs, opts: BenchOptions, clock=N
     row.extra["footprint_bytes"] = runner.footprint_bytes(case, inputs.timing)
     try:
         tr = runner.timed_check(impl, case, opts.device, inputs.timing, inputs.final, opts.timing, clock,
-                                opts.sample_above, uploads)
+                                opts.sample_above, uploads, quiet)
     except Exception as exc:  # one broken implementation must not end a long run
         row.status, row.reason = status.ERROR, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         return row.to_json()
@@ -344,9 +347,8 @@ def in_worker(impl: Impl, case, spec: dict):
         else:
             if impl.backend.before_timing:
                 impl.backend.before_timing()
-            with ahead.quiet() if impl.backend.framework == "jax" else nullcontext():
-                row = bench_pair(impl, case, inputs, opts, clock,
-                                 _WORKER["uploads"].setdefault(impl.backend.framework, {}), None)
+            row = bench_pair(impl, case, inputs, opts, clock,
+                             _WORKER["uploads"].setdefault(impl.backend.framework, {}), None, ahead.quiet)
         return {"result": row, "clock_mhz": clock.max_seen}
 
     return call
@@ -452,9 +454,8 @@ def run(pairs: list, opts: BenchOptions, ceilings: dict | None, command: str = "
                 else:
                     if impl.backend.before_timing and skips[(id(case), impl.id)] is None:
                         impl.backend.before_timing()
-                    with fetch.quiet() if impl.backend.framework == "jax" else nullcontext():
-                        row = bench_pair(impl, case, prepared, opts, clock,
-                                         uploads.setdefault(impl.backend.framework, {}), skips[(id(case), impl.id)])
+                    row = bench_pair(impl, case, prepared, opts, clock, uploads.setdefault(impl.backend.framework, {}),
+                                     skips[(id(case), impl.id)], fetch.quiet)
                     if over_time():
                         interrupted = f"time limit of {limit:g} s reached"
                 rows.append(row)

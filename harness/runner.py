@@ -38,6 +38,7 @@ import shlex
 import sys
 import traceback
 import warnings
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from math import prod
 from pathlib import Path
@@ -195,7 +196,8 @@ def footprint_bytes(case, inputs: dict) -> int:
 
 def timed_check(impl: Impl, case, device: str, timing_inputs: dict, final: Prepared,
                 cfg: timing.TimingConfig, clock: timing.ClockMonitor | None = None,
-                sample_above: int | None = None, uploads: dict | None = None) -> TimedResult:
+                sample_above: int | None = None, uploads: dict | None = None,
+                quiet=nullcontext) -> TimedResult:
     """Time `impl` on `timing_inputs`, then re-validate the outputs of one more timed call.
 
     The timed calls read device copies of `timing_inputs` (k copies when rotating).  After
@@ -212,6 +214,9 @@ def timed_check(impl: Impl, case, device: str, timing_inputs: dict, final: Prepa
 
     uploads: a dict shared by the implementations of one framework on one case: both input
     sets go to the device once and are cloned there for each implementation.
+    quiet: a context the samples and the final call are taken in (the bench's prefetch holds its
+    host work back there: an op of several launches waits on the host between them, and a
+    thread computing an oracle beside it stretches those gaps into the device time).
     """
     spec = get_op(case.op)
     fw = frameworks.adapter(impl.backend.framework)
@@ -240,7 +245,8 @@ def timed_check(impl: Impl, case, device: str, timing_inputs: dict, final: Prepa
         results[i % rotate] = outs if returned is None else returned
 
     try:
-        run = timing.time_fn(call, device, cfg, fw.name, lambda: fw.sync(device), clock, rotate)
+        with quiet():
+            run = timing.time_fn(call, device, cfg, fw.name, lambda: fw.sync(device), clock, rotate)
         j = run.last_index % rotate
         flats, views, _ = sets[j]
         for k in flats:
@@ -250,8 +256,9 @@ def timed_check(impl: Impl, case, device: str, timing_inputs: dict, final: Prepa
             for o in outs:
                 outs[o] = fw.fill_nan(outs[o])
         results.pop(j, None)
-        run.samples.final_ms = run.final_call()
-        fw.sync(device)
+        with quiet():
+            run.samples.final_ms = run.final_call()
+            fw.sync(device)
         got = results.get(j) if run.graph is None else sets[j][2]
         reports = judge(impl, final, case, got or {}, sample_above)
     except (ValueError, TypeError, NotImplementedError) as exc:

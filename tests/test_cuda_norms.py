@@ -578,25 +578,26 @@ def emulate(op, shape, dt="f32", has_w=True, has_b=True, layouts=("contig", "con
 
 
 def test_small_n_takes_several_rows_per_block():
-    entry, dev = emulate(LN, (40, 5), num_sms=2)  # N = 5: scalar, gw = 8, 64 groups per block
+    entry, dev = emulate(LN, (40, 5), num_sms=2, knobs="kernel=rows")  # N = 5: scalar, gw = 8, 64 groups per block
     launch = entry.launch
     assert launch.kind == "rows" and launch.vec == 1 and launch.gw == 8 and launch.vpt == 1
     assert launch.nparts == 1 and not launch.colsum  # 40 rows fit one step of one block
-    entry, dev = emulate(LN, (300, 8), num_sms=2)  # vec 4: gw = 2, 256 groups; 2 blocks, partial rows
+    entry, dev = emulate(LN, (300, 8), num_sms=2, knobs="kernel=rows")  # vec 4: gw = 2, 256 groups; 2 blocks
     launch = entry.launch
     assert launch.kind == "rows" and launch.vec == 4 and launch.gw == 2 and launch.vpt == 1
     assert launch.nparts == 2 and launch.colsum and dev.launches[-1] == "nb_colsum<float>"
     assert launch.rows_per_block % (plan.ROWS_BLOCK // launch.gw) == 0
 
 
-@pytest.mark.parametrize("knobs", ["", "kernel=rows3", "kernel=rows3,finish=colsum,stages=2"])
+@pytest.mark.parametrize("knobs", ["", "kernel=rows", "kernel=rows3,finish=colsum,stages=2"])
 @pytest.mark.parametrize("op", [LN, RMS])
 @pytest.mark.parametrize("dt", ["f32", "bf16", "f64"])
 @pytest.mark.parametrize("shape", [(3, 5), (2, 2, 6), (7,), (1, 17), (4, 1), (37, 64), (9, 256), (5, 1023), (70, 24)])
 def test_emulated_best_matches_oracle(op, dt, shape, knobs):
     entry, dev = emulate(op, shape, dt, num_sms=3, knobs=knobs)
     vec = plan.vector_width(entry.layout, plan.ITEMSIZE[dt], True, True)
-    assert entry.launch.kind == ("rows3" if vec > 1 and "rows3" in knobs else "rows")
+    kernel = dict(k.split("=") for k in knobs.split(",") if k).get("kernel", "rows3")  # rows3: the default
+    assert entry.launch.kind == ("rows3" if vec > 1 and kernel == "rows3" else "rows")
     coop = entry.launch.kind == "rows3" and "colsum" not in knobs and entry.launch.nparts > 1
     assert bool(dev.coop) == entry.launch.coop == coop
 
@@ -611,18 +612,18 @@ def test_emulated_best_affine_and_bias_forms(has_w, has_b, shape, num_sms):
 
 def test_m1_needs_no_second_stage():
     for shape in [(1, 4096), (4096,), (1, 17)]:
-        for knobs in ("", "kernel=rows3"):
+        for knobs in ("", "kernel=rows"):
             entry, dev = emulate(LN, shape, "bf16", num_sms=132, knobs=knobs)
             assert entry.launch.nparts == 1 and not entry.launch.colsum and len(dev.launches) == 1
             assert not entry.launch.coop and not dev.coop and entry.ws_size == 0
-    entry, _ = emulate(LN, (1, 4096), "bf16")
+    entry, _ = emulate(LN, (1, 4096), "bf16", knobs="kernel=rows")
     assert entry.launch.vec == 8 and entry.launch.gw == 256 and entry.launch.vpt == 2
 
 
 @pytest.mark.parametrize("op", [LN, RMS])
 @pytest.mark.parametrize("dt,n", [("f32", 9000), ("bf16", 8200), ("f64", 2050), ("f32", 4097)])
 def test_large_n_is_chunked(op, dt, n):
-    entry, dev = emulate(op, (3, n), dt, num_sms=2, calls=2)  # the second call reuses the workspace
+    entry, dev = emulate(op, (3, n), dt, num_sms=2, calls=2, knobs="kernel=rows")  # the 2nd call reuses the workspace
     launch = entry.launch
     assert launch.kind == "chunked" and launch.colsum and dev.launches[-1].startswith("nb_colsum")
     assert launch.vec == (1 if n % (16 // plan.ITEMSIZE[dt]) else 16 // plan.ITEMSIZE[dt])
@@ -631,9 +632,9 @@ def test_large_n_is_chunked(op, dt, n):
 
 def test_chunked_tiles_and_parts(monkeypatch):
     monkeypatch.setattr(plan, "TILE_ROWS", 2)
-    entry, _ = emulate(LN, (11, 4100), "f32", num_sms=2, has_b=False)
+    entry, _ = emulate(LN, (11, 4100), "f32", num_sms=2, has_b=False, knobs="kernel=rows")
     assert entry.launch.kind == "chunked" and entry.launch.nparts == 2 and entry.launch.tile_rows == 2
-    entry, _ = emulate(LN, (5, 4100), "f32", num_sms=1, has_w=False)
+    entry, _ = emulate(LN, (5, 4100), "f32", num_sms=1, has_w=False, knobs="kernel=rows")
     assert entry.launch.nparts == 1 and entry.launch.colsum
 
 
@@ -748,7 +749,7 @@ def _layout_for(shape):
                                       ((262145, 8192), "bf16"), ((2048, 4096), "f32")])
 def test_perf_shapes_plan_one_block_per_sm(shape, dt):
     layout = _layout_for(shape)
-    launch = plan.plan_best(LN, dt, layout, True, True, 16 // plan.ITEMSIZE[dt], num_sms=132)
+    launch = plan.plan_best(LN, dt, layout, True, True, 16 // plan.ITEMSIZE[dt], 132, None, plan.settings("kernel=rows"))
     assert launch.kind == "rows" and launch.colsum and launch.block == plan.ROWS_BLOCK and launch.smem == 0
     assert 120 <= launch.nparts <= 132 and launch.nparts * launch.rows_per_block >= layout.rows
     assert (launch.nparts - 1) * launch.rows_per_block < layout.rows
@@ -956,7 +957,9 @@ def test_run_fast_passes_what_run_passes(op, dt, shape, has_w, has_b, knobs):
               "rstd": _layout(np.ones(shape[0]), "contig", 4), "dx": _out(shape, item),
               "dweight": _out((n,), item) if has_w else None, "dbias": _out((n,), item) if has_b else None}
     entry = plan.build_entry(op, "best", dt, arrays, True, 8, knobs=plan.settings(knobs))
-    assert entry.fast and (entry.launch.kind == "rows3") == ("kernel=rows3" in knobs)
+    vec = 16 // item
+    rows3 = plan.settings(knobs)["kernel"] == "rows3" and n % vec == 0 and plan.rows3_config(n, vec, item) is not None
+    assert entry.fast and (entry.launch.kind == "rows3") == rows3
     dev, exprs = _fake_device(entry)
     ptrs = [0 if arrays[k] is None else arrays[k].data.ptr for k in plan.NAMES]
     for _ in range(2):  # the second call reuses the stream's prebuilt arrays
@@ -1113,8 +1116,9 @@ def test_v7_takes_the_driver_path_by_default(monkeypatch):
               "rstd": _layout(np.ones(300), "contig", 4), "dx": _out(shape, 2), "dweight": _out((4096,), 2),
               "dbias": _out((4096,), 2)}
     fast = [plan.build_entry(LN, v, "bf16", arrays, True, 8, knobs=plan.settings(k)).fast
-            for v, k in (("v7", ""), ("best", ""), ("v7", "launch=cupy"), ("best", "launch=driver"))]
-    assert fast == [True, False, False, True]
+            for v, k in (("v7", ""), ("best", ""), ("v7", "launch=cupy"), ("best", "kernel=rows"),
+                         ("best", "kernel=rows,launch=driver"))]
+    assert fast == [True, True, False, False, True]  # nb_rows3 (@best's default) launches through the driver
 
 
 def test_rows3_settings():

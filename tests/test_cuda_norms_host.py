@@ -50,13 +50,15 @@ cupyhost = Backend("cupyhost", framework="numpy", devices=("cpu",), register=Fal
                    description="the cupy norm kernels' CUDA source run on the CPU (tests/cuda_host)")
 
 
-KNOBS = {"best": "", "best_rows2": "kernel=rows2", "best_rows2_pf2": "kernel=rows2,prefetch=2,minrows=1",
+KNOBS = {"best": "", "best_rows": "kernel=rows", "best_rows2": "kernel=rows2",
+         "best_rows2_pf2": "kernel=rows2,prefetch=2,minrows=1",
          "best_rows3_colsum": "kernel=rows3,finish=colsum", "best_rows3_s2": "kernel=rows3,stages=2,minrows=1"}
 for _op in (LN, RMS):
     for _dt in plan.DTYPES:  # instantiations beyond the defaults' (built into the stand-in's library)
         cuda_host.EXTRA_EXPRS[(_op, _dt)] = sorted(
             set(plan.all_kernel_exprs(_op, _dt, plan.settings(KNOBS["best_rows2_pf2"])))
-            | set(plan.all_kernel_exprs(_op, _dt, plan.settings(KNOBS["best_rows3_s2"]))))
+            | set(plan.all_kernel_exprs(_op, _dt, plan.settings(KNOBS["best_rows3_s2"])))
+            | set(plan.all_kernel_exprs(_op, _dt, plan.settings(KNOBS["best_rows"]))))
 
 
 def _impl(op: str, variant: str, num_sms: int = NUM_SMS, knobs: str = ""):

@@ -139,3 +139,49 @@ def test_a_first_timed_call_that_fails_the_checks_is_an_error():
                            QUICK)
     assert r.status == "ERROR" and "counted binary_backward" in r.reason and "float64" in r.reason, r.reason
     assert RAW_CALLS == []
+
+
+def test_every_timed_call_runs_inside_quiet():
+    """The bench's prefetch is held back (`quiet`) while samples and the final call are taken: a
+    thread preparing an oracle beside a multi-launch op stretches the gaps between its launches."""
+    import contextlib
+
+    state = {"inside": False, "outside_calls": 0, "entries": 0}
+
+    @contextlib.contextmanager
+    def quiet():
+        state["inside"], state["entries"] = True, state["entries"] + 1
+        try:
+            yield
+        finally:
+            state["inside"] = False
+
+    impl = counted.impls[("binary_backward", "default")]
+    real = impl.fn.unchecked
+
+    def watched(inputs, outs, params):
+        state["outside_calls"] += not state["inside"]
+        return real(inputs, outs, params)
+
+    RAW_CALLS.clear()
+    spied = dataclasses.replace(impl, fn=watched)
+    r = runner.timed_check(spied, CASE, "cpu", runner.generate(CASE, 0), runner.prepare(CASE, 0, "numpy", variant=1),
+                           QUICK, quiet=quiet)
+    assert r.status == "PASS", [o.line() for o in r.outputs]
+    assert state["outside_calls"] == 0 and state["entries"] == 2 and len(RAW_CALLS) >= r.samples.n + 2
+
+
+def test_prefetch_quiet_holds_preparation_back():
+    import time
+
+    from harness.bench import Prefetch
+
+    running = []
+    pre = Prefetch([1, 2, 3], lambda x: (running.append(x), time.sleep(0.05), x)[2], depth=2)
+    it = iter(pre)
+    assert next(it)[1] == 1
+    with pre.quiet():
+        seen = len(running)
+        time.sleep(0.2)  # nothing new starts while quiet
+        assert len(running) == seen and pre._busy == 0
+    assert [v for _, v in it] == [2, 3]

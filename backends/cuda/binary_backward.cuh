@@ -670,13 +670,15 @@ __device__ __forceinline__ void bb_stv(T* p, const BBVec<T, V>& x) { *reinterpre
 #define BB_BEST_UR 2          // packs (rows) in flight per thread in bb_rows / bb_batch (y-looped)
 #endif
 #ifndef BB_BEST_PF
-#define BB_BEST_PF 2          // bb_cols / bb_rows: L2 prefetch this many loop steps ahead (0: none)
+// 0: the H100 A/B (results/h100/cupy/bcast-3/tune.txt) found the L2 prefetch slower: bf16 mul with
+// B = [4096] at 83% of copy with 2 steps, 94% with none; both-broadcast 47% -> 60%.
+#define BB_BEST_PF 0          // bb_cols / bb_rows / bb_batch: L2 prefetch this many loop steps ahead (0: none)
 #endif
 #ifndef BB_BEST_MIN_BLOCKS
 #define BB_BEST_MIN_BLOCKS 3  // resident 256-thread blocks per SM they are built for (<= 80 registers)
 #endif
-// bb_cols' own: a row (g's and Q's packs: two 16-byte loads) in flight per thread, the rows
-// further on asked of the L2 (BB_BEST_PF), at <= 64 registers without spills: 4 blocks per SM
+// bb_cols' own: a row (g's and Q's packs: two 16-byte loads) in flight per thread (rows further
+// on asked of the L2 when BB_BEST_PF > 0), at <= 64 registers without spills: 4 blocks per SM
 // (50% occupancy).  With 2 rows it needed 80 and spilled (37.5%, the first GPU profile).
 #ifndef BB_COLS_UR
 #define BB_COLS_UR 1

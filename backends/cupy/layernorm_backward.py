@@ -19,11 +19,11 @@ top of layernorm_backward.cuh):
          a power-of-two group of warps) per row, x / dy / mean / rstd copied into shared memory
          STAGES - 1 rows ahead with cp.async (the bytes in flight cost no registers), per-block
          dweight / dbias partial rows summed in the same cooperative launch after a grid
-         barrier; deterministic.  Other layouts and longer rows: @best's plan.  Not yet the
-         default (GRADORACLE_CUPY_NORMS=kernel=rows3 makes @best take it too);
-  @best  the row in registers, the next row's loads in flight (nb_rows); long rows: two passes
-         over column chunks.  No atomics: per-block partial rows of dweight / dbias, then a
-         fixed-order column sum in a second kernel; deterministic.
+         barrier; deterministic.  Other layouts and longer rows: nb_rows below;
+  @best  nb_rows3 where it applies (as @v7; GRADORACLE_CUPY_NORMS=kernel=rows brings back the
+         former default).  Elsewhere the row in registers, the next row's loads in flight
+         (nb_rows); long rows: two passes over column chunks.  No atomics: per-block partial rows
+         of dweight / dbias, then a fixed-order column sum in a second kernel; deterministic.
 The rungs accumulate dweight / dbias in float (double for f64) atomics: not deterministic.
 
 Host planning and launching: backends/cupy/_norm_plan.py.  Importing this module never imports cupy.

@@ -5,11 +5,10 @@ Variants:
   @v6    layernorm_backward@v6's kernel without the mean (nb_rows2: 64 registers, 1024 threads
          per SM, one 16-byte vector of x and dy per thread per row); not yet the default;
   @v7    layernorm_backward@v7's kernel without the mean (nb_rows3: 64 registers, loads copied
-         into shared memory rows ahead, the finish in the same cooperative launch); not yet
-         the default;
-  @best  layernorm_backward's best design without the mean: the row in registers (nb_rows);
-         long rows: two passes over column chunks; no atomics: per-block partial rows of
-         dweight, then a fixed-order column sum; deterministic.
+         into shared memory rows ahead, the finish in the same cooperative launch);
+  @best  nb_rows3 where it applies (as @v7), else layernorm_backward's nb_rows design without
+         the mean: the row in registers; long rows: two passes over column chunks; no atomics:
+         per-block partial rows of dweight, then a fixed-order column sum; deterministic.
 
 Host planning and launching: backends/cupy/_norm_plan.py.  Importing this module never imports cupy.
 """

@@ -23,10 +23,10 @@
 # The default fits about 8 minutes; the full set may not finish in FULL_S = 150 s (the float64 oracle
 # of the 1k-token cases is CPU-bound).  For every full case: OUT=/o2 STEPS=full FULL_S=480 FULL_JOBS=12.
 # Files: $OUT/run.log, $OUT/summary.txt, $OUT/cuda_attn.tgz (everything else, under res/).
-# Knobs: PYTHON=python3 STEPS=... FULL_JOBS=6 WARM_S=70 PROBE_S=60 FULL_S=150 BENCH_S=100 BUDGET=0.2
+# Knobs: BENCH_ARGS (more harness bench options, e.g. "--dtype bf16") PYTHON=python3 STEPS=... FULL_JOBS=6 WARM_S=70 PROBE_S=60 FULL_S=150 BENCH_S=100 BUDGET=0.2
 #        GRADORACLE_CUPY_ATTN_TUNE=0 (no tuning: the default tiles), GRADORACLE_CUPY_ATTN_CFG=main=64x64x1
 set -uo pipefail
-export PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}  # one torch_ext build digest for every process
 : "${OUT:?set OUT to a folder for the results}"
 PY=${PYTHON:-python3} STEPS=${STEPS:-warm smoke full repeat bench} FULL_JOBS=${FULL_JOBS:-6}
 WARM_S=${WARM_S:-70} PROBE_S=${PROBE_S:-60} FULL_S=${FULL_S:-150} BENCH_S=${BENCH_S:-100} BUDGET=${BUDGET:-0.2}
@@ -55,7 +55,7 @@ ext_ready() {  # waits for the build; prints why torch_ext is left out, if it is
 if has warm; then
   stamp "== warm: NVRTC compiles (one process per dtype)"
   for dt in bf16 f16 f32 f64; do
-    timeout -s INT "$WARM_S" $PY - "$dt" > "$R/warm-$dt.log" 2>&1 <<'EOF' &
+    timeout -k 15 -s INT "$WARM_S" $PY - "$dt" > "$R/warm-$dt.log" 2>&1 <<'EOF' &
 import sys, time
 from backends.cupy import attention_backward as A
 dt = sys.argv[1]
@@ -78,7 +78,7 @@ EOF
   wait
   tail -n 40 "$R"/warm-*.log
   stamp "== probe: tuning candidates per perf shape"
-  timeout -s INT "$PROBE_S" $PY - "$R/probe.json" <<'EOF' 2>&1 | tee "$R/probe.log"
+  timeout -k 15 -s INT "$PROBE_S" $PY - "$R/probe.json" <<'EOF' 2>&1 | tee "$R/probe.log"
 import json, sys, time
 import cupy, ml_dtypes, numpy as np
 from backends.cupy import attention_backward as A
@@ -135,7 +135,7 @@ fi
 
 if has smoke; then
   stamp "== smoke: cupy@fa2, cupy@fa2_det, cupy"
-  timeout -s INT 45 $PY -m harness run --op attention_backward --backend cupy@fa2 --backend cupy@fa2_det \
+  timeout -k 15 -s INT 45 $PY -m harness run --op attention_backward --backend cupy@fa2 --backend cupy@fa2_det \
     --backend cupy --cases smoke --device cuda --json "$R/smoke.json" > "$R/smoke.log" 2>&1
   echo "exit $?"; tail -3 "$R/smoke.log"; statuses "$R/smoke.log"
   grep -hE "^(FAIL|ERROR|CRASH|TIMEOUT)" "$R/smoke.log" | head -20
@@ -151,7 +151,7 @@ if has full; then
   for ((i = 0; i < FULL_JOBS; i++)); do
     echo "full$i: --op attention_backward $backends --cases full --device cuda --shard $i/$FULL_JOBS" >> "$jobs"
   done
-  OUT=$R/full timeout -s INT "$((FULL_S + 10))" bash scripts/gpu_parallel_run.sh "$jobs" "$FULL_S" > "$R/full.log" 2>&1
+  OUT=$R/full timeout -k 15 -s INT "$((FULL_S + 10))" bash scripts/gpu_parallel_run.sh "$jobs" "$FULL_S" > "$R/full.log" 2>&1
   echo "exit $?"
   mkdir -p "$R/full/x" && tar -xzf "$R/full/runs.tar.gz" -C "$R/full/x" 2>/dev/null
   for f in "$R"/full/x/runs/*.log; do tail -1 "$f"; done
@@ -162,7 +162,7 @@ fi
 
 if has repeat; then
   stamp "== repeat: cupy@fa2_det, 50 calls per case bitwise equal"
-  timeout -s INT 40 $PY -m harness run --op attention_backward --backend cupy@fa2_det \
+  timeout -k 15 -s INT 40 $PY -m harness run --op attention_backward --backend cupy@fa2_det \
     --cases scripts/gpu/cases/cuda_attn_repeat.json --device cuda --repeat 50 --json "$R/repeat.json" > "$R/repeat.log" 2>&1
   echo "exit $?"; tail -2 "$R/repeat.log"; statuses "$R/repeat.log"
   grep -hE "^(FAIL|ERROR|CRASH)" "$R/repeat.log" | head -10
@@ -173,8 +173,8 @@ if has bench; then
   ext=""
   [[ $EXT == 1 ]] && ext="--backend torch_ext"
   stamp "== bench: perf cases, cupy (fa2), cupy@fa2_det, $ext, sdpa_flash, sdpa_cudnn, triton"
-  timeout -s INT "$((BENCH_S + 10))" $PY -m harness bench --op attention_backward --backend cupy --backend cupy@fa2_det $ext \
-    --backend sdpa_flash --backend sdpa_cudnn --backend triton --cases perf --device cuda --budget "$BUDGET" \
+  timeout -k 15 -s INT "$((BENCH_S + 10))" $PY -m harness bench --op attention_backward --backend cupy --backend cupy@fa2_det $ext \
+    --backend sdpa_flash --backend sdpa_cudnn --backend triton --cases perf --device cuda --budget "$BUDGET" ${BENCH_ARGS:-} \
     --time-limit "$((BENCH_S - 20))" --report "$R/bench" --no-plots > "$R/bench.log" 2> "$R/bench.err"
   echo "exit $?"; tail -3 "$R/bench.err"
   stamp "== summary -> $OUT/summary.txt"

@@ -16,7 +16,7 @@
 # $OUT gets two files: cuda_conv.tgz (everything above) and summary.txt (this script's log).
 # About 7-8 minutes on an H100; every step has its own time limit.
 set -uo pipefail
-export PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}  # one torch_ext build digest for every process
 : "${OUT:?set OUT to a folder for the results}"
 PY=${PY:-python3}
 W="$(mktemp -d)/cuda_conv"  # the work folder: packed into $OUT/cuda_conv.tgz at the end (few files come back)
@@ -94,11 +94,11 @@ if __name__ == "__main__":
                 extra = f"splits {la.words[42]} chunk {la.words[43]}"
             print(f"{case.id:80s} {la.expr:30s} grid {la.grid} {extra}")
 PYEOF
-PYTHONPATH=$PWD timeout -s INT 100 $PY "$W/compile_report.py" > "$W/plans.txt" 2>&1
+PYTHONPATH=$PWD timeout -k 15 -s INT 100 $PY "$W/compile_report.py" > "$W/plans.txt" 2>&1
 echo "exit $?"; grep -E "regs" "$W/plans.txt" | head -24
 
 stamp "== 1. every cupy variant on the smoke sets"
-timeout -s TERM 110 $PY -m harness run --op conv_backward_data --op conv_backward_weight --backend cupy --cases smoke \
+timeout -k 15 -s TERM 110 $PY -m harness run --op conv_backward_data --op conv_backward_weight --backend cupy --cases smoke \
   --seed 2 --json "$W/smoke.json" > "$W/smoke.log" 2>&1
 echo "exit $?"; grep -E "^(FAIL|ERROR|CRASH)" -A3 "$W/smoke.log" | head -30; tail -3 "$W/smoke.log"
 
@@ -109,7 +109,7 @@ stamp "== 2. cupy@best and torch_ext on the full sets (8 shards)"
 OUT="$W/full" bash scripts/gpu_parallel_run.sh scripts/jobs/cuda-conv-full.txt 120 2>&1 | tail -40
 
 stamp "== 3. bench: torch (cuDNN), triton, cupy@best, torch_ext on the perf cases"
-timeout -s INT 140 $PY -m harness bench --op conv_backward_data --op conv_backward_weight --backend torch \
+timeout -k 15 -s INT 140 $PY -m harness bench --op conv_backward_data --op conv_backward_weight --backend torch \
   --backend triton --backend cupy@best --backend torch_ext --cases perf --dtype "${BENCH_DTYPE:-bf16}" --interleave \
   --budget 0.2 --warmup-budget 0.2 --time-limit 110 --report "$W/bench" -q \
   > "$W/bench.log" 2>&1
@@ -117,7 +117,7 @@ echo "exit $?"; tail -5 "$W/bench.log"
 [ -f "$W/bench/report.md" ] && head -80 "$W/bench/report.md"
 
 stamp "== 4. fast-divmod A/B on the strided dgrad perf cases"
-timeout -s INT 20 $PY - "$W/strided.json" <<'PYEOF'
+timeout -k 15 -s INT 20 $PY - "$W/strided.json" <<'PYEOF'
 import json, sys
 from cases import select
 cases = [{"op": c.op, "dtype": c.dtype, "params": c.params} for c in select("perf", op="conv_backward_data")
@@ -125,11 +125,11 @@ cases = [{"op": c.op, "dtype": c.dtype, "params": c.params} for c in select("per
 json.dump(cases, open(sys.argv[1], "w"))
 print(len(cases), "strided dgrad perf cases")
 PYEOF
-timeout -s INT 110 $PY -m harness bench --op conv_backward_data --backend cupy@div --backend cupy@fastdiv_load \
+timeout -k 15 -s INT 110 $PY -m harness bench --op conv_backward_data --backend cupy@div --backend cupy@fastdiv_load \
   --backend cupy@fastdiv --cases "$W/strided.json" --budget 0.3 --interleave --time-limit 85 --report "$W/ab" -q \
   > "$W/ab.log" 2>&1
 echo "exit $?"; tail -3 "$W/ab.log"
-timeout -s INT 30 $PY - "$W/ab" <<'PYEOF'
+timeout -k 15 -s INT 30 $PY - "$W/ab" <<'PYEOF'
 import json, sys
 from pathlib import Path
 d = Path(sys.argv[1])

@@ -39,7 +39,7 @@ $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton
 
 if has probe; then
   stamp "== probe (tuning, resources, device and host time per perf shape)"
-  timeout -s INT 90 $PY - "$R/probe.json" <<'EOF' 2>&1 | tee "$R/probe.log"
+  timeout -k 15 -s INT 90 $PY - "$R/probe.json" <<'EOF' 2>&1 | tee "$R/probe.log"
 import json, sys, time
 import torch
 from backends.triton import attention_backward as ab
@@ -103,7 +103,7 @@ if has full; then
   stamp "== full: $FULL_JOBS shards of harness run --op attention_backward --backend triton --backend triton@det --cases full"
   pids=()
   for ((i = 0; i < FULL_JOBS; i++)); do
-    timeout -s INT "$FULL_S" $PY -m harness run --op attention_backward --backend triton --backend triton@det \
+    timeout -k 15 -s INT "$FULL_S" $PY -m harness run --op attention_backward --backend triton --backend triton@det \
       --cases full --device cuda --shard "$i/$FULL_JOBS" --json "$R/full-$i.json" > "$R/full-$i.log" 2>&1 &
     pids+=($!)
   done
@@ -115,7 +115,7 @@ fi
 
 if has repeat; then
   stamp "== repeat: triton@det, bf16 full cases, 5 calls each must be bitwise equal"
-  timeout -s INT 60 $PY -m harness run --op attention_backward --backend triton@det --cases full --dtype bf16 \
+  timeout -k 15 -s INT 60 $PY -m harness run --op attention_backward --backend triton@det --cases full --dtype bf16 \
     --device cuda --repeat 5 --json "$R/repeat.json" > "$R/repeat.log" 2>&1
   echo "exit $?"; tail -2 "$R/repeat.log"
   awk '$2 == "attention_backward" {print $1}' "$R/repeat.log" | sort | uniq -c

@@ -67,7 +67,7 @@ EOF
 if has asm; then
   stamp "== asm: the bf16 column sum as compiled here"
   mkdir -p "$R/asm"
-  GRADORACLE_TRITON_REDUCE_VARIANTS=$REDUCE_VARIANTS timeout -s TERM 60 $PY - "$R/asm" > "$R/asm.txt" 2>&1 <<'EOF'
+  GRADORACLE_TRITON_REDUCE_VARIANTS=$REDUCE_VARIANTS timeout -k 15 -s TERM 60 $PY - "$R/asm" > "$R/asm.txt" 2>&1 <<'EOF'
 import re, sys, torch
 from backends.triton import reduce_sum as rs
 out = sys.argv[1]
@@ -98,7 +98,7 @@ fi
 
 if has host; then
   stamp "== host: us per call, whole and Python alone"
-  timeout -s TERM 90 $PY - > "$R/host.txt" 2>&1 <<'EOF'
+  timeout -k 15 -s TERM 90 $PY - > "$R/host.txt" 2>&1 <<'EOF'
 import time, torch
 from backends.triton import _steps, binary_backward as bb, reduce_sum as rs
 from backends.triton import layernorm_backward as lnb, rmsnorm_backward as rmb
@@ -162,12 +162,12 @@ fi
 
 if has smoke; then
   stamp "== smoke: the four ops through triton (at most ${SMOKE_LIMIT}s)"
-  timeout -s TERM "$SMOKE_LIMIT" $PY -m harness run "${ops[@]}" --backend triton --device cuda --cases smoke \
+  timeout -k 15 -s TERM "$SMOKE_LIMIT" $PY -m harness run "${ops[@]}" --backend triton --device cuda --cases smoke \
     --json "$R/smoke.json" > "$R/smoke.log" 2>&1
   echo "exit $? (124: cut)"
   grep -E "^(FAIL|ERROR|CRASH)" "$R/smoke.log" | cut -c1-200 | head -12; tail -2 "$R/smoke.log"
   stamp "== smoke: reduce_sum through triton@stages3_tiles (pipelined loop, finish tiles; at most 25s)"
-  GRADORACLE_TRITON_REDUCE_VARIANTS=stages3_tiles timeout -s TERM 25 $PY -m harness run --op reduce_sum \
+  GRADORACLE_TRITON_REDUCE_VARIANTS=stages3_tiles timeout -k 15 -s TERM 25 $PY -m harness run --op reduce_sum \
     --backend triton@stages3_tiles --device cuda --cases smoke --json "$R/smoke-stages3.json" \
     > "$R/smoke-stages3.log" 2>&1
   echo "exit $? (124: cut)"
@@ -176,7 +176,7 @@ fi
 
 if has presets; then
   stamp "== presets: reduce_sum, every preset quick-timed (at most ${PRESETS_LIMIT}s)"
-  timeout -s TERM $(( PRESETS_LIMIT + 15 )) $PY scripts/gpu/triton_tune_info.py --op reduce_sum --presets \
+  timeout -k 15 -s TERM $(( PRESETS_LIMIT + 15 )) $PY scripts/gpu/triton_tune_info.py --op reduce_sum --presets \
     --time-limit "$PRESETS_LIMIT" --json "$R/presets.json" > "$R/presets.log" 2>&1
   echo "exit $?"
 fi
@@ -209,7 +209,7 @@ if has profile; then
   stamp "== profile: bf16 column sum, triton and triton@$PROFILE_VARIANT (at most ${PROFILE_LIMIT}s)"
   c='{"op":"reduce_sum","dtype":"bf16","params":{"shape":[8,2048,4096],"target":[4096]}}'
   printf "reduce_sum triton %s\nreduce_sum triton@%s %s\n" "$c" "$PROFILE_VARIANT" "$c" > "$WORK/profile.list"
-  GRADORACLE_TRITON_REDUCE_VARIANTS=$PROFILE_VARIANT OUT=$R timeout -s TERM "$PROFILE_LIMIT" \
+  GRADORACLE_TRITON_REDUCE_VARIANTS=$PROFILE_VARIANT OUT=$R timeout -k 15 -s TERM "$PROFILE_LIMIT" \
     bash scripts/gpu/profile_cases.sh "$WORK/profile.list" > "$R/profiles.txt" 2>&1
   echo "exit $?"
   grep -E "^(==|kernel|  time|  occupancy|  sectors|  grid|  top)" "$R/profiles.txt" | cut -c1-160

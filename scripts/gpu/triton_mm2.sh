@@ -33,7 +33,7 @@ stamp "== device"
 stamp "== full cases through triton (parallel shards, ${FULL_LIMIT}s)"
 pids=()
 full() {  # name, op, shard
-  timeout -s INT "$FULL_LIMIT" python3 -m harness run --op "$2" --backend triton --cases full --device cuda \
+  timeout -k 15 -s INT "$FULL_LIMIT" python3 -m harness run --op "$2" --backend triton --cases full --device cuda \
     --shard "$3" --json "$W/full-$1.json" > "$W/full-$1.log" 2>&1 &
   pids+=($!)
 }
@@ -49,7 +49,7 @@ for log in "$W"/full-*.log; do
 done
 
 stamp "== probe: perf cases once through triton (${PROBE_LIMIT}s)"
-timeout -s INT "$PROBE_LIMIT" python3 - <<'EOF' 2>&1 | tee "$W/probe.txt"
+timeout -k 15 -s INT "$PROBE_LIMIT" python3 - <<'EOF' 2>&1 | tee "$W/probe.txt"
 import time
 
 import numpy as np

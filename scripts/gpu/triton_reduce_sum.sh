@@ -31,7 +31,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.g
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 
 stamp "== 1. correctness, full cases (at most ${RUN_LIMIT}s)"
-timeout -s TERM "$RUN_LIMIT" python3 -m harness run --op reduce_sum --backend triton --cases "$RUN_CASES" --device "$DEVICE" \
+timeout -k 15 -s TERM "$RUN_LIMIT" python3 -m harness run --op reduce_sum --backend triton --cases "$RUN_CASES" --device "$DEVICE" \
   --json "$OUT/triton-reduce-full.json" > "$OUT/triton-reduce-full.log" 2>&1
 echo "exit $? (124: cut at ${RUN_LIMIT}s, the JSON holds the cases that ran)"
 grep -E "^(FAIL|ERROR|XFAIL)" "$OUT/triton-reduce-full.log" | cut -c1-200 | head -20

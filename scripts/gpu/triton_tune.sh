@@ -72,11 +72,11 @@ EOF
 
 if has info; then
   stamp "== info: launches of every perf case (registers, spills, occupancy, waves), tuning, presets on the focus cases"
-  timeout -s TERM "$INFO_LIMIT" $PY scripts/gpu/triton_tune_info.py --json "$OUT/kernels.json" \
+  timeout -k 15 -s TERM "$INFO_LIMIT" $PY scripts/gpu/triton_tune_info.py --json "$OUT/kernels.json" \
     > "$OUT/info.log" 2>&1
   echo "exit $? (124: cut at ${INFO_LIMIT}s)"
   # presets, quick-timed, on the focus cases only (their kernels are then compiled for `variants`)
-  timeout -s TERM $(( PRESETS_LIMIT + 10 )) $PY - "$WORK/focus.json" "$OUT/kernels-presets.json" "$PRESETS_LIMIT" \
+  timeout -k 15 -s TERM $(( PRESETS_LIMIT + 10 )) $PY - "$WORK/focus.json" "$OUT/kernels-presets.json" "$PRESETS_LIMIT" \
     >> "$OUT/info.log" 2>&1 <<'EOF'
 import json, sys
 sys.path.insert(0, "scripts/gpu")
@@ -96,12 +96,12 @@ fi
 if has check; then
   run=($PY -m harness run --op binary_backward --op reduce_sum --backend triton --device cuda)
   stamp "== check: perf cases (oracle: JAX float64 on the GPU; at most ${CHECK_PERF_LIMIT}s)"
-  timeout -s TERM "$CHECK_PERF_LIMIT" "${run[@]}" --cases perf --oracle jax --json "$OUT/check-perf.json" \
+  timeout -k 15 -s TERM "$CHECK_PERF_LIMIT" "${run[@]}" --cases perf --oracle jax --json "$OUT/check-perf.json" \
     > "$OUT/check-perf.log" 2>&1
   echo "exit $? (124: cut, the JSON holds the cases that ran)"
   grep -E "^(FAIL|ERROR|CRASH)" "$OUT/check-perf.log" | cut -c1-200 | head -12; tail -2 "$OUT/check-perf.log"
   stamp "== check: smoke cases (at most ${CHECK_SMOKE_LIMIT}s)"
-  timeout -s TERM "$CHECK_SMOKE_LIMIT" "${run[@]}" --cases smoke --json "$OUT/check-smoke.json" \
+  timeout -k 15 -s TERM "$CHECK_SMOKE_LIMIT" "${run[@]}" --cases smoke --json "$OUT/check-smoke.json" \
     > "$OUT/check-smoke.log" 2>&1
   echo "exit $? (124: cut)"
   grep -E "^(FAIL|ERROR|CRASH)" "$OUT/check-smoke.log" | cut -c1-200 | head -12; tail -2 "$OUT/check-smoke.log"
@@ -135,7 +135,7 @@ $PY scripts/gpu/triton_tune_report.py --bench "$OUT/bench" --variants "$OUT/vari
 if has profile && [ -s "$OUT/misses.txt" ]; then
   head -n "$PROFILE_MAX" "$OUT/misses.txt" > "$WORK/profile.list"
   stamp "== profile: $(wc -l < "$WORK/profile.list") case(s) under the bar (at most ${PROFILE_LIMIT}s)"
-  OUT=$OUT timeout -s TERM "$PROFILE_LIMIT" bash scripts/gpu/profile_cases.sh "$WORK/profile.list" \
+  OUT=$OUT timeout -k 15 -s TERM "$PROFILE_LIMIT" bash scripts/gpu/profile_cases.sh "$WORK/profile.list" \
     > "$OUT/profiles.txt" 2>&1
   echo "exit $?"
   grep -E "^(==|kernel|  time|  occupancy|  grid|  top)" "$OUT/profiles.txt" | cut -c1-160
