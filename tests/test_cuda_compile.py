@@ -81,7 +81,8 @@ def ptxas_report(exprs, arch: str = "sm_90") -> dict[str, tuple[int, int]]:
 def test_best_kernels_fit_their_launch_bounds():
     """bb_rows / bb_batch are built for BB_BEST_MIN_BLOCKS (3) resident 256-thread blocks per SM:
     at most 80 registers, and at most a few dozen bytes of spills (only the 16-bit packed batch
-    kernels spill at all); bb_cols for BB_COLS_MIN_BLOCKS (4): at most 64 registers, no spills.
+    kernels spill at all); bb_cols for BB_COLS_MIN_BLOCKS (4): at most 64 registers, no spills
+    but the one measured below.
     The plan's default occupancy table assumes as much."""
     exprs = [cupy_raw.kernel_expr(k, dt, fn, vec) for k in ("cols", "rows", "batch") for dt in ("bf16", "f32")
              for fn in ("mul", "div", "maximum") for vec in (False, True)]
@@ -96,7 +97,11 @@ def test_best_kernels_fit_their_launch_bounds():
     assert cuda_plan.BEST_BLOCKS_PER_SM["cols"] == 4 and "#define BB_COLS_MIN_BLOCKS 4" in SOURCE
     for expr, (regs, spill) in report.items():
         if expr.startswith("bb_cols<"):
-            assert regs <= 64 and spill == 0, (expr, regs, spill)
+            # One measured exception: bf16 div without the L2 prefetch (BB_BEST_PF 0) spills 12 bytes,
+            # and still beats the spill-free prefetching build on the H100 (B = 4096: 92.4% of copy
+            # against 88.9%; results/h100/cupy/bcast-3/tune.txt).
+            allowed = 16 if expr == "bb_cols<__nv_bfloat16, 3, 8>" else 0
+            assert regs <= 64 and spill <= allowed, (expr, regs, spill)
 
 
 @needs_nvrtc
