@@ -268,6 +268,7 @@ def bench_pair(impl: Impl, case, inputs: CaseInputs, opts: BenchOptions, clock=N
         row.status, row.reason = status.ERROR, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         return row.to_json()
     row.status, row.reason = tr.status, tr.reason
+    row.extra["phases_s"] = {k: round(v, 4) for k, v in tr.phases.items()}
     if tr.status == status.FAIL and tr.reason == runner.REVALIDATION:  # stale, or just inaccurate on these inputs?
         row.reason = runner.diagnose_revalidation(impl, None, inputs.final, case, opts.device, inputs.timing)
     row.status, row.reason = runner.known_status(impl, case, opts.device, row.status, row.reason, tr.outputs)
@@ -328,6 +329,7 @@ def in_worker(impl: Impl, case, spec: dict):
         future = _WORKER.get("futures", {}).pop(key, None)
     ahead = _ahead(opts, spec.get("upcoming", []))  # the next cases start preparing now
     if fresh:
+        t0 = time.perf_counter()
         try:
             inputs = future.result() if future is not None and not future.cancelled() else \
                 case_inputs(case, opts.seed, opts.oracle, opts.device)
@@ -336,7 +338,7 @@ def in_worker(impl: Impl, case, spec: dict):
             inputs = finish(case, inputs)
         except Exception as exc:  # every implementation of the case gets the ERROR row
             inputs = exc
-        _WORKER.update(key=key, inputs=inputs, uploads={})
+        _WORKER.update(key=key, inputs=inputs, uploads={}, prepare_s=time.perf_counter() - t0)
     clocks = _WORKER.setdefault("clocks", {})
     clock = clocks.get(opts.device) or clocks.setdefault(opts.device, timing.ClockMonitor.for_device(opts.device))
 
@@ -349,6 +351,8 @@ def in_worker(impl: Impl, case, spec: dict):
                 impl.backend.before_timing()
             row = bench_pair(impl, case, inputs, opts, clock,
                              _WORKER["uploads"].setdefault(impl.backend.framework, {}), None, ahead.quiet)
+            if fresh:  # the first implementation of a case waited for its preparation (or made it)
+                row["phases_s"] = {"prepare": round(_WORKER["prepare_s"], 4), **row.get("phases_s", {})}
         return {"result": row, "clock_mhz": clock.max_seen}
 
     return call
@@ -439,6 +443,7 @@ def run(pairs: list, opts: BenchOptions, ceilings: dict | None, command: str = "
             for impl in impls:
                 if interrupted:
                     break
+                t_pair = time.monotonic()
                 if runner is not None:
                     skip = skips[(id(case), impl.id)]
                     try:
@@ -458,6 +463,7 @@ def run(pairs: list, opts: BenchOptions, ceilings: dict | None, command: str = "
                                      skips[(id(case), impl.id)], fetch.quiet)
                     if over_time():
                         interrupted = f"time limit of {limit:g} s reached"
+                row["pair_s"] = round(time.monotonic() - t_pair, 4)  # wall time of the pair, as this process saw it
                 rows.append(row)
                 t = row["timing"]["median"] if row.get("timing") else None
                 progress.update(f"{row['status']} {row['impl']} {row['case']}" + (f" {t:.4g} ms" if t else ""))

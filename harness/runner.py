@@ -36,9 +36,10 @@ import json
 import os
 import shlex
 import sys
+import time
 import traceback
 import warnings
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from math import prod
 from pathlib import Path
@@ -180,6 +181,10 @@ class TimedResult:
     samples: timing.Samples | None = None
     outputs: list[OutputReport] = field(default_factory=list)
     reason: str = ""
+    # wall seconds of each phase (upload: inputs to the device and their clones; wait: for the
+    # prefetch's quiet; time: warm-up, samples and loop; final: the re-validated call and its
+    # judgement): where a bench's time goes, beside the samples' own elapsed time
+    phases: dict = field(default_factory=dict)
 
 
 REVALIDATION = ("timed re-validation: the final timed call (inputs refilled in place with other values, "
@@ -220,6 +225,8 @@ def timed_check(impl: Impl, case, device: str, timing_inputs: dict, final: Prepa
     """
     spec = get_op(case.op)
     fw = frameworks.adapter(impl.backend.framework)
+    phases: dict = {}
+    t0 = time.perf_counter()
     shapes = spec.shapes(case)
     outputs = spec.outputs_of(case)
     uploads = {} if uploads is None else uploads
@@ -244,9 +251,12 @@ def timed_check(impl: Impl, case, device: str, timing_inputs: dict, final: Prepa
         fns[0] = fns[-1]  # reached only once the checks passed
         results[i % rotate] = outs if returned is None else returned
 
+    phases["upload"] = time.perf_counter() - t0
     try:
-        with quiet():
+        with _timed(phases, "wait", quiet()):
+            t0 = time.perf_counter()
             run = timing.time_fn(call, device, cfg, fw.name, lambda: fw.sync(device), clock, rotate)
+            phases["time"] = time.perf_counter() - t0
         j = run.last_index % rotate
         flats, views, _ = sets[j]
         for k in flats:
@@ -256,15 +266,27 @@ def timed_check(impl: Impl, case, device: str, timing_inputs: dict, final: Prepa
             for o in outs:
                 outs[o] = fw.fill_nan(outs[o])
         results.pop(j, None)
-        with quiet():
+        with _timed(phases, "wait", quiet()):
+            t0 = time.perf_counter()
             run.samples.final_ms = run.final_call()
             fw.sync(device)
         got = results.get(j) if run.graph is None else sets[j][2]
         reports = judge(impl, final, case, got or {}, sample_above)
+        phases["final"] = time.perf_counter() - t0
     except (ValueError, TypeError, NotImplementedError) as exc:
-        return TimedResult(status.ERROR, reason=describe_exception(exc))
+        return TimedResult(status.ERROR, reason=describe_exception(exc), phases=phases)
     passed = all(o.passed for o in reports)
-    return TimedResult(status.PASS if passed else status.FAIL, run.samples, reports, "" if passed else REVALIDATION)
+    return TimedResult(status.PASS if passed else status.FAIL, run.samples, reports, "" if passed else REVALIDATION,
+                       phases)
+
+
+@contextmanager
+def _timed(phases: dict, key: str, ctx):
+    """Enter `ctx` and add the seconds its entry took to phases[key] (the quiet's wait for preparations)."""
+    t0 = time.perf_counter()
+    with ctx:
+        phases[key] = phases.get(key, 0.0) + time.perf_counter() - t0
+        yield
 
 
 def diagnose_revalidation(impl: Impl, first: Prepared | None, alt: Prepared, case, device: str,

@@ -89,6 +89,11 @@ def test_isolated_and_in_process_benches_give_the_same_rows(tmp_path, cache, cap
                     "footprint_bytes", "variant_rank"):
             assert x[key] == y[key], key
         assert [o["name"] for o in x["outputs"]] == [o["name"] for o in y["outputs"]]
+        for r in (x, y):  # where the bench's time went: each phase's wall seconds, and the pair's
+            assert {"upload", "wait", "time", "final"} <= set(r["phases_s"]), r["phases_s"]
+            assert r["pair_s"] >= r["phases_s"]["time"] > 0
+    # the worker waited for (or made) each case's inputs before its first implementation
+    assert [("prepare" in r["phases_s"]) for r in a["rows"]] == [True, False, True, False]
     assert a["ceilings"] == b["ceilings"] and set(a) == set(b)
 
 
