@@ -282,20 +282,52 @@ def fake_gpu(monkeypatch):
     monkeypatch.setattr(trs, "_occupancy", lambda index, dtype: lambda expr: 2)
 
 
-def built_norm_kernel(kind, itemsize, vec, vpt) -> bool:
-    """The instantiations norm_backward_cuda.h builds (nb_rows_elems / nb_chunk_elems)."""
+def rows3_smem(itemsize, vpt, gw, stages) -> int:
+    """NBRows3Smem<T, VPT, GW, STAGES>::BYTES (norm_rows3.cuh), written out again."""
+    block, vec, acc = max(256, gw), 16 // itemsize, 8 if itemsize == 8 else 4
+    stage = 2 * vpt * block * 16 + 2 * block * acc
+    return max(stages * stage + vpt * block * 16, 2 * vpt * vec * block * acc)
+
+
+def built_rows3(itemsize, vpt, gw, stages) -> bool:
+    """nb_rows3_built / nb_rows3_stages of norm_backward_cuda.h, written out again: VPT 1 for GW <= 32,
+    else ROWS3_ELEMS / VEC (1 in 16-bit types: VPT 1 throughout); 4 stages, fewer while the shared
+    memory exceeds 227 KiB less 8 KiB."""
+    m = max(1, (4 if itemsize == 8 else 8) // (16 // itemsize))
+    if not (gw in [1 << k for k in range(11)] and (gw <= 32 or m == 1 if vpt == 1 else vpt == m and gw >= 32)):
+        return False
+    s = 4
+    while s > 2 and rows3_smem(itemsize, vpt, gw, s) > 232448 - 8192:
+        s -= 1
+    return stages == s
+
+
+def built_norm_kernel(kind, itemsize, vec, vpt, gw=0, stages=0) -> bool:
+    """The instantiations norm_backward_cuda.h builds (nb_rows_elems / nb_chunk_elems, nb_rows3_built)."""
     if vec not in (1, 16 // itemsize):
         return False
     if kind == _norm.ROWS:
         most = ({2: 16, 4: 8, 8: 4} if vec > 1 else {2: 8, 4: 8, 8: 4})[itemsize]
         return vpt in (1, 2, 4, 8) and vpt * vec <= most
+    if kind == _norm.ROWS3:
+        return vec > 1 and built_rows3(itemsize, vpt, gw, stages)
     return kind == _norm.CHUNKED and vpt == (4 if itemsize == 8 else 8) // vec
 
 
+GW_WORD = _norm.HEADER + _norm.nplan.FLAGS_WORD + 1  # NBParams.gw in a record
+
+
+@pytest.mark.parametrize("setting,kinds", [("", {_norm.ROWS, _norm.CHUNKED}),
+                                           ("kernel=rows3", {_norm.ROWS3, _norm.ROWS, _norm.CHUNKED}),
+                                           ("kernel=rows3,finish=colsum", {_norm.ROWS3, _norm.ROWS, _norm.CHUNKED})])
 @pytest.mark.parametrize("op", [_norm.LN, _norm.RMS])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64],
                          ids=["f32", "f16", "bf16", "f64"])
-def test_every_cuda_norm_plan_names_a_built_kernel(fake_gpu, op, dtype):
+def test_every_cuda_norm_plan_names_a_built_kernel(fake_gpu, monkeypatch, setting, kinds, op, dtype):
+    """With GRADORACLE_TORCH_EXT_NORMS unset (kernel=rows) and kernel=rows3 (fused finish or
+    nb_colsum): every record names a built kernel, and its partial rows are summed by one of
+    the two finishes (nb_rows3's cooperative grid within the resident blocks)."""
+    monkeypatch.setenv(_norm.ENV, setting)
     acc = torch.float64 if dtype == torch.float64 else torch.float32
     seen = set()
     for n in sorted({1, 3, 7, 100, 1000, 1023, 65535} | {1 << k for k in range(17)} | {3 << k for k in range(15)}):
@@ -307,12 +339,20 @@ def test_every_cuda_norm_plan_names_a_built_kernel(fake_gpu, op, dtype):
                     "dbias": FakeCuda((n,), dtype) if op == _norm.LN else None}
             words = _norm.make_record(op, args)
             assert len(words) == _norm.RECORD_WORDS
-            kind, vec, vpt, wide, grid, colsum, ws = words[:7]
-            assert built_norm_kernel(kind, args["x"].element_size(), vec, vpt), (n, rows, words[:8])
-            assert grid >= 1 and (colsum or grid == 1) and (not colsum or ws >= 2 * grid * n)
+            kind, vec, vpt, wide, grid, colsum, ws, stages = words[: _norm.HEADER]
+            flags, gw = words[GW_WORD - 1], words[GW_WORD]
+            assert built_norm_kernel(kind, args["x"].element_size(), vec, vpt, gw, stages), (n, rows, words[:8])
+            coop = bool(flags & _norm.nplan.PHASE_COLS)
+            if kind == _norm.ROWS3:
+                assert flags & _norm.nplan.PHASE_ROWS and not (coop and colsum)
+                assert coop == ("colsum" not in setting and grid > 1)
+                assert not coop or grid <= 132  # the fake device: 132 SMs, 1 block each
+            else:
+                assert stages == 0 and not flags & (_norm.nplan.PHASE_ROWS | _norm.nplan.PHASE_COLS)
+            assert grid >= 1 and (colsum or coop or grid == 1) and (not (colsum or coop) or ws >= 2 * grid * n)
             assert vec == 1 or ptr % 16 == 0
             seen.add((kind, vec, vpt, wide))
-    assert {k for k, *_ in seen} == {_norm.ROWS, _norm.CHUNKED}  # both kernels reached
+    assert {k for k, *_ in seen} == kinds  # every kernel of the setting reached
 
 
 @pytest.mark.parametrize("shape,form", RS_FORMS + [((8, 2048, 4096), {"target": [4096]}),
@@ -336,17 +376,63 @@ def test_cuda_reduce_sum_plans(fake_gpu, shape, form):
 @pytest.mark.parametrize("op", [_norm.LN, _norm.RMS])
 @pytest.mark.parametrize("dt", ["f32", "f16", "bf16", "f64"])
 def test_every_planner_kernel_of_the_rows_path_is_built(op, dt):
-    """Every nb_rows / nb_chunked instantiation the planner can name (_norm_plan.all_kernel_exprs)
-    parses, and is one norm_backward_cuda.h builds."""
+    """Every nb_rows / nb_chunked / nb_rows3 instantiation the planner can name with the knobs
+    the extension takes (_norm_plan.all_kernel_exprs) parses, and is one norm_backward_cuda.h
+    builds; and every nb_rows3 it builds is one the planner names (none built for nothing)."""
     item = {"f32": 4, "f16": 2, "bf16": 2, "f64": 8}[dt]
-    exprs = [e for e in _norm.nplan.all_kernel_exprs(op, dt, dict(_norm.KNOBS))
-             if e.startswith(("nb_rows<", "nb_chunked<"))]
-    assert exprs
+    exprs = _norm.nplan.all_kernel_exprs(op, dt, _norm.settings("kernel=rows3"))
+    exprs = [e for e in exprs if e.startswith(("nb_rows<", "nb_chunked<", "nb_rows3<"))]
+    rows3 = set()
     for expr in exprs:
-        kind, vec, vpt, wide = _norm.parse_expr(op, expr)
-        assert built_norm_kernel(kind, item, vec, vpt), expr
-    with pytest.raises(ValueError, match="does not build"):
-        _norm.parse_expr(op, "nb_rows3<NBRmsNorm, float, 2, 32, 4>")
+        k = _norm.parse_expr(op, expr)
+        assert built_norm_kernel(k.kind, item, k.vec, k.vpt, k.gw, k.stages), expr
+        if k.kind == _norm.ROWS3:
+            assert k.vec == 16 // item and k.wide == (k.gw > 32)
+            rows3.add((k.vpt, k.gw, k.stages))
+    built = {(vpt, gw, s) for vpt in (1, 2) for gw in (1 << g for g in range(11)) for s in (2, 3, 4)
+             if built_rows3(item, vpt, gw, s)}
+    assert rows3 == built and len(built) == (11 if item == 2 else 12)
+    for bad in ("nb_rows2<NBRmsNorm, float, 4, 1, 512, 1>", "nb_rows3<NBRmsNorm, float2, 2, 32, 4>"):
+        with pytest.raises(ValueError, match="does not build"):
+            _norm.parse_expr(op, bad)
+
+
+def test_rows3_constants_match_the_planner():
+    """norm_backward_cuda.h's copies of the planner's nb_rows3 constants (the instantiations and
+    their STAGES follow from them) and NBRows3Smem's formula (the occupancy query's shared memory)."""
+    from pathlib import Path
+
+    src = (Path(_norm.__file__).parent / "norm_backward_cuda.h").read_text()
+    assert f"kNbRows3Stages = {_norm.nplan.STAGES};" in src
+    assert "kNbRows3SmemLimit = 232448 - 8192;" in src and _norm.nplan.ROWS3_SMEM_LIMIT == 232448 - 8192
+    assert f"kNbRows3MaxGwLog2 = {_norm.nplan.ROWS3_MAX_GW.bit_length() - 1};" in src
+    assert _norm.nplan.ROWS3_ELEMS == {2: 8, 4: 8, 8: 4} and _norm.nplan.ROWS3_MIN_BLOCK == 256
+    for dt, item in (("bf16", 2), ("f32", 4), ("f64", 8)):
+        for vpt, gw, s in ((1, 1, 4), (1, 512, 4), (2, 1024, 2), (2, 64, 3)):
+            assert _norm.nplan.rows3_smem_bytes(dt, vpt, gw, s) == rows3_smem(item, vpt, gw, s)
+
+
+def test_norms_setting(monkeypatch):
+    """GRADORACLE_TORCH_EXT_NORMS: default kernel=rows (unset or empty), the kernels the extension
+    builds, the knobs it takes; anything else a ValueError naming the variable; read per value."""
+    monkeypatch.delenv(_norm.ENV, raising=False)
+    assert _norm.knobs()["kernel"] == "rows" and _norm.settings("")["kernel"] == "rows"
+    got = _norm.settings("kernel=rows3, finish=colsum,minrows=8")
+    assert (got["kernel"], got["finish"], got["minrows"]) == ("rows3", "colsum", 8)
+    assert _norm.settings("kernel=rows3,kernel=rows")["kernel"] == "rows"
+    monkeypatch.setenv(_norm.ENV, "kernel=rows3")
+    assert _norm.knobs()["kernel"] == "rows3"
+    for text, match in (("kernel=rows2", r"kernel='rows2'.*does not build.*rows, rows3"),
+                        ("kernel=rows4", r"kernel='rows4', expected one of"),
+                        ("stages=3", r"stages=3.*does not take.*kernel, finish, minrows"),
+                        ("kernel=rows3,elems=16", r"elems=16.*does not take"),
+                        ("launch=cupy", r"launch='cupy'.*does not take"),
+                        ("kernels=rows3", r"unknown setting 'kernels'")):
+        with pytest.raises(ValueError, match=_norm.ENV + ": " + match):
+            _norm.settings(text)
+    monkeypatch.setenv(_norm.ENV, "kernel=rows2")
+    with pytest.raises(ValueError, match=_norm.ENV):
+        _norm.knobs()
 
 
 def test_reduce_sum_kernel_names_parse():

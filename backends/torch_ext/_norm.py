@@ -5,11 +5,17 @@ and rmsnorm_backward.py register the ops.)
 The plan is the one cupy@best launches, made by backends/cupy/_norm_plan.py (pure Python that
 never imports cupy; imported from there rather than moved, so that cupy's behaviour and tests stay
 as they are): the row layout (leading dims merged where every row tensor allows, element strides
-for any view), and on CUDA the launch of nb_rows (nb_chunked for long rows) and nb_colsum, for
-the device's SM count and the kernels' occupancy (asked of the extension once per kernel).  The
-planner's default kernel is used whatever GRADORACLE_CUPY_NORMS says (nb_rows2 / nb_rows3 are cupy's alone).
+for any view), and on CUDA the launch of nb_rows (nb_chunked for long rows) and nb_colsum, or of
+nb_rows3 (its partial rows summed in the same cooperative launch, or by nb_colsum), for the
+device's SM count and the kernels' occupancy (asked of the extension once per kernel).
+
+The planner's knobs come from GRADORACLE_TORCH_EXT_NORMS (`settings`; GRADORACLE_CUPY_NORMS is
+cupy's and is not read here), default kernel=rows: nb_rows3 (kernel=rows3, cupy@best's default)
+is built but not yet the default, until the H100's full cases and A/B say so.  The variable is
+read when a layout is first planned, so a change applies to layouts not planned before it.
+
 The NBRecord words (norm_backward.h) are: kind, vec, vpt, wide, grid, colsum, workspace
-elements, a spare word, then NBParams.
+elements, stages (nb_rows3's STAGES, else 0), then NBParams.
 
 Records depend on the tensors' shapes, strides, dtype, device and (CUDA) 16-byte alignment only,
 so they are cached per layout; argcheck's checks run when a layout is first seen (they depend on
@@ -17,18 +23,27 @@ nothing else), and the run op's C++ checks every call.
 """
 from __future__ import annotations
 
+import os
 import re
+from typing import NamedTuple
 
 from backends.cupy import _norm_plan as nplan
 from harness import argcheck, dtypes
 
 LN, RMS = nplan.LN, nplan.RMS
-ZERO, CPU, ROWS, CHUNKED = range(4)
+ZERO, CPU, ROWS, CHUNKED, ROWS3 = range(5)
 HEADER = 8
 RECORD_WORDS = HEADER + nplan.PARAMS_WORDS
-# The kernels the extension builds: nb_rows / nb_chunked + nb_colsum (nb_rows3, the cupy default since the
-# H100 run of results/h100/cupy/norms-v7/, is not in the extension yet).
-KNOBS = nplan.settings("kernel=rows")
+KINDS = {"rows": ROWS, "chunked": CHUNKED, "rows3": ROWS3}  # planner's Launch.kind -> NBKind
+
+ENV = "GRADORACLE_TORCH_EXT_NORMS"
+DEFAULT = "kernel=rows"
+# The knobs the extension honours: the kernel (it builds nb_rows / nb_chunked + nb_colsum, and
+# nb_rows3 with the default stages and elements per thread), nb_rows3's finish and rows per block
+# (planning only).  The others name instantiations it does not build (stages, elems, nb_rows2's
+# prefetch) or cupy's launch path (launch).
+BUILT_KERNELS = ("rows", "rows3")
+HONOURED = ("kernel", "finish", "minrows")
 INPUTS = {LN: ("dy", "x", "weight", "mean", "rstd"), RMS: ("dy", "x", "weight", "rstd")}
 OUTPUTS = {LN: ("dx", "dweight", "dbias"), RMS: ("dx", "dweight")}
 
@@ -36,6 +51,41 @@ _RECORDS: dict = {}
 _MAX_RECORDS = 1 << 14
 _SMS: dict = {}
 _OCC: dict = {}
+
+
+def settings(text: str | None = None) -> dict:
+    """The planner's knobs (_norm_plan.settings' dict) from `text` (default: the environment
+    variable GRADORACLE_TORCH_EXT_NORMS), comma-separated name=value pairs over DEFAULT, e.g.
+    "kernel=rows3" or "kernel=rows3,finish=colsum".  ValueError naming the variable for a bad
+    name or value, a kernel the extension does not build, or a knob it does not honour."""
+    text = os.environ.get(ENV, "") if text is None else text
+    try:
+        knobs = nplan.settings(f"{DEFAULT},{text}")  # later pairs win
+    except ValueError as e:
+        msg = str(e).removeprefix(f"{nplan.ENV}: ").replace(f"{DEFAULT},", "", 1)
+        raise ValueError(f"{ENV}: {msg}") from None
+    if knobs["kernel"] not in BUILT_KERNELS:
+        raise ValueError(f"{ENV}: kernel={knobs['kernel']!r} in {text!r}, which the torch extension does not build; "
+                         f"expected one of {', '.join(BUILT_KERNELS)} (nb_rows2 is cupy's alone)")
+    defaults = nplan.settings("")
+    for name, value in knobs.items():
+        if name not in HONOURED and value != defaults[name]:
+            raise ValueError(f"{ENV}: {name}={value!r} in {text!r}, which the torch extension does not take: it "
+                             f"honours {', '.join(HONOURED)} only (it builds nb_rows3 with the default stages "
+                             "and elems; launch and prefetch are cupy's)")
+    return knobs
+
+
+_KNOBS: dict = {}
+
+
+def knobs() -> dict:
+    """settings() for the variable's current value (parsed once per value)."""
+    text = os.environ.get(ENV, "")
+    got = _KNOBS.get(text)
+    if got is None:
+        got = _KNOBS[text] = settings(text)
+    return got
 
 
 def params_of(op: str, args: dict) -> dict:
@@ -81,27 +131,45 @@ def _occupancy(op: str, device_index: int, dtype):
     query = getattr(torch.ops.gradoracle, f"_{op}_occupancy")
 
     def occupancy(expr: str, block: int, smem: int = 0) -> int:
+        # block and smem follow from the kernel: the extension knows them (nb_rows3's smem is
+        # NBRows3Smem<...>::BYTES, the planner's rows3_smem_bytes).
         key = (op, device_index, expr)
         if key not in _OCC:
+            k = parse_expr(op, expr)
             with torch.cuda.device(device_index):
-                got = query(*_query_args(op, expr, dtype))
+                got = query(k.kind, dtype, k.vec, k.vpt, k.wide, k.gw, k.stages)
             _OCC[key] = max(1, int(got))
         return _OCC[key]
     return occupancy
 
 
-def parse_expr(op: str, expr: str) -> tuple[int, int, int, bool]:
-    """(kind, vec, vpt, wide) of a planner's name expression, e.g. 'nb_rows<NBLayerNorm, float, 4, 2,
-    true>' -> (ROWS, 4, 2, True); ValueError for a kernel the extension does not build."""
+class Kernel(NamedTuple):
+    """An instantiation the extension builds: NBKind and template arguments (gw, stages: nb_rows3's,
+    else 0)."""
+
+    kind: int
+    vec: int
+    vpt: int
+    wide: bool
+    gw: int = 0
+    stages: int = 0
+
+
+_ITEMSIZE = {"float": 4, "double": 8, "__half": 2, "__nv_bfloat16": 2}
+
+
+def parse_expr(op: str, expr: str) -> Kernel:
+    """The Kernel of a planner's name expression, e.g. 'nb_rows<NBLayerNorm, float, 4, 2, true>' ->
+    (ROWS, 4, 2, True, 0, 0), 'nb_rows3<NBRmsNorm, float, 2, 64, 4>' -> (ROWS3, 4, 2, True, 64, 4);
+    ValueError for a kernel the extension does not build."""
     m = re.fullmatch(r"nb_(rows|chunked)<\w+, [\w ]+, (\d+), (\d+)(?:, (true|false))?>", expr)
-    if m is None:
-        raise ValueError(f"torch_ext {op}: the planner chose {expr!r}, which the extension does not build")
-    return ROWS if m.group(1) == "rows" else CHUNKED, int(m.group(2)), int(m.group(3)), m.group(4) == "true"
-
-
-def _query_args(op: str, expr: str, dtype) -> tuple:
-    kind, vec, vpt, wide = parse_expr(op, expr)
-    return kind, dtype, vec, vpt, wide
+    if m is not None:
+        return Kernel(KINDS[m.group(1)], int(m.group(2)), int(m.group(3)), m.group(4) == "true")
+    m = re.fullmatch(r"nb_rows3<\w+, (\w+), (\d+), (\d+), (\d+)>", expr)
+    if m is not None and m.group(1) in _ITEMSIZE:
+        gw = int(m.group(3))
+        return Kernel(ROWS3, 16 // _ITEMSIZE[m.group(1)], int(m.group(2)), gw > 32, gw, int(m.group(4)))
+    raise ValueError(f"torch_ext {op}: the planner chose {expr!r}, which the extension does not build")
 
 
 def _strides(args: dict) -> dict:
@@ -121,12 +189,15 @@ def make_record(op: str, args: dict) -> list[int]:
     aligned = not any(args[k].data_ptr() % 16 for k in ("x", "dy", "dx", "weight") if args.get(k) is not None)
     vec = nplan.vector_width(layout, x.element_size(), aligned, has_w)
     index = x.device.index
-    launch = nplan.plan_best(op, dt, layout, has_w, has_b, vec, _num_sms(index), _occupancy(op, index, x.dtype), KNOBS)
-    if launch.kind not in ("rows", "chunked"):
-        raise ValueError(f"torch_ext {op}: the planner chose kernel {launch.kind!r}, which the extension does not build")
-    ws = 2 * launch.nparts * layout.n if launch.colsum else 0
-    head = [ROWS if launch.kind == "rows" else CHUNKED, launch.vec, launch.vpt, int(launch.gw > 32), launch.grid,
-            int(launch.colsum), ws, 0]
+    launch = nplan.plan_best(op, dt, layout, has_w, has_b, vec, _num_sms(index), _occupancy(op, index, x.dtype),
+                             knobs())
+    if launch.kind not in KINDS:
+        raise ValueError(f"torch_ext {op}: the planner chose kernel {launch.kind!r}, which the extension does not "
+                         "build")
+    # Partial rows: summed by nb_colsum, or by nb_rows3 itself after its grid barrier (coop).
+    ws = 2 * launch.nparts * layout.n if launch.colsum or launch.coop else 0
+    head = [KINDS[launch.kind], launch.vec, launch.vpt, int(launch.gw > 32), launch.grid, int(launch.colsum), ws,
+            launch.stages]
     return head + list(launch.words)
 
 

@@ -18,15 +18,17 @@ void layernorm_backward_run_cuda(const at::Tensor& dy, const at::Tensor& x, cons
   norm_backward_run_cuda<NBLayerNorm, true>("layernorm_backward", a, plan);
 }
 
-int64_t layernorm_backward_occupancy(int64_t kind, at::ScalarType dtype, int64_t vec, int64_t vpt, bool wide) {
-  return norm_backward_occupancy<NBLayerNorm>("layernorm_backward", kind, dtype, vec, vpt, wide);
+int64_t layernorm_backward_occupancy(int64_t kind, at::ScalarType dtype, int64_t vec, int64_t vpt, bool wide,
+                                    int64_t gw, int64_t stages) {
+  return norm_backward_occupancy<NBLayerNorm>("layernorm_backward", kind, dtype, vec, vpt, wide, gw, stages);
 }
 
 }  // namespace
 }  // namespace gradoracle
 
 TORCH_LIBRARY_FRAGMENT(gradoracle, m) {
-  m.def("_layernorm_backward_occupancy(int kind, ScalarType dtype, int vec, int vpt, bool wide) -> int",
+  m.def("_layernorm_backward_occupancy(int kind, ScalarType dtype, int vec, int vpt, bool wide, int gw=0, "
+        "int stages=0) -> int",
         &gradoracle::layernorm_backward_occupancy);
 }
 

@@ -5,7 +5,8 @@
 // Each op runs gradoracle::_<op>_run(..., Tensor plan, *, dx, dweight?, dbias?), whose `plan` is an
 // NBRecord made in Python (backends/torch_ext/_norm.py) with the planner cupy@best uses
 // (backends/cupy/_norm_plan.py: the row layout, merged leading dims with element strides, and the
-// launch of nb_rows / nb_chunked + nb_colsum).  The C++ checks and runs, never plans.
+// launch of nb_rows / nb_chunked + nb_colsum, or of nb_rows3 with its fused finish or nb_colsum).
+// The C++ checks and runs, never plans.
 //
 // The CPU kernel: rows in blocks of a size fixed by the shape (never by the thread count); each
 // row's two sums (mean(g), mean(g * xhat)) in float (double for float64) with kLanes interleaved
@@ -34,6 +35,7 @@ constexpr int kNbNT = 5;
 enum : int { kNbX = 0, kNbDY = 1, kNbDX = 2, kNbMean = 3, kNbRstd = 4 };
 enum : int { kNbW = 3 };
 constexpr int64_t kNbHasW = 1, kNbHasB = 2;
+constexpr int64_t kNbPhaseRows = 4, kNbPhaseCols = 8;  // nb_rows3's phases (norm_rows3.cuh)
 
 struct NBParamsH {
   int64_t rows, n, nlead;
@@ -44,17 +46,19 @@ struct NBParamsH {
   int64_t flags, gw, gw_log2, rows_per_block, nparts, tile_rows;
 };
 
-enum NBKind : int64_t { NB_ZERO = 0, NB_CPU = 1, NB_ROWS = 2, NB_CHUNKED = 3 };
+// NB_ROWS3: nb_rows3<Norm, T, vpt, p.gw, stages>; with kNbPhaseCols in p.flags a cooperative
+// launch that sums the partial rows itself (no nb_colsum).
+enum NBKind : int64_t { NB_ZERO = 0, NB_CPU = 1, NB_ROWS = 2, NB_CHUNKED = 3, NB_ROWS3 = 4 };
 
 struct NBRecord {
   int64_t kind;    // NBKind
-  int64_t vec;     // the kernel's VEC (elements per 16-byte vector, or 1)
+  int64_t vec;     // the kernel's VEC (elements per 16-byte vector, or 1; nb_rows3: 16 / sizeof(T))
   int64_t vpt;     // its VPT
   int64_t wide;    // nb_rows' WIDE
   int64_t grid;    // blocks of the main kernel (= nparts)
   int64_t colsum;  // nb_colsum runs after it (dweight / dbias from partial rows)
   int64_t ws;      // accumulator elements of the partial-row buffer (0: none)
-  int64_t spare;
+  int64_t stages;  // nb_rows3's STAGES (0 for the other kinds)
   NBParamsH p;
 };
 
@@ -120,7 +124,7 @@ void check_norm_run(const char* op, const NormArgs& a, const at::Tensor& plan, N
 
   std::memcpy(&rec, plan_words(op, plan, kNbRecordWords), sizeof(NBRecord));
   const NBParamsH& p = rec.p;
-  TORCH_CHECK_VALUE(rec.kind >= NB_ZERO && rec.kind <= NB_CHUNKED, op, ": plan has kind ", rec.kind);
+  TORCH_CHECK_VALUE(rec.kind >= NB_ZERO && rec.kind <= NB_ROWS3, op, ": plan has kind ", rec.kind);
   const int64_t rows = n ? a.x.numel() / n : 0;
   TORCH_CHECK_VALUE(p.rows == rows && p.n == n, op, ": plan is for ", p.rows, " rows of ", p.n, ", x has ", rows,
                     " rows of ", n);

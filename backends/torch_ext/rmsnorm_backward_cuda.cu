@@ -15,15 +15,17 @@ void rmsnorm_backward_run_cuda(const at::Tensor& dy, const at::Tensor& x, const 
   norm_backward_run_cuda<NBRmsNorm, false>("rmsnorm_backward", a, plan);
 }
 
-int64_t rmsnorm_backward_occupancy(int64_t kind, at::ScalarType dtype, int64_t vec, int64_t vpt, bool wide) {
-  return norm_backward_occupancy<NBRmsNorm>("rmsnorm_backward", kind, dtype, vec, vpt, wide);
+int64_t rmsnorm_backward_occupancy(int64_t kind, at::ScalarType dtype, int64_t vec, int64_t vpt, bool wide,
+                                  int64_t gw, int64_t stages) {
+  return norm_backward_occupancy<NBRmsNorm>("rmsnorm_backward", kind, dtype, vec, vpt, wide, gw, stages);
 }
 
 }  // namespace
 }  // namespace gradoracle
 
 TORCH_LIBRARY_FRAGMENT(gradoracle, m) {
-  m.def("_rmsnorm_backward_occupancy(int kind, ScalarType dtype, int vec, int vpt, bool wide) -> int",
+  m.def("_rmsnorm_backward_occupancy(int kind, ScalarType dtype, int vec, int vpt, bool wide, int gw=0, int stages=0) "
+        "-> int",
         &gradoracle::rmsnorm_backward_occupancy);
 }
 
