@@ -11,6 +11,10 @@ on a cold build folder; cached after).
 from __future__ import annotations
 
 import math
+import re
+import shutil
+import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -400,8 +404,6 @@ def test_every_planner_kernel_of_the_rows_path_is_built(op, dt):
 def test_rows3_constants_match_the_planner():
     """norm_backward_cuda.h's copies of the planner's nb_rows3 constants (the instantiations and
     their STAGES follow from them) and NBRows3Smem's formula (the occupancy query's shared memory)."""
-    from pathlib import Path
-
     src = (Path(_norm.__file__).parent / "norm_backward_cuda.h").read_text()
     assert f"kNbRows3Stages = {_norm.nplan.STAGES};" in src
     assert "kNbRows3SmemLimit = 232448 - 8192;" in src and _norm.nplan.ROWS3_SMEM_LIMIT == 232448 - 8192
@@ -442,3 +444,31 @@ def test_reduce_sum_kernel_names_parse():
                 assert trs.parse_expr(trs.rs_plan.kernel_expr(kernel, "bf16", vec, simple)) == (kind, vec, simple)
     with pytest.raises(ValueError, match="does not build"):
         trs.parse_expr("rs_v5<float, float>")
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+def test_norm_cuda_sources_compile(tmp_path):
+    """layernorm_backward_cuda.cu and rmsnorm_backward_cuda.cu with nvcc against torch's headers
+    (object files only, as the extension's build compiles them, C++20), and ptxas on every nb_rows3
+    instantiation: the 46 per op the planner names, at most NB_ROWS3_REGS = 64 registers, no stack,
+    no spills (a compile error here would break every op of the extension)."""
+    inc = Path(torch.__file__).parent / "include"
+    stub = tmp_path / "stub" / "c10" / "cuda" / "impl"
+    stub.mkdir(parents=True)
+    (stub / "cuda_cmake_macros.h").write_text("#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n")
+    flags = ["-std=c++20", "-arch=sm_90", "-O0", "-D__CUDA_NO_HALF_OPERATORS__", "-D__CUDA_NO_HALF_CONVERSIONS__",
+             "-D__CUDA_NO_BFLOAT16_CONVERSIONS__", "-D__CUDA_NO_HALF2_OPERATORS__", "--expt-relaxed-constexpr", "-w",
+             "-Xptxas", "-v", f"-I{inc}", f"-I{inc / 'torch' / 'csrc' / 'api' / 'include'}", f"-I{tmp_path / 'stub'}"]
+    here = Path(_norm.__file__).parent
+    procs = {f: subprocess.Popen(["nvcc", "-c", *flags, "-o", str(tmp_path / f"{f}.o"), str(here / f"{f}_cuda.cu")],
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for f in ("layernorm_backward", "rmsnorm_backward")}
+    for f, proc in procs.items():
+        out, _ = proc.communicate(timeout=1800)
+        assert proc.returncode == 0, out[-5000:]
+        usage = re.findall(r"Compiling entry function '(\w*nb_rows3\w*)' for 'sm_90'\n(?:ptxas info.*\n)*?"
+                           r"ptxas info\s+: Function properties for \w+\n\s+(\d+) bytes stack frame, (\d+) bytes spill "
+                           r"stores, (\d+) bytes spill loads\nptxas info\s+: Used (\d+) registers", out)
+        assert len(usage) == 46, (f, len(usage))
+        for name, stack, st, ld, regs in usage:
+            assert int(regs) <= 64 and stack == st == ld == "0", (f, name, regs, stack, st, ld)

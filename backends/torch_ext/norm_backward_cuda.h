@@ -3,8 +3,9 @@
 // dweight / dbias from partial rows; or nb_rows3 of norm_rows3.cuh, which sums its partial rows
 // itself in a cooperative launch, or leaves them to nb_colsum), the device code the cupy backend
 // compiles with NVRTC, as an NBRecord says (planned in Python by cupy@best's planner,
-// backends/cupy/_norm_plan.py, packed by backends/torch_ext/_norm.py).  Included by layernorm_backward_cuda.cu and
-// rmsnorm_backward_cuda.cu after their op's .cuh (which defines the norm policy).
+// backends/cupy/_norm_plan.py, packed by backends/torch_ext/_norm.py).  Included by
+// layernorm_backward_cuda.cu and rmsnorm_backward_cuda.cu after their op's .cuh (which defines
+// the norm policy).
 //
 // nvcc instantiates every (VEC, VPT, WIDE) the planner can ask for: VEC 1 or 16 / sizeof(T);
 // VPT * VEC at most the planner's elements per thread (_norm_plan.ROWS_ELEMS / CHUNK_ELEMS;
