@@ -15,8 +15,9 @@ $GRADORACLE_TRITON_NORM, applied to `_norm.GPU_CONFIG`; plans re-made for each):
   loop_us      CUDA: wall time per call of `calls` back-to-back unchecked calls, one sync after: what a
                training loop sees; loop_share = device_us / loop_us
   fast         the call went through the Call's fast closure (Config.fast), not Step by Step
-  same_bits    CUDA: the outputs equal (bitwise) those of the default sizing (dx for every sizing;
+  same_bits    CUDA: the timed (unchecked) call's outputs equal (bitwise) those of the default sizing (dx for every sizing;
                dweight / dbias too where the finish is the same), on outputs poisoned with NaN first
+  rel_err      CUDA: max |output - float64 reference| / max |reference|, per output (NaN: left unwritten)
 
 On the CPU the launches are stubbed with triton's own CudaLauncher class around a no-op launcher, so
 `fast=0` pays what triton's launch path costs in Python and the default pays what the fast closure
@@ -38,6 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 # "": the default sizing; the others are A/B candidates (Config knobs) and the Step-by-Step path.
 CONFIGS = ("", "fast=0", "ws_cache=1", "finish=last", "finish=last,ws_cache=1")
+SPIN_US = 300  # GPU spin per call queued behind it (host times per call reach ~130 us on the H100)
 DTYPES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "f64": "float64"}
 
 
@@ -66,6 +68,23 @@ def make_tensors(torch, case, device: str):
             t = torch.randn(shape, dtype=torch.float32, device=device).to(dtype)
         (outs if name in ("dx", "dweight", "dbias") else inputs)[name] = t
     return inputs, outs, dict(case.params)
+
+
+def reference(torch, op: str, inputs: dict) -> dict:
+    """The op's outputs in float64 (the module docstring of backends/triton/_norm.py), on the GPU."""
+    x, dy, rstd = inputs["x"].double(), inputs["dy"].double(), inputs["rstd"].double()[..., None]
+    xhat = (x - inputs["mean"].double()[..., None]) * rstd if op.startswith("layernorm") else x * rstd
+    w = inputs.get("weight")
+    g = dy * w.double() if w is not None else dy
+    d = g - xhat * (g * xhat).mean(-1, keepdim=True)
+    if op.startswith("layernorm"):
+        d = d - g.mean(-1, keepdim=True)
+    rows = tuple(range(x.dim() - 1))
+    out = {"dx": rstd * d}
+    if w is not None:
+        out["dweight"] = (dy * xhat).sum(rows)
+    out["dbias"] = dy.sum(rows)
+    return out
 
 
 def plan_row(call) -> dict:
@@ -162,14 +181,14 @@ def cuda_case(torch, case, call_fn, calls: int) -> dict:
     sync = torch.cuda.synchronize
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     sync()
-    torch.cuda._sleep(int(calls * 100e-6 * 1.8e9))  # ~100 us of queueing per call: the GPU stays busy
+    torch.cuda._sleep(int(calls * SPIN_US * 1e-6 * 1.8e9))  # the GPU stays busy while the host queues
     start.record()
     host = _per_call_us(call_fn, calls)
     end.record()
     end.synchronize()
     # device time: a fresh batch queued behind a spin long enough to hide the host
     sync()
-    torch.cuda._sleep(int(calls * 100e-6 * 1.8e9))
+    torch.cuda._sleep(int(calls * SPIN_US * 1e-6 * 1.8e9))
     s2, e2 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     s2.record()
     for _ in range(calls):
@@ -221,7 +240,7 @@ def main(argv=None) -> int:
         if time.time() - t_start > args.budget:
             skipped.append(case.id)
             continue
-        ref = None
+        ref = exact = None
         tensors = None if device == "cpu" else make_tensors(torch, case, device)
         for text in configs:
             cfg = _norm.parse_config(text, base)
@@ -237,10 +256,16 @@ def main(argv=None) -> int:
                     fn = fns[case.op]
                     for o in outs.values():
                         o.fill_(float("nan"))
-                    fn(inputs, outs, params)  # plans, compiles
-                    fn.unchecked(inputs, outs, params)  # the fast closure's first call where made
+                    fn(inputs, outs, params)  # plans, compiles; makes the fast closure where allowed
+                    for o in outs.values():  # what the timed (unchecked) call writes is what is judged
+                        o.fill_(float("nan"))
+                    fn.unchecked(inputs, outs, params)
                     torch.cuda.synchronize()
                     got = {k: v.clone() for k, v in outs.items()}
+                    if exact is None:
+                        exact = reference(torch, case.op, inputs)
+                    row["rel_err"] = {k: float((got[k].double() - exact[k]).abs().max() / exact[k].abs().max())
+                                      for k in got}  # max |error| / max |value|: ~1e-2 for bf16, NaN: unwritten
                     if ref is None:
                         ref, ref_finish = got, cfg.finish
                     row["same_bits"] = {k: bool(torch.equal(got[k], ref[k])) for k in got
@@ -260,6 +285,7 @@ def main(argv=None) -> int:
             print(f"{case.id:48s} {row['config']:24s} launches {row.get('launches')} allocs "
                   f"{row.get('allocs_per_call')} fast {row.get('fast')}  {figs}"
                   f"{'  same_bits ' + str(row['same_bits']) if 'same_bits' in row else ''}"
+                  f"{'  max rel_err %.1e' % max(row['rel_err'].values()) if row.get('rel_err') else ''}"
                   f"{'  ERROR ' + row['error'] if 'error' in row else ''}", flush=True)
         if device == "cuda":
             del tensors
