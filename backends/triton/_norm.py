@@ -31,7 +31,10 @@ Design (memory bound: read dy and x once, write dx once):
 * Plans are cached per (op, shape, strides, dtype, device, which tensors exist, sizing) as a
   `Call`, so a repeated call only checks that no output overlaps another tensor (the checked
   entry), allocates its workspace and launches, straight through the compiled kernels'
-  launchers after the first call (backends/triton/_steps.py).
+  launchers after the first call (backends/triton/_steps.py).  From then on a CUDA call goes
+  through one closure made for its plan (`Call._make_fast`, Config.fast): each tensor's data
+  pointer read once, every launch handed to triton's launcher module directly
+  (`_steps.raw_launch`): half the Python of the Step-by-Step path, the same launches.
 * Sizing: `Config`; $GRADORACLE_TRITON_NORM ("finish=kernel,stages=4") overrides the GPU
   defaults, so a candidate runs through the harness without a code change.
 

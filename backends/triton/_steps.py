@@ -28,6 +28,10 @@ Under the interpreter every call goes through the JIT.  With a triton whose comp
 take other launcher arguments (a signature that does not list every argument, or a TypeError
 from the first direct call) the Step falls back to the JIT for good.
 
+`raw_launch`: a launch handed straight to triton's launcher module with the arguments its
+CudaLauncher would pass (triton 3.6 and 3.8 layouts; None for any other), for plans that make
+one per-call closure of all their launches (backends/triton/_norm.py, Call._make_fast).
+
 `programs_per_sm` / `resources` / `occupancy`: programs of a compiled kernel resident per SM,
 from its registers and shared memory, so that split launches can be sized to whole waves.
 """

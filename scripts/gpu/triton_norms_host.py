@@ -15,8 +15,9 @@ $GRADORACLE_TRITON_NORM, applied to `_norm.GPU_CONFIG`; plans re-made for each):
   loop_us      CUDA: wall time per call of `calls` back-to-back unchecked calls, one sync after: what a
                training loop sees; loop_share = device_us / loop_us
   fast         the call went through the Call's fast closure (Config.fast), not Step by Step
-  same_bits    CUDA: the timed (unchecked) call's outputs equal (bitwise) those of the default sizing (dx for every sizing;
-               dweight / dbias too where the finish is the same), on outputs poisoned with NaN first
+  same_bits    CUDA: the timed (unchecked) call's outputs equal (bitwise) those of the default sizing
+               (dx for every sizing; dweight / dbias too where the finish is the same), on outputs
+               poisoned with NaN first
   rel_err      CUDA: max |output - float64 reference| / max |reference|, per output (NaN: left unwritten)
 
 On the CPU the launches are stubbed with triton's own CudaLauncher class around a no-op launcher, so
