@@ -45,10 +45,13 @@ DTYPES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "f64": "float6
 
 
 def perf_cases():
+    """The norms perf cases, smallest first (a budget cut drops the largest, where host time matters least)."""
+    from math import prod
+
     from backends.triton import _norm
     from cases import select
 
-    return [c for op in _norm.OPS for c in select("perf", op=op)]
+    return sorted((c for op in _norm.OPS for c in select("perf", op=op)), key=lambda c: prod(c.params["shape"]))
 
 
 def make_tensors(torch, case, device: str):
@@ -164,6 +167,20 @@ def cpu_case(torch, case, text: str, calls: int) -> dict:
            "key_lookup_us": us(lambda: _norm._PLANS.get(_norm._key(case.op, t, None))),
            "entry_us": us(lambda: getattr(call, "entry", call)(*t)), "fast": _fast(call)}
     row["planned_per_call"] = _norm.PLANS_MADE[0] - made
+    # the parts: the Step path's operands (workspace included) and each Step's launch (through
+    # triton's CudaLauncher), each raw launch with its arguments gathered, one workspace
+    main_args, split_args = call.operands(*t, 0)
+    args = {"chunk_sums": split_args, "main": main_args, "stage2": main_args[6:9]}
+    row["operands_us"] = us(lambda: call.operands(*t, 0))
+    row["alloc_us"] = us(lambda: torch.empty(call.ws_numel, dtype=call.acc, device=call.device)) \
+        if call.ws_numel else 0.0
+    row["step_us"] = {k: us(lambda s=s, a=args[k]: s(*a, stream=0)) for k, s in call.launches().items()}
+    row["raw_us"] = {}
+    for k, s in call.launches().items():
+        go = s.raw()
+        if go:
+            a = tuple(map(torch.Tensor.data_ptr, args[k])) + s.tail
+            row["raw_us"][k] = us(lambda go=go, a=a: go(0, a))
     return row
 
 
