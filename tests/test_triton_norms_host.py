@@ -203,7 +203,10 @@ def test_no_fast_closure_when_off_or_not_direct(as_gpu):
     assert [e[0] for e in log] == ["main", "stage2"] * 2
     plain = _norm.prepare(LN, _tensors(LN, (16, 25)), KERNEL)  # a CPU Call: no device index
     assert plain.fast_state is False
-    assert _norm.make_plan(LN, dict(zip(_norm.NAMES, tensors)), replace(KERNEL, launch="jit")).launch == "jit"
+    for launch, state in (("jit", False), ("tensors", False), ("direct", None)):
+        plan = _norm.make_plan(LN, dict(zip(_norm.NAMES, tensors)), replace(KERNEL, launch=launch))
+        plan.device_index = 0  # as a CUDA plan
+        assert _norm.Call(plan, torch.device("cpu"), torch.float32).fast_state is state, launch
 
 
 # ----------------------------------------------------------------------------- raw launches
@@ -301,3 +304,22 @@ def test_call_workspace_kept_only_with_the_knob(monkeypatch):
         call.device = torch.device("meta")
         assert (call.workspace(3) is call.workspace(3)) == kept
         assert call.workspace(3).numel() >= call.plan.ws_numel
+
+
+def test_a_launcher_that_takes_other_arguments_ends_the_fast_path(as_gpu):
+    """A TypeError from triton's launcher module (arguments it does not take): the call is made
+    Step by Step (which falls back to the JIT for good), and later calls stay off the fast path."""
+    log = []
+    tensors = _tensors(LN, (16, 24))
+    call = _stubbed_call(LN, tensors, KERNEL, log)
+    _run(LN, tensors, KERNEL)
+    assert call.entry == call.fast
+
+    def refuse(*args):
+        raise TypeError("function takes exactly 20 arguments")
+
+    for step in (call.main, call.stage2):
+        step.compiled.run.launch = refuse
+    _run(LN, tensors, KERNEL)
+    assert call.entry == call.__call__ and call.fast_state is False and call.fast_calls == [0]
+    assert len(as_gpu) == 2 and call.main.runner is False and call.stage2.runner is False
