@@ -177,7 +177,7 @@ def cpu_case(torch, case, text: str, calls: int) -> dict:
     row["step_us"] = {k: us(lambda s=s, a=args[k]: s(*a, stream=0)) for k, s in call.launches().items()}
     row["raw_us"] = {}
     for k, s in call.launches().items():
-        go = s.raw()
+        go = s.raw() if hasattr(s, "raw") else None  # (trees from before raw launches)
         if go:
             a = tuple(map(torch.Tensor.data_ptr, args[k])) + s.tail
             row["raw_us"][k] = us(lambda go=go, a=a: go(0, a))
