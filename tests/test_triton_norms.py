@@ -68,6 +68,9 @@ SIZINGS = {
     "last_narrow": _norm.Config(sms=5, tile_elems=32, warps_per_sm=16, ws_ratio=0, stages=1, fin_thread_elems=1,
                                 fin_rows=2),
 }
+# Config.ws_cache: the workspace kept between calls (shared by every case of the worker, grown as needed)
+SIZINGS["rows_k_kept"] = replace(SIZINGS["rows_k"], ws_cache=True)
+SIZINGS["split_kept"] = replace(SIZINGS["split"], ws_cache=True)
 
 # id: (op, dtype, shape, params, sizing); params may hold x_layout, dy_layout, stats_layout
 CASES = {}

@@ -31,7 +31,10 @@ Design (memory bound: read dy and x once, write dx once):
 * Plans are cached per (op, shape, strides, dtype, device, which tensors exist, sizing) as a
   `Call`, so a repeated call only checks that no output overlaps another tensor (the checked
   entry), allocates its workspace and launches, straight through the compiled kernels'
-  launchers after the first call (backends/triton/_steps.py).
+  launchers after the first call (backends/triton/_steps.py).  From then on a CUDA call goes
+  through one closure made for its plan (`Call._make_fast`, Config.fast): each tensor's data
+  pointer read once, every launch handed to triton's launcher module directly
+  (`_steps.raw_launch`): half the Python of the Step-by-Step path, the same launches.
 * Sizing: `Config`; $GRADORACLE_TRITON_NORM ("finish=kernel,stages=4") overrides the GPU
   defaults, so a candidate runs through the harness without a code change.
 
@@ -332,6 +335,13 @@ class Config:
       supports it), so it is resident and waiting when the main kernel ends.
     stream: x and dy loads evict first from L2, dx stores streamed (.cs): the partials stay in L2.
     launch: how calls reach the compiled kernels (backends/triton/_steps.py: direct, tensors, jit).
+    ws_cache: keep the partials' workspace between calls (one buffer per device, stream and
+      accumulator dtype, grown as needed; calls on one stream run in order, so they can share
+      it) instead of a torch.empty per call.  A call during CUDA-graph capture still allocates
+      its own.  Changes no kernel; the GPU work is the same, minus the allocator's.
+    fast: after the first call, each call goes through one closure of the Call that reads the
+      tensors' pointers once and hands every launch straight to triton's launcher
+      (`_steps.raw_launch`), instead of Step by Step.  Host-side only: the same launches.
     """
 
     sms: int = 0              # 0: the device's SM count (132 on an H100; 132 when there is no device)
@@ -355,6 +365,8 @@ class Config:
     pdl: bool = True
     stream: bool = False      # streaming cache hints on x, dy and dx (evict first)
     launch: str = ""          # "": $GRADORACLE_TRITON_LAUNCH, else direct
+    ws_cache: bool = False    # reuse one workspace per device and stream (no torch.empty per call)
+    fast: bool = True         # one per-call closure with raw launches once the kernels are compiled
 
 
 def parse_config(text: str, base: Config) -> Config:
@@ -412,6 +424,8 @@ class Plan:
     spans: tuple = ()           # (index, bytes) of each non-empty tensor, for the overlap check
     device_index: int | None = None
     launch: str = "direct"      # launch mode of the plan's kernels (_steps.MODES)
+    ws_cache: bool = False      # Config.ws_cache
+    fast: bool = True           # Config.fast
 
 
 _SM_COUNT: dict = {}
@@ -546,7 +560,7 @@ def make_plan(op: str, t: dict, cfg: Config) -> Plan:
     if launch not in _steps.MODES:
         _fail(op, ValueError, "Config.launch", " or ".join(_steps.MODES), repr(launch))
     if m == 0:
-        return Plan(empty=True, spans=tuple(spans), device_index=device_index, launch=launch)
+        return Plan(empty=True, spans=tuple(spans), device_index=device_index, launch=launch, fast=False)
 
     # rows: merged leading dims; one left -> a stride per tensor, more -> an offset table
     zero = (0,) * len(rows)
@@ -586,7 +600,8 @@ def make_plan(op: str, t: dict, cfg: Config) -> Plan:
                       STREAM=bool(cfg.stream))
     plan = Plan(empty=False, grid=(parts, chunks), ints=ints, constexprs=constexprs, num_warps=warps,
                 parts=parts, k=k, ws_numel=0 if finish == 0 else parts * k * n,
-                table=table, spans=tuple(spans), device_index=device_index, launch=launch)
+                table=table, spans=tuple(spans), device_index=device_index, launch=launch,
+                ws_cache=bool(cfg.ws_cache), fast=bool(cfg.fast))
     if split:
         sbm = max(1, min(cfg.tile_elems // bn, 4))
         plan.split = dict(grid=(cdiv(m, sbm), chunks), sums_numel=chunks * m * 2,
@@ -615,13 +630,18 @@ class Call:
     Holds the plan, its kernels' Steps (backends/triton/_steps.py: after the first call they
     go straight to the compiled kernels) and what a call allocates.  Per call: the device
     check, the workspace and row-sum buffers (torch.empty: the caching allocator orders them
-    on the stream, so calls on other streams or in CUDA graphs never share one), the ticket
-    counters of finish "last" (per device and stream; every launch leaves them at zero), and
-    one to three launches.
+    on the stream, so calls on other streams or in CUDA graphs never share one; Config.ws_cache
+    keeps one workspace per stream instead), the ticket counters of finish "last" (per device
+    and stream; every launch leaves them at zero), and one to three launches.
+
+    `entry` is what `run` calls: `__call__` (Step by Step) until every kernel of the plan has
+    been launched directly once, then (Config.fast, on CUDA) `fast`, a closure made for this
+    plan that does the same launches with less Python (see `_make_fast`).
     """
 
     __slots__ = ("plan", "main", "split", "stage2", "acc", "device", "index", "torch", "counters", "sums_numel",
-                 "current_device", "current_stream", "ws_numel", "finish_last")
+                 "current_device", "current_stream", "ws_numel", "finish_last", "entry", "fast", "fast_state",
+                 "fast_calls")
 
     def __init__(self, plan: Plan, device, dtype):
         import torch
@@ -636,6 +656,12 @@ class Call:
         self.sums_numel = 0
         self.ws_numel = plan.ws_numel
         self.finish_last = bool(plan.constexprs.get("FINISH") == 2)
+        self.entry = self.__call__
+        self.fast = None
+        # None: a fast closure may still be made (after the next call); False: never (the plan,
+        # the device or this triton do not allow one, or it failed once)
+        self.fast_state = None if plan.fast and plan.device_index is not None and plan.launch == "direct" else False
+        self.fast_calls = [0]  # calls through `fast` (tests and reports read it)
         if plan.empty:
             return
         mode = plan.launch
@@ -658,6 +684,8 @@ class Call:
             with self.torch.cuda.device(self.index):
                 return self.launch(x, dy, w, mean, rstd, dx, dw, db)
         self.launch(x, dy, w, mean, rstd, dx, dw, db)
+        if self.fast_state is None:
+            self._try_fast((x, dy, w, mean, rstd, dx, dw, db))
 
     def launch(self, x, dy, w, mean, rstd, dx, dw, db) -> None:
         main = self.main
@@ -676,7 +704,7 @@ class Call:
                 self.stage2(main_args[6], main_args[7], main_args[8], stream=stream)
             return
         # the common plan (one launch, contiguous rows): the operands inline, nothing looked up twice
-        ws = self.torch.empty(self.ws_numel, dtype=self.acc, device=self.device) if self.ws_numel else dx
+        ws = self.workspace(stream) if self.ws_numel else dx
         cnt = x
         if self.finish_last:
             cnt = self.counters.get(stream)
@@ -684,6 +712,13 @@ class Call:
                 cnt = self.counters[stream] = _counters(self.device, stream)
         main(x, dy, x if w is None else w, rstd if mean is None else mean, rstd, dx, ws, dx if dw is None else dw,
              dx if db is None else db, x, x, cnt, stream=stream)
+
+    def workspace(self, stream):
+        """The partials' workspace of a call on `stream`: fresh from the caching allocator, or
+        (plan.ws_cache, not while a CUDA graph is being captured) the stream's kept one."""
+        if self.plan.ws_cache:
+            return _workspace(self.device, stream, self.ws_numel, self.acc)
+        return self.torch.empty(self.ws_numel, dtype=self.acc, device=self.device)
 
     def operands(self, x, dy, w, mean, rstd, dx, dw, db, stream):
         """The tensor arguments of the main kernel and of _chunk_sums_kernel (None: not launched):
@@ -694,7 +729,7 @@ class Call:
         mean = rstd if mean is None else mean
         dw = dx if dw is None else dw
         db = dx if db is None else db
-        ws = empty(plan.ws_numel, dtype=self.acc, device=self.device) if plan.ws_numel else dx
+        ws = self.workspace(stream) if plan.ws_numel else dx
         tab = x if plan.table is None else plan.table
         sums = x
         split = None
@@ -707,6 +742,100 @@ class Call:
             if cnt is None:
                 cnt = self.counters[stream] = _counters(self.device, stream)
         return (x, dy, w, mean, rstd, dx, ws, dw, db, tab, sums, cnt), split
+
+    # ------------------------------------------------------------------ the fast path
+
+    def _try_fast(self, tensors: tuple) -> None:
+        """Make `fast` and route calls through it, once every Step of the plan launches directly
+        (an aligned first call on CUDA) and this triton allows raw launches; give up for good
+        where it never will."""
+        steps = [s for s in (self.split, self.main, self.stage2) if s is not None]
+        if any(s.runner is None for s in steps):
+            return  # not launched directly yet (a misaligned first call): try after the next call
+        chains = _steps.hook_chains()
+        goes = [s.raw() for s in steps]
+        if chains is None or not all(goes) or _steps._data_ptr is None:
+            self.fast_state = False
+            return
+        self.fast = self._make_fast(tensors, goes, chains)
+        self.fast_state = True
+        self.entry = self.fast
+
+    def _make_fast(self, tensors: tuple, goes: list, chains: tuple):
+        """The per-call closure of this plan: `fast(x, dy, w, mean, rstd, dx, dw, db)`.
+
+        Which tensors exist is fixed by the plan cache key (None for absent ones), so the
+        closure reads each present tensor's data pointer once, into one list with the
+        workspace, the row sums, the offset table and the stream's counters after them, and
+        gives each launch its arguments by index into that list (absent ones: the same
+        stand-ins as `operands`), then the Step's fixed tail.  Whatever it does not handle
+        goes through `__call__`: another device current, a launch hook registered, a pointer
+        off the 16-byte alignment the kernels were compiled for.
+        """
+        from functools import reduce
+        from operator import itemgetter, or_
+
+        plan, torch_empty, acc, device = self.plan, self.torch.empty, self.acc, self.device
+        present = tuple(i for i, t in enumerate(tensors) if t is not None)
+        pos = {name: present.index(i) for i, name in enumerate(NAMES) if i in present}
+        n = len(present)
+        ws_numel, sums_numel = plan.ws_numel, self.sums_numel
+        table = plan.table
+        extra = {}
+        for name, wanted in (("ws", ws_numel), ("sums", sums_numel), ("tab", table is not None),
+                             ("cnt", self.finish_last)):
+            if wanted:
+                extra[name] = n + len(extra)
+        at = {**pos, **extra}
+        x_, rstd_, dx_ = at["x"], at["rstd"], at["dx"]
+        w_, mean_ = at.get("weight", x_), at.get("mean", rstd_)
+        dw_, db_ = at.get("dweight", dx_), at.get("dbias", dx_)
+        ws_, sums_, tab_, cnt_ = at.get("ws", dx_), at.get("sums", x_), at.get("tab", x_), at.get("cnt", x_)
+        args_of = {
+            "split": (x_, at["dy"], w_, mean_, rstd_, tab_, sums_),
+            "main": (x_, at["dy"], w_, mean_, rstd_, dx_, ws_, dw_, db_, tab_, sums_, cnt_),
+            "stage2": (ws_, dw_, db_),
+        }
+        named = [(k, s) for k, s in (("split", self.split), ("main", self.main), ("stage2", self.stage2)) if s]
+        launches = tuple((go, itemgetter(*args_of[k]), s.tail) for go, (k, s) in zip(goes, named))
+        pick = itemgetter(*present)
+        data_ptr = _steps._data_ptr
+        index, current_device, current_stream = self.index, self.current_device, self.current_stream
+        enter, leave = chains
+        tab_ptr = table.data_ptr() if table is not None else 0
+        counters, finish_last, ws_cache = {}, self.finish_last, plan.ws_cache
+        slow, counted = self.__call__, self.fast_calls
+
+        def fast(*t):
+            if current_device() != index or enter.calls or leave.calls:
+                return slow(*t)
+            ptrs = list(map(data_ptr, pick(t)))
+            if reduce(or_, ptrs) & (_steps.ALIGN - 1):
+                return slow(*t)
+            stream = current_stream(index)
+            if ws_numel:  # kept alive until the launches are queued (the allocator orders its reuse)
+                ws = _workspace(device, stream, ws_numel, acc) if ws_cache else \
+                    torch_empty(ws_numel, dtype=acc, device=device)
+                ptrs.append(ws.data_ptr())
+            if sums_numel:
+                sums = torch_empty(sums_numel, dtype=acc, device=device)
+                ptrs.append(sums.data_ptr())
+            if tab_ptr:
+                ptrs.append(tab_ptr)
+            if finish_last:
+                cnt = counters.get(stream)
+                if cnt is None:
+                    cnt = counters[stream] = _counters(device, stream).data_ptr()
+                ptrs.append(cnt)
+            try:
+                for go, gather, tail in launches:
+                    go(stream, gather(ptrs) + tail)
+            except TypeError:  # a launcher that takes other arguments (caught on the first launch)
+                self.entry, self.fast_state = slow, False
+                return slow(*t)
+            counted[0] += 1
+
+        return fast
 
     def warmup(self, x, dy, w, mean, rstd, dx, dw, db) -> None:
         """Compile (or find in triton's caches) every kernel of the plan for tensors like these; launch nothing."""
@@ -725,6 +854,26 @@ class Call:
 
 
 _COUNTERS: dict = {}
+_WORKSPACES: dict = {}
+_TORCH = []  # torch, imported on the first kept workspace
+
+
+def _workspace(device, stream, numel: int, dtype):
+    """Config.ws_cache: the workspace kept for (device, stream, dtype), grown to `numel` when
+    smaller; a fresh one while the stream is being captured into a CUDA graph (a graph must own
+    its buffers: a kept one would be shared by its replays and the eager calls)."""
+    if not _TORCH:
+        import torch
+
+        _TORCH.append(torch)
+    torch = _TORCH[0]
+    if device.type == "cuda" and torch._C._cuda_isCurrentStreamCapturing():
+        return torch.empty(numel, dtype=dtype, device=device)
+    key = (device.type, device.index, stream, dtype)
+    ws = _WORKSPACES.get(key)
+    if ws is None or ws.numel() < numel:  # the old one's queued uses are on this stream: freed in order
+        ws = _WORKSPACES[key] = torch.empty(numel, dtype=dtype, device=device)
+    return ws
 
 
 def _counters(device, stream):
@@ -795,4 +944,4 @@ def run(op: str, inputs, outs, params=None, cfg: Config | None = None, check: bo
         call = prepare(op, tensors, cfg)
     if check:
         _check_overlap(op, call.plan, tensors)
-    call(*tensors)
+    call.entry(*tensors)

@@ -28,6 +28,10 @@ Under the interpreter every call goes through the JIT.  With a triton whose comp
 take other launcher arguments (a signature that does not list every argument, or a TypeError
 from the first direct call) the Step falls back to the JIT for good.
 
+`raw_launch`: a launch handed straight to triton's launcher module with the arguments its
+CudaLauncher would pass (triton 3.6 and 3.8 layouts; None for any other), for plans that make
+one per-call closure of all their launches (backends/triton/_norm.py, Call._make_fast).
+
 `programs_per_sm` / `resources` / `occupancy`: programs of a compiled kernel resident per SM,
 from its registers and shared memory, so that split launches can be sized to whole waves.
 """
@@ -221,6 +225,14 @@ class Step:
             return False
         return _lean_runner(compiled, self.grid, runner) or runner
 
+    def raw(self):
+        """`raw_launch` of the compiled kernel, once this Step launches it directly with data
+        pointers (mode direct, after an aligned first call); else None.  `go(stream, ptrs + tail)`
+        launches what `step(*tensors, stream=stream)` would (`calls` does not count it)."""
+        if not self.runner or self.mode != "direct" or self.compiled is None:
+            return None
+        return raw_launch(self.compiled, self.grid)
+
     def signature(self) -> tuple:
         """What the launch runs: equal signatures launch the same kernel the same way."""
         return (getattr(self.kernel, "__name__", repr(self.kernel)), self.grid, self.tail, self.num_warps,
@@ -261,3 +273,69 @@ def _lean_runner(compiled, grid: tuple, runner):
             run(gx, gy, gz, stream, function, meta, None, None, None, *args)
 
     return lean
+
+
+# ============================================================================= raw launches
+
+# The parameters of triton's CudaLauncher.__call__ (triton/backends/nvidia/driver.py) whose launch
+# call raw_launch repeats: 3.8 hands the launcher module the arguments as one tuple with their C
+# signature; 3.6 passes them on one by one to a launcher compiled per kernel.
+_CALL_38 = ("self", "gridX", "gridY", "gridZ", "stream", "function", "kernel_metadata", "launch_metadata",
+            "launch_enter_hook", "launch_exit_hook")
+_CALL_36 = ("self", "gridX", "gridY", "gridZ", "stream", "function")
+_CO_VARARGS = 0x04
+
+
+def raw_launch(compiled, grid: tuple):
+    """`go(stream, args)`: a launch of `compiled` on `grid` handed straight to its launcher
+    module (`compiled.run.launch`), with the arguments triton's own CudaLauncher would pass it
+    for a kernel that needs no scratch memory, with no launch metadata and no hooks; or None
+    where that cannot be done exactly so (another triton, scratch memory, a sanitizer build).
+
+    It skips what CudaLauncher.__call__ adds in Python per launch (two closures, the scratch
+    allocations it does not need, the driver lookup): about a microsecond.  Callers check the
+    launch hooks first (`hooks`), as the lean runner does, and call it only while none is set.
+    """
+    run = getattr(compiled, "run", None)
+    try:
+        function, meta = compiled.function, compiled.packed_metadata
+        launch, coop, pdl = run.launch, run.launch_cooperative_grid, run.launch_pdl
+        scratch = (run.global_scratch_size, run.profile_scratch_size)
+        code = type(run).__call__.__code__
+    except AttributeError:
+        return None
+    if any(scratch) or getattr(run, "gsan_enabled", False):
+        return None
+    names = code.co_varnames[:code.co_argcount]
+    gx, gy, gz = grid
+    if not code.co_flags & _CO_VARARGS:  # both take the kernel's arguments as *args
+        return None
+    if names == _CALL_38 and hasattr(run, "arg_annotations") and hasattr(run, "kernel_signature"):
+        ann, sig = run.arg_annotations, run.kernel_signature
+
+        def go(stream, args):
+            launch(gx, gy, gz, stream, function, coop, pdl, meta, None, None, None, None, None, ann, sig, args)
+
+        return go
+    if names == _CALL_36 and not hasattr(run, "arg_annotations"):
+
+        def go(stream, args):
+            launch(gx, gy, gz, stream, function, coop, pdl, None, None, meta, None, None, None, *args)
+
+        return go
+    return None
+
+
+def hook_chains():
+    """triton's (launch_enter_hook, launch_exit_hook) chains: a launch hook (a profiler's) is
+    registered while `enter.calls or leave.calls`; None where this triton keeps its hooks
+    elsewhere (then no raw launches)."""
+    try:
+        from triton import knobs
+
+        enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+    except Exception:  # noqa: BLE001 - another triton
+        return None
+    if not (isinstance(getattr(enter, "calls", None), list) and isinstance(getattr(leave, "calls", None), list)):
+        return None
+    return enter, leave
