@@ -366,7 +366,8 @@ class Config:
     stream: bool = False      # streaming cache hints on x, dy and dx (evict first)
     launch: str = ""          # "": $GRADORACLE_TRITON_LAUNCH, else direct
     ws_cache: bool = False    # reuse one workspace per device and stream (no torch.empty per call)
-    fast: bool = True         # one per-call closure with raw launches once the kernels are compiled
+    fast: bool = False        # one per-call closure with raw launches once the kernels are compiled
+                              # (off until the H100 A/B of scripts/gpu/triton_norms_host.py)
 
 
 def parse_config(text: str, base: Config) -> Config:
