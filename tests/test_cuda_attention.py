@@ -170,3 +170,22 @@ def test_repeated_calls_take_the_fast_path(monkeypatch):
     H.call(DEVICE, "fa2_det", inputs, outs, {"window": [2, 1]})
     for k in outs:
         assert np.array_equal(outs[k], first[k])
+
+
+# Shared-memory banks (the stand-in's bank model, tests/test_cuda_host_banks.py): every ldmatrix of
+# the tensor-core kernels and every cp.async tile fill is conflict-free, in every tile configuration
+# (the padded row pitches are odd multiples of 16 bytes).
+BANK_CASES = {64: _case("bf16", 1, 70, 70, 2, 1, 64, causal=True), 128: _case("bf16", 1, 70, 70, 2, 1, 128),
+              256: _case("bf16", 1, 40, 40, 1, 1, 256, causal=True)}
+BANK_PARAMS = [(v, dp, c) for dp in (64, 128, 256) for v in ("fa2", "fa2_det") for c in A.candidates(v, "bf16", dp)]
+
+
+@pytest.mark.parametrize("variant,dp,cfg", BANK_PARAMS, ids=[f"{v}-{dp}-{_cfg_text(c)}" for v, dp, c in BANK_PARAMS])
+def test_shared_memory_is_bank_conflict_free(variant, dp, cfg, monkeypatch):
+    monkeypatch.setenv(A.CFG_ENV, _cfg_text(cfg))
+    lib = H.kernels("bf16")
+    lib.bank_stats()  # reset
+    _check(variant, BANK_CASES[dp])
+    s = lib.bank_stats()
+    assert s["ld_instr"] > 0 and s["cp_rounds"] > 0
+    assert s["ld_extra"] == 0 and s["cp_extra"] == 0, s
