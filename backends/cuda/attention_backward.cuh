@@ -14,7 +14,8 @@
 //                              (b*Hq + h)*Sq + i writes delta[r] = rowsum(o * do) and lse_ws[r] = lse
 //                              (delta 0 and lse +inf on rows with no allowed key, so no later kernel
 //                              reads the given o or lse there), and zeroes dq_acc's row when given.
-//   attn_fa2_main<T, DP, BM, BN, WD, DQ>
+//   attn_pre_vec<T, LPR>       attn_pre with 16-byte loads along D, LPR lanes per row (cupy@fa2_lean).
+//   attn_fa2_main<T, DP, BM, BN, WD, DQ, QS = BM, RED2 = false>
 //                              T = bf16 / f16 on tensor cores (mma.sync m16n8k16 + ldmatrix, fp32
 //                              accumulation).  grid (ceil(Sk/BN), B*Hkv), 32*(BN/16)*WD threads,
 //                              dynamic smem attn_main_smem<DP, BM, BN>().  One block per key block
@@ -27,8 +28,15 @@
 //                              Query blocks fully inside the band take the unmasked path.  With
 //                              split > 1 (grid.y = B*Hkv*split), the group's heads are shared by
 //                              `split` blocks whose fp32 partials attn_split_sum adds in order.
+//                              QS < BM or RED2 (cupy@fa2_lean): attn_main_step_lean, the query block
+//                              in sub-blocks of QS rows (fewer live registers) and dQ added by
+//                              red.global.add.v2.f32; the defaults compile to fa2's kernel unchanged.
+//                              Shared tiles: row pitch DP + 8 (K, V, Q, dO) and BM + 8 (dS^T), odd
+//                              multiples of 16 bytes, so every ldmatrix phase (8 rows of 16 bytes)
+//                              and every cp.async fill is bank-conflict free (counted on the stand-in).
 //   attn_split_sum<T>          dk, dv from the partials; grid-stride over B*Sk*Hkv*D.
 //   attn_dq_convert<T>         dq = scale * dq_acc, rounded to T; grid-stride over B*Sq*Hq*D.
+//   attn_dq_convert_vec<T>     the same, 8 elements per thread (16-byte store; cupy@fa2_lean).
 //   attn_fa2_dq<T, DP, BM, BN> the deterministic dq: grid (ceil(Sq/BM), B*Hq), 32*(BM/16) threads,
 //                              dynamic smem attn_dq_smem<DP, BM, BN>(): per query block, loop over
 //                              the key blocks of its band (K, V double-buffered), recompute S and dP,

@@ -236,8 +236,8 @@ def _launches(variant: str, dt: str, sizes, cfg, split: int = 1, vec: bool = Fal
     det, lean = is_det(variant), is_lean(variant)
     vec = vec and lean
     targs = f"{t}, {dp}, {bm}, {bn}, {wd}, {'false' if det else 'true'}"
-    if lean:  # QS, RED2 (dQ reductions exist only with the atomic dq)
-        targs += f", {main_cfg[3]}, {'false' if det else 'true'}"
+    if lean and (main_cfg[3] != bm or not det):  # QS, RED2 (dQ adds only with the atomic dq); with
+        targs += f", {main_cfg[3]}, {'false' if det else 'true'}"  # QS = BM and no RED2 it is fa2's kernel
     main = Launch(f"attn_fa2_main<{targs}>",
                   (_cdiv(sk, bn), b * hkv * split), 32 * (bn // 16) * wd, main_smem(dp, bm, bn),
                   common + ("null" if det else "dq_acc", "part" if split > 1 else "null", "dk", "dv"))

@@ -4,21 +4,22 @@
 #   OUT=/some/dir scripts/gpu/cuda_attn_swz.sh         (from the repo root; under 9 minutes)
 # Steps (STEPS="smoke repeat bench profile ncu" by default; any subset, in that order), each under its
 # own time limit (timeout -k 15 -s INT: the harness still writes its JSON checkpoint):
-#   smoke    harness run --cases smoke, cupy@fa2_lean, cupy@fa2_lean_det          -> smoke.{json,log} (<= 50 s)
+#   smoke    harness run --cases smoke, cupy@fa2_lean, cupy@fa2_lean_det          -> smoke.{json,log} (<= 55 s)
 #   repeat   --repeat 20 on scripts/gpu/cases/cuda_attn_repeat.json, both lean variants (the _det
-#            one bitwise equal over the 20 calls)                                  -> repeat.{json,log} (<= 45 s)
+#            one bitwise equal over the 20 calls)                                  -> repeat.{json,log} (<= 30 s)
 #   bench    harness bench (cold) of cupy@fa2, cupy@fa2_lean, sdpa_flash on the first 6 cases of
 #            scripts/gpu/cases/attn_s4.json, --time-limit BENCH_S = 300 -> bench/{results.json,report.md},
-#            $OUT/summary.txt (TFLOP/s, lean/fa2, fa2/flash and lean/flash per case) (<= 315 s)
+#            $OUT/summary.txt (TFLOP/s, lean/fa2, fa2/flash and lean/flash per case) (<= 310 s)
 #   profile  harness profile of cupy@fa2_lean on bf16 B=1 Sq=Sk=4096 Hq=32 Hkv=8 D=128 causal
-#            (today's fa2 reading to compare: attn_fa2_main 2413.7 us, 255 regs)  -> profile.{json,txt} (<= 100 s)
+#            (today's fa2 reading to compare: attn_fa2_main 2413.7 us, 255 regs)  -> profile.{json,txt} (<= 70 s)
 #   ncu      the shared-memory question of issue 17, on the same case (no tuning, default tiles), for
 #            cupy@fa2 and cupy@fa2_lean: ldmatrix / LDS / STS instructions, wavefronts and bank-conflict
 #            counts per kernel (ideal ldmatrix.x4 = 4 wavefronts each: wavefronts - 4 x instructions is the
 #            address-pattern excess; the conflict counter above that is not from addresses), plus
-#            registers and local memory per kernel (cupy's function attributes)    -> ncu.{csv,log}, regs.log (<= 60 s)
+#            registers and local memory per kernel (cupy's function attributes)    -> ncu.{csv,log}, regs.log (<= 50 s)
 # Files: $OUT/run.log, $OUT/summary.txt, $OUT/cuda_attn_swz.tgz (everything else, under res/).
-# Knobs: PYTHON=python3 STEPS=... BENCH_S=300 BUDGET=0.2
+# Typical 7-8 minutes (the bench takes most of its 300 s); every step at its limit: about 9.5.
+# Knobs: PYTHON=python3 STEPS=... BENCH_S=280 BUDGET=0.2
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 : "${OUT:?set OUT to a folder for the results}"
@@ -33,12 +34,12 @@ statuses() { awk '$2 == "attention_backward" {print $1, $3}' "$@" | sort | uniq 
 CASE='{"op":"attention_backward","dtype":"bf16","params":{"B":1,"Sq":4096,"Sk":4096,"Hq":32,"Hkv":8,"D":128,"causal":true}}'
 
 stamp "== setup"
-timeout 120 $PY -m pip install -q -e . --no-deps --no-build-isolation 2>&1 | tail -2
+timeout 60 $PY -m pip install -q -e . --no-deps --no-build-isolation 2>&1 | tail -2
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv 2>&1 | tail -1
 
 if has smoke; then
   stamp "== smoke: cupy@fa2_lean, cupy@fa2_lean_det"
-  timeout -k 15 -s INT 50 $PY -m harness run --op attention_backward --backend cupy@fa2_lean \
+  timeout -k 15 -s INT 55 $PY -m harness run --op attention_backward --backend cupy@fa2_lean \
     --backend cupy@fa2_lean_det --cases smoke --device cuda --json "$R/smoke.json" > "$R/smoke.log" 2>&1
   echo "exit $?"; tail -3 "$R/smoke.log"; statuses "$R/smoke.log"
   grep -hE "^(FAIL|ERROR|CRASH|TIMEOUT)" "$R/smoke.log" | head -20
@@ -46,7 +47,7 @@ fi
 
 if has repeat; then
   stamp "== repeat: 20 calls per case, both lean variants"
-  timeout -k 15 -s INT 45 $PY -m harness run --op attention_backward --backend cupy@fa2_lean --backend cupy@fa2_lean_det \
+  timeout -k 15 -s INT 30 $PY -m harness run --op attention_backward --backend cupy@fa2_lean --backend cupy@fa2_lean_det \
     --cases scripts/gpu/cases/cuda_attn_repeat.json --device cuda --repeat 20 --json "$R/repeat.json" > "$R/repeat.log" 2>&1
   echo "exit $?"; tail -2 "$R/repeat.log"; statuses "$R/repeat.log"
   grep -hE "^(FAIL|ERROR|CRASH|TIMEOUT)" "$R/repeat.log" | head -10
@@ -56,7 +57,7 @@ if has bench; then
   stamp "== bench: cupy@fa2, cupy@fa2_lean, sdpa_flash on attn_s4.json's first 6 cases"
   $PY -c "import json, sys; d = json.load(open('scripts/gpu/cases/attn_s4.json')); d['cases'] = d['cases'][:6]; \
 json.dump(d, open(sys.argv[1], 'w'), indent=1)" "$R/cases6.json"
-  timeout -k 15 -s INT "$((BENCH_S + 15))" $PY -m harness bench --op attention_backward --backend cupy@fa2 \
+  timeout -k 15 -s INT "$((BENCH_S + 10))" $PY -m harness bench --op attention_backward --backend cupy@fa2 \
     --backend cupy@fa2_lean --backend sdpa_flash --cases "$R/cases6.json" --device cuda --budget "$BUDGET" \
     --time-limit "$BENCH_S" --report "$R/bench" --no-plots > "$R/bench.log" 2> "$R/bench.err"
   echo "exit $?"; tail -3 "$R/bench.err"
@@ -81,7 +82,7 @@ fi
 
 if has profile; then
   stamp "== profile: cupy@fa2_lean on $CASE"
-  timeout -k 15 -s INT 100 $PY -m harness profile --op attention_backward --backend cupy@fa2_lean --case "$CASE" \
+  timeout -k 15 -s INT 70 $PY -m harness profile --op attention_backward --backend cupy@fa2_lean --case "$CASE" \
     --json "$R/profile.json" > "$R/profile.txt" 2>&1
   echo "exit $?"; tail -40 "$R/profile.txt"
 fi
@@ -115,9 +116,9 @@ EOF
   NCU=$($PY -c "from harness.profile import find_ncu; print(find_ncu() or '')")
   if [[ -z "$NCU" ]]; then
     echo "no ncu: registers only"
-    GRADORACLE_CUPY_ATTN_TUNE=0 timeout -k 15 60 $PY "$R/ncu_driver.py" fa2 fa2_lean 2>&1 | tee "$R/regs.log"
+    GRADORACLE_CUPY_ATTN_TUNE=0 timeout -k 10 40 $PY "$R/ncu_driver.py" fa2 fa2_lean 2>&1 | tee "$R/regs.log"
   else
-    timeout 20 "$NCU" --query-metrics --chip gh100 > "$R/ncu_metrics.txt" 2>&1
+    timeout 10 "$NCU" --query-metrics --chip gh100 > "$R/ncu_metrics.txt" 2>&1
     want="l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld
       l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ldsm l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ldsm
       l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st
@@ -134,7 +135,8 @@ EOF
     done
     metrics=${metrics#,}
     [[ -z "$metrics" ]] && metrics="l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum"
-    GRADORACLE_CUPY_ATTN_TUNE=0 timeout -k 15 -s INT 60 "$NCU" --profile-from-start off --kernel-name regex:attn_ \
+    GRADORACLE_CUPY_ATTN_TUNE=0 timeout -k 10 -s INT 40 "$NCU" --profile-from-start off --clock-control none \
+      --kernel-name regex:attn_ \
       --metrics "$metrics" --csv --page raw $PY "$R/ncu_driver.py" fa2 fa2_lean > "$R/ncu.csv" 2> "$R/ncu.log"
     echo "exit $?"; tail -3 "$R/ncu.log"; grep REGS "$R/ncu.csv" | tee "$R/regs.log"
     $PY - "$R/ncu.csv" <<'EOF'
