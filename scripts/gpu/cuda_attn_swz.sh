@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 17 on one H100: the lean fa2 attention backward (cupy@fa2_lean, cupy@fa2_lean_det: query
 # sub-blocks in the main kernel, red.v2 dQ adds, 16-byte preprocess / dq convert) against cupy@fa2.
-#   OUT=/some/dir scripts/gpu/cuda_attn_swz.sh         (from the repo root; under 9 minutes)
+#   OUT=/some/dir bash scripts/gpu/cuda_attn_swz.sh    (from the repo root; about 8 minutes)
 # Steps (STEPS="smoke repeat bench profile ncu" by default; any subset, in that order), each under its
 # own time limit (timeout -k 15 -s INT: the harness still writes its JSON checkpoint):
 #   smoke    harness run --cases smoke, cupy@fa2_lean, cupy@fa2_lean_det          -> smoke.{json,log} (<= 55 s)
@@ -19,7 +19,7 @@
 #            registers and local memory per kernel (cupy's function attributes)    -> ncu.{csv,log}, regs.log (<= 50 s)
 # Files: $OUT/run.log, $OUT/summary.txt, $OUT/cuda_attn_swz.tgz (everything else, under res/).
 # Typical 7-8 minutes (the bench takes most of its 300 s); every step at its limit: about 9.5.
-# Knobs: PYTHON=python3 STEPS=... BENCH_S=280 BUDGET=0.2
+# Knobs: PYTHON=python3 STEPS=... BENCH_S=300 BUDGET=0.2
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 : "${OUT:?set OUT to a folder for the results}"
@@ -105,10 +105,10 @@ dev = A.device()
 for variant in sys.argv[1:]:
     A.call(dev, variant, x, outs, params)  # compile (cached) + warm
     cupy.cuda.Device().synchronize()
-    cupy.cuda.profiler.start()
+    cupy.cuda.runtime.profilerStart()
     A.call(dev, variant, x, outs, params)
     cupy.cuda.Device().synchronize()
-    cupy.cuda.profiler.stop()
+    cupy.cuda.runtime.profilerStop()
 for expr, fn in dev._fns.items():
     at = fn.attributes
     print(f"REGS {expr}: {at.get('num_regs')} registers, local {at.get('local_size_bytes')} B", flush=True)
