@@ -87,11 +87,22 @@ def _signature(expr: str) -> list[str]:
 
 
 SET_SCHEDULE = 'extern "C" void set_schedule(int s) { cuhost::schedule = s; }\n'
+# The stand-in's shared-memory bank counts (cuda_host_runtime.h, BankStats), read and reset.
+BANK_STATS = """extern "C" int bank_stats(long long* out, char* first, int len) {
+  const cuhost::BankStats& b = cuhost::S.banks;
+  const long long v[6] = {b.ld_instr, b.ld_phases, b.ld_extra, b.cp_rounds, b.cp_phases, b.cp_extra};
+  for (int i = 0; i < 6; ++i) out[i] = v[i];
+  std::snprintf(first, len, "%s", b.first.c_str());
+  cuhost::S.banks = cuhost::BankStats();
+  return 0;
+}
+"""
+BANK_FIELDS = ("ld_instr", "ld_phases", "ld_extra", "cp_rounds", "cp_phases", "cp_extra")
 SCHEDULES = 3  # cuda_host_runtime.h: round robin, warp-serial, warp-serial from the last warp
 
 
 def _wrappers(exprs: list[str], signature=None) -> str:
-    out = [SET_SCHEDULE]
+    out = [SET_SCHEDULE, BANK_STATS]
     for i, expr in enumerate(exprs):
         sig = (signature or _signature)(expr)
         unpack = "\n".join(f"  {ty} a{k} = *reinterpret_cast<{ty}*>(args[{k}]);" for k, ty in enumerate(sig))
@@ -175,6 +186,14 @@ class Kernels:
         self.launches += 1
         if self.fns[expr](int(gx), int(gy), int(block), int(smem), argv, err, len(err)):
             raise AssertionError(f"{expr} grid ({gx}, {gy}) block {block}: {err.value.decode()}")
+
+    def bank_stats(self) -> dict:
+        """The shared-memory bank counts of the launches since the last call (then reset): BANK_FIELDS
+        (ldmatrix instructions, 8-row phases, excess wavefronts; cp.async warp rounds, 8-lane phases,
+        excess wavefronts) and `first`, the first conflicting access described ('' if none)."""
+        out, first = (ctypes.c_longlong * len(BANK_FIELDS))(), ctypes.create_string_buffer(1024)
+        self.lib.bank_stats(out, first, len(first))
+        return {**dict(zip(BANK_FIELDS, out)), "first": first.value.decode()}
 
 
 class Library:

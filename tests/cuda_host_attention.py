@@ -24,6 +24,8 @@ def signature(expr: str) -> list[str]:
     args = [a.strip() for a in targs.rstrip(">").split(",")]
     t, p = args[0], "AttnParams"
     ins = [f"const {t}*"] * 4  # q, k, v, do
+    if name == "attn_pre_vec":
+        return [p, f"const {t}*", f"const {t}*", "const float*", "float*", "float*", "float*"]
     if name == "attn_pre":
         acc = args[1]
         return [p, f"const {t}*", f"const {t}*", f"const {acc}*", f"{acc}*", f"{acc}*", "float*"]
@@ -31,7 +33,7 @@ def signature(expr: str) -> list[str]:
         return [p, "double", "double", *ins, "const float*", "const float*", "float*", "float*", f"{t}*", f"{t}*"]
     if name == "attn_split_sum":
         return [p, "const float*", f"{t}*", f"{t}*"]
-    if name == "attn_dq_convert":
+    if name in ("attn_dq_convert", "attn_dq_convert_vec"):
         return [p, "double", "const float*", f"{t}*"]
     if name == "attn_fa2_dq":
         return [p, "double", "double", *ins, "const float*", "const float*", f"{t}*"]
@@ -49,7 +51,7 @@ _KERNELS: dict = {}
 
 def kernels(dt: str) -> "cuda_host.Kernels":
     if dt not in _KERNELS:
-        exprs = sorted({e for v in ("fa2", "fa2_det") for d in HEAD_DIMS for e in A.kernel_exprs(v, dt, d)})
+        exprs = sorted({e for v in A.VARIANTS for d in HEAD_DIMS for e in A.kernel_exprs(v, dt, d)})
         source = f'#include "{_nvrtc.CUDA_DIR / A.SOURCE}"\n'
         _KERNELS[dt] = cuda_host.Kernels(f"attention_backward-{dt}", source, {e: signature(e) for e in exprs})
     return _KERNELS[dt]

@@ -40,7 +40,7 @@ def _impl(variant: str):
     return fn
 
 
-for _v, _det in (("fa2", False), ("fa2_det", True)):
+for _v, _det in (("fa2", False), ("fa2_det", True), ("fa2_lean", False), ("fa2_lean_det", True)):
     attnhost.impl(OP, variant=_v, dtypes=A.DTYPES, deterministic=_det, supports=A.supports)(_impl(_v))
 
 
@@ -61,6 +61,8 @@ TC = [
     _case("f16", 1, 130, 130, 1, 1, 64),                                     # unmasked blocks (the no-mask path)
     _case("bf16", 2, 1, 75, 2, 2, 96, causal=True),                          # decoding row, B=2, D=96
     _case("f16", 1, 16, 1, 2, 1, 64, causal=True),                           # one key
+    _case("bf16", 1, 40, 40, 2, 1, 33, causal=True),                         # odd D: scalar loads, scalar dQ adds
+    _case("f16", 1, 30, 50, 2, 2, 36, window=[10, 5]),                       # D % 8 != 0: no vector pre / convert
 ]
 # SIMT path (f32 / f64).
 SIMT = [
@@ -79,7 +81,7 @@ def _check(variant: str, case) -> None:
 
 
 @pytest.mark.parametrize("case", TC + SIMT, ids=[c.id for c in TC + SIMT])
-@pytest.mark.parametrize("variant", ["fa2", "fa2_det"])
+@pytest.mark.parametrize("variant", list(A.VARIANTS))
 def test_attention_backward_on_host(variant, case):
     _check(variant, case)
 
@@ -89,7 +91,7 @@ def test_attention_backward_on_host(variant, case):
 CFG_CASES = {64: _case("bf16", 1, 150, 140, 2, 1, 64, causal=True, window=[40, 0]),
              128: _case("f16", 1, 70, 150, 2, 1, 128, causal=True),
              256: _case("bf16", 1, 70, 70, 1, 1, 256, window=[20, 20])}
-CFG_PARAMS = [(v, dp, c) for dp in (64, 128, 256) for v in ("fa2", "fa2_det")
+CFG_PARAMS = [(v, dp, c) for dp in (64, 128, 256) for v in A.VARIANTS
               for c in A.candidates(v, "bf16", dp)[1:]]
 
 
@@ -120,6 +122,21 @@ def test_plans_reach_every_kernel_path():
     assert 1 in splits and max(splits) > 1  # both the direct dk, dv stores and the split partials + attn_split_sum
     assert A.padded_dim(40) == 64 and A.padded_dim(96) == 128 and A.padded_dim(200) == 256
     assert A.lanes_per_row(3) == 1 and A.lanes_per_row(200) == 8
+    assert [A.pre_lanes(d) for d in (8, 40, 64, 128, 256)] == [1, 8, 8, 16, 32]
+
+
+def test_lean_variants_take_the_vector_kernels_when_aligned():
+    """fa2_lean uses attn_pre_vec and attn_dq_convert_vec when D % 8 == 0 (arrays aligned), the scalar
+    kernels otherwise; fa2 never does (its measured kernels stay as they were)."""
+    vec = {"attn_pre_vec", "attn_dq_convert_vec"}
+    for d, want in ((64, vec), (36, set())):
+        for variant in ("fa2", "fa2_lean"):
+            DEVICE.launches.clear()
+            _check(variant, _case("bf16", 1, 20, 20, 2, 1, d, causal=True))
+            names = {e.split("<")[0] for e in DEVICE.launches}
+            assert names & vec == (want if variant == "fa2_lean" else set()), (variant, d, names)
+            lean_main = [e for e in DEVICE.launches if e.startswith("attn_fa2_main")]
+            assert all(e.count(",") == (7 if variant == "fa2_lean" else 5) for e in lean_main), lean_main
 
 
 def test_head_dim_above_256_is_declined():
@@ -170,3 +187,22 @@ def test_repeated_calls_take_the_fast_path(monkeypatch):
     H.call(DEVICE, "fa2_det", inputs, outs, {"window": [2, 1]})
     for k in outs:
         assert np.array_equal(outs[k], first[k])
+
+
+# Shared-memory banks (the stand-in's bank model, tests/test_cuda_host_banks.py): every ldmatrix of
+# the tensor-core kernels and every cp.async tile fill is conflict-free, in every tile configuration
+# (the padded row pitches are odd multiples of 16 bytes).
+BANK_CASES = {64: _case("bf16", 1, 70, 70, 2, 1, 64, causal=True), 128: _case("bf16", 1, 70, 70, 2, 1, 128),
+              256: _case("bf16", 1, 40, 40, 1, 1, 256, causal=True)}
+BANK_PARAMS = [(v, dp, c) for dp in (64, 128, 256) for v in A.VARIANTS for c in A.candidates(v, "bf16", dp)]
+
+
+@pytest.mark.parametrize("variant,dp,cfg", BANK_PARAMS, ids=[f"{v}-{dp}-{_cfg_text(c)}" for v, dp, c in BANK_PARAMS])
+def test_shared_memory_is_bank_conflict_free(variant, dp, cfg, monkeypatch):
+    monkeypatch.setenv(A.CFG_ENV, _cfg_text(cfg))
+    lib = H.kernels("bf16")
+    lib.bank_stats()  # reset
+    _check(variant, BANK_CASES[dp])
+    s = lib.bank_stats()
+    assert s["ld_instr"] > 0 and s["cp_rounds"] > 0
+    assert s["ld_extra"] == 0 and s["cp_extra"] == 0, s

@@ -18,7 +18,7 @@ SM90_SMEM = 227 * 1024
 
 
 def _exprs(dt: str) -> list[str]:
-    return sorted({e for v in ("fa2", "fa2_det") for d in HEAD_DIMS for e in A.kernel_exprs(v, dt, d)})
+    return sorted({e for v in A.VARIANTS for d in HEAD_DIMS for e in A.kernel_exprs(v, dt, d)})
 
 
 def _nvrtc_ready() -> str | None:
@@ -61,7 +61,22 @@ def test_nvcc_compiles_every_instantiation(tmp_path):
 
 def test_shared_memory_fits_an_sm90_block():
     for dp in (64, 128, 256):
-        for bm, bn, _ in A.MAIN_CFGS[dp]:
+        for bm, bn, *_ in A.MAIN_CFGS[dp] + A.LEAN_CFGS[dp]:
             assert A.main_smem(dp, bm, bn) <= SM90_SMEM, (dp, bm, bn)
         for bm, bn in A.DQ_CFGS[dp]:
             assert A.dq_smem(dp, bm, bn) <= SM90_SMEM, (dp, bm, bn)
+
+
+@pytest.mark.skipif(_nvrtc_ready() is not None, reason=str(_nvrtc_ready()))
+@pytest.mark.parametrize("dt", A.TC_DTYPES)
+def test_lean_kernels_fit_the_register_file(dt):
+    """Every tensor-core kernel of the lean variants (issue 17) compiles for sm_90 within 255
+    registers and without spills (ptxas -v through NVRTC, one program per dtype)."""
+    from nvrtc_ptxas import ptxas_usage
+
+    exprs = sorted({e for v in ("fa2_lean", "fa2_lean_det") for d in HEAD_DIMS for e in A.kernel_exprs(v, dt, d)
+                    if e.startswith(("attn_fa2_main", "attn_fa2_dq", "attn_pre_vec", "attn_dq_convert_vec"))})
+    report = ptxas_usage(_nvrtc.read_source(A.SOURCE), "attn_lean.cu", exprs)
+    assert set(report) == set(exprs)
+    bad = {e: r for e, r in report.items() if r[0] > 255 or r[1] > 0}
+    assert not bad, f"registers > 255 or spill stores (registers, spill bytes): {bad}"

@@ -14,7 +14,8 @@
 //                              (b*Hq + h)*Sq + i writes delta[r] = rowsum(o * do) and lse_ws[r] = lse
 //                              (delta 0 and lse +inf on rows with no allowed key, so no later kernel
 //                              reads the given o or lse there), and zeroes dq_acc's row when given.
-//   attn_fa2_main<T, DP, BM, BN, WD, DQ>
+//   attn_pre_vec<T, LPR>       attn_pre with 16-byte loads along D, LPR lanes per row (cupy@fa2_lean).
+//   attn_fa2_main<T, DP, BM, BN, WD, DQ, QS = BM, RED2 = false>
 //                              T = bf16 / f16 on tensor cores (mma.sync m16n8k16 + ldmatrix, fp32
 //                              accumulation).  grid (ceil(Sk/BN), B*Hkv), 32*(BN/16)*WD threads,
 //                              dynamic smem attn_main_smem<DP, BM, BN>().  One block per key block
@@ -27,8 +28,15 @@
 //                              Query blocks fully inside the band take the unmasked path.  With
 //                              split > 1 (grid.y = B*Hkv*split), the group's heads are shared by
 //                              `split` blocks whose fp32 partials attn_split_sum adds in order.
+//                              QS < BM or RED2 (cupy@fa2_lean): attn_main_step_lean, the query block
+//                              in sub-blocks of QS rows (fewer live registers) and dQ added by
+//                              red.global.add.v2.f32; the defaults compile to fa2's kernel unchanged.
+//                              Shared tiles: row pitch DP + 8 (K, V, Q, dO) and BM + 8 (dS^T), odd
+//                              multiples of 16 bytes, so every ldmatrix phase (8 rows of 16 bytes)
+//                              and every cp.async fill is bank-conflict free (counted on the stand-in).
 //   attn_split_sum<T>          dk, dv from the partials; grid-stride over B*Sk*Hkv*D.
 //   attn_dq_convert<T>         dq = scale * dq_acc, rounded to T; grid-stride over B*Sq*Hq*D.
+//   attn_dq_convert_vec<T>     the same, 8 elements per thread (16-byte store; cupy@fa2_lean).
 //   attn_fa2_dq<T, DP, BM, BN> the deterministic dq: grid (ceil(Sq/BM), B*Hq), 32*(BM/16) threads,
 //                              dynamic smem attn_dq_smem<DP, BM, BN>(): per query block, loop over
 //                              the key blocks of its band (K, V double-buffered), recompute S and dP,
@@ -94,6 +102,17 @@ __device__ __forceinline__ unsigned short attn_bits(__nv_bfloat16 x) {
 template <typename T>
 __device__ __forceinline__ unsigned attn_pack(float lo, float hi) {
   return (unsigned)attn_bits(attn_cast<T>(lo)) | ((unsigned)attn_bits(attn_cast<T>(hi)) << 16);
+}
+
+// a[0] += x, a[1] += y as one reduction (a 8-byte aligned global address; sm_90's
+// red.global.add.v2.f32: half the requests of two float atomics).
+__device__ __forceinline__ void attn_red2(float* a, float x, float y) {
+#ifdef CUHOST_RUNTIME
+  a[0] += x;
+  a[1] += y;
+#else
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(a), "f"(x), "f"(y) : "memory");
+#endif
 }
 
 __device__ __forceinline__ float attn_inf() {
@@ -198,6 +217,79 @@ __global__ void __launch_bounds__(256) attn_dq_convert(AttnParams p, double scal
   }
 }
 
+// 8 elements of T as one 16-byte access (a 16-byte aligned address).
+template <typename T>
+struct __align__(16) AttnVec8 {
+  T v[8];
+};
+struct __align__(16) AttnF4 {
+  float v[4];
+};
+
+// attn_pre with 16-byte loads (cupy@fa2_lean): LPR lanes per query row (LPR = D / 8 rounded up to
+// a power of two, at most 32), 32 / LPR rows per warp, 4 warps per block; each lane reads 8
+// elements of o and of do per access along D.  Needs D % 8 == 0 and every o, do row 16-byte
+// aligned (the host checks).  Same outputs as attn_pre.
+template <typename T, int LPR>
+__global__ void __launch_bounds__(128) attn_pre_vec(AttnParams p, const T* __restrict__ o, const T* __restrict__ dO,
+                                                    const float* __restrict__ lse, float* __restrict__ lse_ws,
+                                                    float* __restrict__ delta_ws, float* __restrict__ dq_acc) {
+  constexpr int RPW = 32 / LPR;  // rows per warp
+  const int lane = threadIdx.x & 31, sub = lane % LPR;
+  const long long r = ((long long)blockIdx.x * 4 + (threadIdx.x >> 5)) * RPW + lane / LPR;
+  const bool in = r < p.B * p.Hq * p.Sq;  // every lane stays for the shuffles
+  const long long rr = in ? r : 0;
+  const long long i = rr % p.Sq, bh = rr / p.Sq, h = bh % p.Hq, b = bh / p.Hq;
+  const long long diag = i + (p.Sk - p.Sq);
+  const long long lo = p.left >= 0 ? (diag - p.left > 0 ? diag - p.left : 0) : 0;
+  const long long hi = p.right >= 0 ? (diag + p.right < p.Sk - 1 ? diag + p.right : p.Sk - 1) : p.Sk - 1;
+  const bool live = in && lo <= hi;
+  float s = 0.0f;
+  if (live) {
+    const T* orow = o + b * p.o_b + i * p.o_s + h * p.o_h;
+    const T* drow = dO + b * p.do_b + i * p.do_s + h * p.do_h;
+    for (long long c = sub * 8; c < p.D; c += 8 * LPR) {
+      const AttnVec8<T> x = *reinterpret_cast<const AttnVec8<T>*>(orow + c);
+      const AttnVec8<T> y = *reinterpret_cast<const AttnVec8<T>*>(drow + c);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) s += attn_f(x.v[e]) * attn_f(y.v[e]);
+    }
+  }
+#pragma unroll
+  for (int m = LPR / 2; m; m >>= 1) s += __shfl_xor_sync(0xffffffffu, s, m);
+  if (in && sub == 0) {
+    delta_ws[r] = live ? s : 0.0f;
+    lse_ws[r] = live ? lse[b * p.lse_b + h * p.lse_h + i * p.lse_s] : attn_inf();
+  }
+  if (in && dq_acc) {
+    float* row = dq_acc + ((b * p.Sq + i) * p.Hq + h) * p.D;
+    const AttnF4 z = {{0.0f, 0.0f, 0.0f, 0.0f}};
+    for (long long c = sub * 8; c < p.D; c += 8 * LPR) {
+      reinterpret_cast<AttnF4*>(row + c)[0] = z;
+      reinterpret_cast<AttnF4*>(row + c)[1] = z;
+    }
+  }
+}
+
+// attn_dq_convert by 8 elements a thread (cupy@fa2_lean): dq is contiguous (the host requires it),
+// so its element e is dq_acc's element e.  Needs D % 8 == 0 and dq 16-byte aligned.
+template <typename T>
+__global__ void __launch_bounds__(256) attn_dq_convert_vec(AttnParams p, double scale, const float* __restrict__ acc,
+                                                           T* __restrict__ dq) {
+  const long long n8 = p.B * p.Sq * p.Hq * p.D / 8;
+  const float sc = (float)scale;
+  for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < n8; e += (long long)gridDim.x * blockDim.x) {
+    const AttnF4 a = reinterpret_cast<const AttnF4*>(acc)[2 * e], c = reinterpret_cast<const AttnF4*>(acc)[2 * e + 1];
+    AttnVec8<T> y;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      y.v[k] = attn_cast<T>(sc * a.v[k]);
+      y.v[4 + k] = attn_cast<T>(sc * c.v[k]);
+    }
+    reinterpret_cast<AttnVec8<T>*>(dq)[e] = y;
+  }
+}
+
 // ---------------------------------------------------------------------------------- fa2 main
 
 template <int DP, int BM, int BN>
@@ -235,6 +327,7 @@ __device__ __forceinline__ void attn_pds(const AttnParams& p, ACC s, ACC dp, ACC
   }
 }
 
+// One query block of attn_fa2_main for one warp (the measured fa2 kernel, kept as it is for A/B).
 template <typename T, int DP, int BM, int BN, int WD, bool DQ, bool MASK>
 __device__ __forceinline__ void attn_main_step(const AttnParams& p, float scale, float softcap, const T* sK,
                                                const T* sV, const T* sQ, const T* sdO, const float* sl,
@@ -350,7 +443,145 @@ __device__ __forceinline__ void attn_main_step(const AttnParams& p, float scale,
   }
 }
 
-template <typename T, int DP, int BM, int BN, int WD, bool DQ>
+// attn_main_step of the lean kernel (cupy@fa2_lean).  QS (a divisor of BM, a multiple of 16): the
+// query rows per pass of S, dP, P, dS and the dK, dV update; QS < BM keeps only QS / 8 score tiles
+// live (the K, V fragments are reloaded per pass), QS = BM is one pass.  RED2: dQ added by
+// two-float reductions (red.global.add.v2.f32, sm_90) when D is even, else one float each.
+template <typename T, int DP, int BM, int BN, int WD, bool DQ, bool MASK, int QS, bool RED2>
+__device__ __forceinline__ void attn_main_step_lean(const AttnParams& p, float scale, float softcap, const T* sK,
+                                               const T* sV, const T* sQ, const T* sdO, const float* sl,
+                                               const float* sd, T* sdS, long long m0, long long n0,
+                                               float (&dkacc)[DP / WD / 8][4], float (&dvacc)[DP / WD / 8][4],
+                                               float* dq_acc, long long b, long long h) {
+  constexpr int LD = DP + 8, LDS = BM + 8, NT = QS / 8, NW = (BN / 16) * WD, DW = DP / WD;
+  static_assert(BM % QS == 0 && QS % 16 == 0, "query sub-block");
+  const int tid = threadIdx.x, w = tid >> 5, l = tid & 31, g = l >> 2, t = l & 3;
+  const int kb = (w / WD) * 16, wd = w % WD;
+#pragma unroll 1
+  for (int q0 = 0; q0 < BM; q0 += QS) {
+    float sacc[NT][4], pacc[NT][4];
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sacc[n][e] = pacc[n][e] = 0.0f;
+    // S^T = K Q^T and dP^T = V dO^T for this warp's 16 keys (rows) x QS queries (columns).
+#pragma unroll
+    for (int k = 0; k < DP; k += 16) {
+      unsigned ak[4], av[4];
+      const int arow = kb + (l & 7) + ((l >> 3) & 1) * 8, acol = k + (l >> 4) * 8;
+      tc_ldmatrix_x4(ak, sK + arow * LD + acol);
+      tc_ldmatrix_x4(av, sV + arow * LD + acol);
+#pragma unroll
+      for (int n = 0; n < NT; n += 2) {
+        unsigned bq[4], bd[4];
+        const int brow = q0 + n * 8 + (l & 7) + (l >> 4) * 8, bcol = k + ((l >> 3) & 1) * 8;
+        tc_ldmatrix_x4(bq, sQ + brow * LD + bcol);
+        tc_ldmatrix_x4(bd, sdO + brow * LD + bcol);
+        tc_mma16816<T>(sacc[n], ak, bq);
+        tc_mma16816<T>(sacc[n + 1], ak, bq + 2);
+        tc_mma16816<T>(pacc[n], av, bd);
+        tc_mma16816<T>(pacc[n + 1], av, bd + 2);
+      }
+    }
+    // P^T into sacc, dS^T into pacc.
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = kb + g + (e >> 1) * 8, qr = q0 + n * 8 + 2 * t + (e & 1);
+        float pr, ds;
+        attn_pds<MASK, float, true>(p, sacc[n][e], pacc[n][e], sl[qr], sd[qr], scale, softcap, m0 + qr, n0 + key, pr,
+                                    ds);
+        sacc[n][e] = pr;
+        pacc[n][e] = ds;
+      }
+    // dV += P^T dO and dK += dS^T Q over this warp's head-dim slice (the accumulator tiles are the
+    // A operands directly: two 16x8 C tiles side by side are one 16x16 A tile).
+#pragma unroll
+    for (int kk = 0; kk < NT / 2; ++kk) {
+      unsigned ap[4], as[4];
+      ap[0] = attn_pack<T>(sacc[2 * kk][0], sacc[2 * kk][1]);
+      ap[1] = attn_pack<T>(sacc[2 * kk][2], sacc[2 * kk][3]);
+      ap[2] = attn_pack<T>(sacc[2 * kk + 1][0], sacc[2 * kk + 1][1]);
+      ap[3] = attn_pack<T>(sacc[2 * kk + 1][2], sacc[2 * kk + 1][3]);
+      as[0] = attn_pack<T>(pacc[2 * kk][0], pacc[2 * kk][1]);
+      as[1] = attn_pack<T>(pacc[2 * kk][2], pacc[2 * kk][3]);
+      as[2] = attn_pack<T>(pacc[2 * kk + 1][0], pacc[2 * kk + 1][1]);
+      as[3] = attn_pack<T>(pacc[2 * kk + 1][2], pacc[2 * kk + 1][3]);
+#pragma unroll
+      for (int n = 0; n < DW / 8; n += 2) {
+        unsigned bd[4], bq[4];
+        const int brow = q0 + kk * 16 + (l & 7) + ((l >> 3) & 1) * 8, bcol = wd * DW + n * 8 + (l >> 4) * 8;
+        tc_ldmatrix_x4_trans(bd, sdO + brow * LD + bcol);
+        tc_ldmatrix_x4_trans(bq, sQ + brow * LD + bcol);
+        tc_mma16816<T>(dvacc[n], ap, bd);
+        tc_mma16816<T>(dvacc[n + 1], ap, bd + 2);
+        tc_mma16816<T>(dkacc[n], as, bq);
+        tc_mma16816<T>(dkacc[n + 1], as, bq + 2);
+      }
+    }
+    if constexpr (DQ) {
+      // dS^T to shared memory ([key][query]) for the dQ product below.
+      if (wd == 0) {
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+          unsigned* r0 = reinterpret_cast<unsigned*>(sdS + (kb + g) * LDS + q0 + n * 8 + 2 * t);
+          unsigned* r1 = reinterpret_cast<unsigned*>(sdS + (kb + g + 8) * LDS + q0 + n * 8 + 2 * t);
+          *r0 = attn_pack<T>(pacc[n][0], pacc[n][1]);
+          *r1 = attn_pack<T>(pacc[n][2], pacc[n][3]);
+        }
+      }
+    }
+  }
+  if constexpr (DQ) {
+    // dQ (BM x DP) = dS K, split over the warps.
+    __syncthreads();
+    constexpr int RG = BM / 16, CG = NW / RG, QW = DP / CG;
+    static_assert(NW % RG == 0 && DP % (16 * CG) == 0, "dQ split");
+    const int rg = w % RG, cg = w / RG;
+    float qacc[QW / 8][4];
+#pragma unroll
+    for (int n = 0; n < QW / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) qacc[n][e] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < BN; kk += 16) {
+      unsigned a[4];
+      const int mi = l >> 3;
+      tc_ldmatrix_x4_trans(a, sdS + (kk + (l & 7) + (mi >> 1) * 8) * LDS + rg * 16 + (mi & 1) * 8);
+#pragma unroll
+      for (int n = 0; n < QW / 8; n += 2) {
+        unsigned bk[4];
+        const int brow = kk + (l & 7) + ((l >> 3) & 1) * 8, bcol = cg * QW + n * 8 + (l >> 4) * 8;
+        tc_ldmatrix_x4_trans(bk, sK + brow * LD + bcol);
+        tc_mma16816<T>(qacc[n], a, bk);
+        tc_mma16816<T>(qacc[n + 1], a, bk + 2);
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < QW / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const long long i = m0 + rg * 16 + g + (e >> 1) * 8;
+        const long long d = cg * QW + n * 8 + 2 * t + (e & 1);
+        if constexpr (RED2) {
+          if ((e & 1) == 0 && i < p.Sq && d < p.D) {
+            float* a = dq_acc + ((b * p.Sq + i) * p.Hq + h) * p.D + d;
+            if ((p.D & 1) == 0)
+              attn_red2(a, qacc[n][e], qacc[n][e + 1]);
+            else {
+              atomicAdd(a, qacc[n][e]);
+              if (d + 1 < p.D) atomicAdd(a + 1, qacc[n][e + 1]);
+            }
+          }
+        } else {
+          if (i < p.Sq && d < p.D) atomicAdd(dq_acc + ((b * p.Sq + i) * p.Hq + h) * p.D + d, qacc[n][e]);
+        }
+      }
+  }
+}
+
+template <typename T, int DP, int BM, int BN, int WD, bool DQ, int QS = BM, bool RED2 = false>
 __global__ void __launch_bounds__(32 * (BN / 16) * WD)
     attn_fa2_main(AttnParams p, double scale_d, double softcap_d, const T* __restrict__ q, const T* __restrict__ k,
                   const T* __restrict__ v, const T* __restrict__ dO, const float* __restrict__ lse_ws,
@@ -409,7 +640,16 @@ __global__ void __launch_bounds__(32 * (BN / 16) * WD)
     const long long h = h0 + it / mb_n, m0 = (mb_lo + it % mb_n) * BM;
     const T* q_t = sQ + buf * BM * LD;
     const T* do_t = sdO + buf * BM * LD;
-    if (attn_full(p, m0, BM, n0, BN))
+    if constexpr (QS != BM || RED2) {
+      if (attn_full(p, m0, BM, n0, BN))
+        attn_main_step_lean<T, DP, BM, BN, WD, DQ, false, QS, RED2>(p, scale, softcap, sK, sV, q_t, do_t,
+                                                                    sl + buf * BM, sd + buf * BM, sdS, m0, n0,
+                                                                    dkacc, dvacc, dq_acc, b, h);
+      else
+        attn_main_step_lean<T, DP, BM, BN, WD, DQ, true, QS, RED2>(p, scale, softcap, sK, sV, q_t, do_t,
+                                                                   sl + buf * BM, sd + buf * BM, sdS, m0, n0,
+                                                                   dkacc, dvacc, dq_acc, b, h);
+    } else if (attn_full(p, m0, BM, n0, BN))
       attn_main_step<T, DP, BM, BN, WD, DQ, false>(p, scale, softcap, sK, sV, q_t, do_t, sl + buf * BM,
                                                    sd + buf * BM, sdS, m0, n0, dkacc, dvacc, dq_acc, b, h);
     else

@@ -14,7 +14,16 @@ Variants:
                   blocks (`split_for`) whose fp32 dk, dv partials attn_split_sum adds in order.
   @fa2_det        the same main kernel without dQ, then a dQ kernel per (query block, head) over its
                   key blocks (S and dP recomputed): no float atomics, deterministic.
-  f32 and f64 (both variants): a SIMT path (no TF32: its error is outside the fp32 tolerance), one
+  @fa2_lean       fa2 with fewer live registers and narrower memory traffic (issue 17): the main
+                  kernel computes S, dP, P, dS and the dK, dV update in query sub-blocks of QS rows
+                  (QS / 8 score tiles live instead of BM / 8; the K, V fragments are reloaded per
+                  sub-block), adds dQ by two-float reductions (red.global.add.v2.f32), and the
+                  preprocess and dq convert read and write 16 bytes per lane (attn_pre_vec,
+                  attn_dq_convert_vec) when D % 8 == 0 and o, do, dq are 16-byte aligned.  Shared
+                  memory layout as fa2 (its padded row pitches are bank-conflict free:
+                  tests/test_cuda_attention.py counts every ldmatrix and cp.async on the stand-in).
+  @fa2_lean_det   fa2_det with the lean main kernel and preprocess.
+  f32 and f64 (every variant): a SIMT path (no TF32: its error is outside the fp32 tolerance), one
   warp per query row for dq and per key row for dk, dv, accumulating in float / double.
 Tiles: candidates per padded head dim (MAIN_CFGS, DQ_CFGS), the default first; on CUDA a call of
 TUNE_MIN_FLOPS or more times them once per (variant, dtype, sizes, mask) and keeps the fastest
@@ -54,13 +63,20 @@ PARAMS_DTYPE = np.dtype([("words", np.int64, (len(FIELDS),))])
 MAIN_CFGS = {64: [(64, 128, 1), (64, 64, 1), (32, 128, 1)],
              128: [(64, 128, 1), (64, 64, 1), (32, 128, 1), (32, 64, 1)],
              256: [(32, 64, 2), (16, 64, 2), (32, 32, 2)]}
+# Candidate (BM, BN, WD, QS) of the lean main kernel (QS query rows per sub-block pass), per DP, the
+# default first.  Every one compiles without spills (tests/test_cuda_attention_compile.py; ptxas
+# sm_90, bf16 / f16): QS = 32 spills at (64, 128) with DP 128 (8 bytes) and at (64, 64) with DP 64.
+LEAN_CFGS = {64: [(64, 128, 1, 32), (64, 128, 1, 16), (64, 64, 1, 16)],
+             128: [(64, 128, 1, 16), (64, 64, 1, 32), (64, 64, 1, 16), (32, 128, 1, 16)],
+             256: [(32, 64, 2, 16), (16, 64, 2, 16), (32, 32, 2, 16)]}
+VARIANTS = ("fa2", "fa2_det", "fa2_lean", "fa2_lean_det")
 # Candidate (BM, BN) of the deterministic dq kernel (BM / 16 warps), the default first.
 DQ_CFGS = {64: [(64, 64), (128, 64), (64, 128)], 128: [(64, 64), (128, 64), (64, 32)], 256: [(64, 32), (32, 32)]}
 TUNE_ENV = "GRADORACLE_CUPY_ATTN_TUNE"   # 0: always the default configuration
 CFG_ENV = "GRADORACLE_CUPY_ATTN_CFG"     # "main=BMxBNxWD,dq=BMxBN": force one (tests, experiments)
 TUNE_MIN_FLOPS = 2e10  # smaller calls keep the default (timing candidates would cost more than it saves)
 SPLIT_WAVES = 3    # split a kv head's query heads over blocks until the main grid has this many per SM
-PRE_ROWS = 4       # query rows per block of attn_pre (one warp each)
+PRE_ROWS = 4       # query rows per block of attn_pre (one warp each); warps per block of attn_pre_vec
 CONVERT_BLOCK = 256
 
 
@@ -75,6 +91,27 @@ def lanes_per_row(d: int) -> int:
     while 32 * n < d:
         n *= 2
     return n
+
+
+def pre_lanes(d: int) -> int:
+    """LPR of attn_pre_vec: lanes per query row, D / 8 rounded up to a power of two, at most 32."""
+    n = 1
+    while n < 32 and 8 * n < d:
+        n *= 2
+    return n
+
+
+def is_lean(variant: str) -> bool:
+    return variant.startswith("fa2_lean")
+
+
+def is_det(variant: str) -> bool:
+    return variant.endswith("_det")
+
+
+def main_cfgs(variant: str, dp: int) -> list[tuple]:
+    """The main kernel's candidate configurations of a variant at padded head dim dp."""
+    return LEAN_CFGS[dp] if is_lean(variant) else MAIN_CFGS[dp]
 
 
 def main_smem(dp: int, bm: int, bn: int) -> int:
@@ -138,8 +175,8 @@ def kernel_exprs(variant: str, dt: str, d: int, every: bool = True) -> list[str]
     """The name expressions a call of (variant, dtype, head dim) may launch: with `every`, those
     of every candidate configuration (the compile tests instantiate each one)."""
     cfgs = candidates(variant, dt, d) if every else [default_cfg(variant, dt, d)]
-    return sorted({launch.expr for cfg in cfgs for split in (1, 2)
-                   for launch in _launches(variant, dt, (1, 1, 1, 2, 1, d), cfg, split)})
+    return sorted({launch.expr for cfg in cfgs for split in (1, 2) for vec in (False, True)
+                   for launch in _launches(variant, dt, (1, 1, 1, 2, 1, d), cfg, split, vec)})
 
 
 def candidates(variant: str, dt: str, d: int) -> list[tuple]:
@@ -147,10 +184,11 @@ def candidates(variant: str, dt: str, d: int) -> list[tuple]:
     if dt not in TC_DTYPES:
         return [None]
     dp = padded_dim(d)
-    if variant == "fa2_det":  # the two kernels tune independently: vary one at a time
-        return [(MAIN_CFGS[dp][0], DQ_CFGS[dp][0])] + [(m, DQ_CFGS[dp][0]) for m in MAIN_CFGS[dp][1:]] + \
-            [(MAIN_CFGS[dp][0], q) for q in DQ_CFGS[dp][1:]]
-    return [(m, None) for m in MAIN_CFGS[dp]]
+    mains = main_cfgs(variant, dp)
+    if is_det(variant):  # the two kernels tune independently: vary one at a time
+        return [(mains[0], DQ_CFGS[dp][0])] + [(m, DQ_CFGS[dp][0]) for m in mains[1:]] + \
+            [(mains[0], q) for q in DQ_CFGS[dp][1:]]
+    return [(m, None) for m in mains]
 
 
 def forced_cfg(variant: str, dt: str, d: int):
@@ -159,17 +197,18 @@ def forced_cfg(variant: str, dt: str, d: int):
     if not text or dt not in TC_DTYPES:
         return None
     dp = padded_dim(d)
-    main, dq = MAIN_CFGS[dp][0], DQ_CFGS[dp][0] if variant == "fa2_det" else None
+    mains = main_cfgs(variant, dp)
+    main, dq = mains[0], DQ_CFGS[dp][0] if is_det(variant) else None
     for part in text.split(","):
         name, _, value = part.partition("=")
         nums = tuple(int(x) for x in value.split("x"))
         if name.strip() == "main":
             main = nums
-        elif name.strip() == "dq" and variant == "fa2_det":
+        elif name.strip() == "dq" and is_det(variant):
             dq = nums
-    if main not in MAIN_CFGS[dp] or (dq is not None and dq not in DQ_CFGS[dp]):
-        raise ValueError(f"cupy {OP}: {CFG_ENV}={text!r}: expected main in {MAIN_CFGS[dp]}"
-                         f"{f' and dq in {DQ_CFGS[dp]}' if variant == 'fa2_det' else ''} for head dim {d}")
+    if main not in mains or (dq is not None and dq not in DQ_CFGS[dp]):
+        raise ValueError(f"cupy {OP}: {CFG_ENV}={text!r}: expected main in {mains}"
+                         f"{f' and dq in {DQ_CFGS[dp]}' if is_det(variant) else ''} for head dim {d} ({variant})")
     return main, dq
 
 
@@ -177,7 +216,8 @@ def default_cfg(variant: str, dt: str, d: int):
     return forced_cfg(variant, dt, d) or candidates(variant, dt, d)[0]
 
 
-def _launches(variant: str, dt: str, sizes, cfg, split: int = 1) -> tuple[Launch, ...]:
+def _launches(variant: str, dt: str, sizes, cfg, split: int = 1, vec: bool = False) -> tuple[Launch, ...]:
+    """vec: D % 8 == 0 and o, do, dq 16-byte aligned (the lean variants' vector preprocess and convert)."""
     b, sq, sk, hq, hkv, d = sizes
     t = CUDA_TYPE[dt]
     acc = "double" if dt == "f64" else "float"
@@ -191,32 +231,47 @@ def _launches(variant: str, dt: str, sizes, cfg, split: int = 1) -> tuple[Launch
                 Launch(f"attn_simt_dkdv<{t}, {acc}, {npl}>", (_cdiv(b * hkv * sk, 4), 1), 128, 0,
                        common + ("dk", "dv")))
     dp = padded_dim(d)
-    (bm, bn, wd), dqc = cfg
-    det = variant == "fa2_det"
-    main = Launch(f"attn_fa2_main<{t}, {dp}, {bm}, {bn}, {wd}, {'false' if det else 'true'}>",
+    main_cfg, dqc = cfg
+    bm, bn, wd = main_cfg[:3]
+    det, lean = is_det(variant), is_lean(variant)
+    vec = vec and lean
+    targs = f"{t}, {dp}, {bm}, {bn}, {wd}, {'false' if det else 'true'}"
+    if lean and (main_cfg[3] != bm or not det):  # QS, RED2 (dQ adds only with the atomic dq); with
+        targs += f", {main_cfg[3]}, {'false' if det else 'true'}"  # QS = BM and no RED2 it is fa2's kernel
+    main = Launch(f"attn_fa2_main<{targs}>",
                   (_cdiv(sk, bn), b * hkv * split), 32 * (bn // 16) * wd, main_smem(dp, bm, bn),
                   common + ("null" if det else "dq_acc", "part" if split > 1 else "null", "dk", "dv"))
     n_kv = b * sk * hkv * d
     tail = (Launch(f"attn_split_sum<{t}>", (min(_cdiv(n_kv, CONVERT_BLOCK), 8192), 1), CONVERT_BLOCK, 0,
                    ("P", "part", "dk", "dv")),) if split > 1 else ()
-    pre = Launch(f"attn_pre<{t}, float>", pre_grid, 32 * PRE_ROWS, 0,
-                 ("P", "o", "do", "lse", "lse_ws", "delta_ws", "null" if det else "dq_acc"))
+    pre_args = ("P", "o", "do", "lse", "lse_ws", "delta_ws", "null" if det else "dq_acc")
+    if vec:
+        lpr = pre_lanes(d)
+        pre = Launch(f"attn_pre_vec<{t}, {lpr}>", (_cdiv(b * hq * sq, PRE_ROWS * (32 // lpr)), 1), 32 * PRE_ROWS, 0,
+                     pre_args)
+    else:
+        pre = Launch(f"attn_pre<{t}, float>", pre_grid, 32 * PRE_ROWS, 0, pre_args)
     if det:
         qbm, qbn = dqc
         dq = Launch(f"attn_fa2_dq<{t}, {dp}, {qbm}, {qbn}>", (_cdiv(sq, qbm), b * hq), 32 * (qbm // 16),
                     dq_smem(dp, qbm, qbn), common + ("dq",))
         return (pre, main, dq) + tail
     n = b * sq * hq * d
-    conv = Launch(f"attn_dq_convert<{t}>", (min(_cdiv(n, CONVERT_BLOCK), 8192), 1), CONVERT_BLOCK, 0,
-                  ("P", "scale", "dq_acc", "dq"))
+    if vec:
+        conv = Launch(f"attn_dq_convert_vec<{t}>", (max(1, min(_cdiv(n // 8, CONVERT_BLOCK), 8192)), 1),
+                      CONVERT_BLOCK, 0, ("P", "scale", "dq_acc", "dq"))
+    else:
+        conv = Launch(f"attn_dq_convert<{t}>", (min(_cdiv(n, CONVERT_BLOCK), 8192), 1), CONVERT_BLOCK, 0,
+                      ("P", "scale", "dq_acc", "dq"))
     return (pre, main, conv) + tail
 
 
 def plan(variant: str, dt: str, sizes, strides: dict, aligned: bool, params: dict, cfg=None,
-         sms: int | None = None) -> Plan:
+         sms: int | None = None, vec: bool = False) -> Plan:
     """The launches and packed parameters of one call.  sizes (B, Sq, Sk, Hq, Hkv, D); strides:
     name -> element strides of q, k, v, o, do, lse, dq, dk, dv (head-dim strides 1); cfg one of
-    `candidates` (None: the default); sms: the device's SM count (None: no head split)."""
+    `candidates` (None: the default); sms: the device's SM count (None: no head split); vec: o,
+    do, dq allow 16-byte accesses (D % 8 == 0, 16-byte aligned rows)."""
     b, sq, sk, hq, hkv, d = sizes
     scale, softcap, left, right = mask_params(params, d)
     if cfg is None:
@@ -230,11 +285,11 @@ def plan(variant: str, dt: str, sizes, strides: dict, aligned: bool, params: dic
     words = [int(values[f]) for f in FIELDS]
     acc = np.float64 if dt == "f64" else np.float32
     ws = {"lse_ws": (b * hq * sq, acc), "delta_ws": (b * hq * sq, acc)}
-    if dt in TC_DTYPES and variant != "fa2_det":
+    if dt in TC_DTYPES and not is_det(variant):
         ws["dq_acc"] = (b * sq * hq * d, np.float32)
     if split > 1:
         ws["part"] = (2 * split * b * sk * hkv * d, np.float32)
-    return Plan(_launches(variant, dt, sizes, cfg, split), words, scale, softcap, ws, cfg)
+    return Plan(_launches(variant, dt, sizes, cfg, split, vec), words, scale, softcap, ws, cfg)
 
 
 def params_struct(words: list[int]) -> np.ndarray:
@@ -367,9 +422,11 @@ def call(dev, variant: str, inputs: dict, outs: dict, params: dict, xp=None, add
     d = sizes[5]
     aligned = d % 8 == 0 and all(address(tensors[n]) % 16 == 0 and all(s % 8 == 0 for s in strides[n][:3])
                                  for n in ("q", "k", "v", "do"))
+    vec = d % 8 == 0 and all(address(tensors[n]) % 16 == 0 and all(s % 8 == 0 for s in strides[n][:3])
+                             for n in ("o", "do", "dq"))
     mask = (params.get("causal", False), tuple(params.get("window") or (-1, -1)), params.get("softcap"),
             params.get("softmax_scale"))
-    key = (variant, dt, sizes, tuple(sorted(strides.items())), aligned, mask, os.environ.get(CFG_ENV))
+    key = (variant, dt, sizes, tuple(sorted(strides.items())), aligned, vec, mask, os.environ.get(CFG_ENV))
     p = _PLANS.get(key)
     if p is None:
         cfg = None
@@ -377,8 +434,8 @@ def call(dev, variant: str, inputs: dict, outs: dict, params: dict, xp=None, add
             tkey = (variant, dt, sizes, mask)
             cfg = _TUNED.get(tkey)
             if cfg is None:
-                cfg = _TUNED[tkey] = _tune(dev, variant, dt, sizes, strides, aligned, params, tensors)
-        p = _PLANS[key] = plan(variant, dt, sizes, strides, aligned, params, cfg, dev.num_sms())
+                cfg = _TUNED[tkey] = _tune(dev, variant, dt, sizes, strides, aligned, params, tensors, vec)
+        p = _PLANS[key] = plan(variant, dt, sizes, strides, aligned, params, cfg, dev.num_sms(), vec)
     if all(tensors[n] is inputs[n] for n in _INPUTS):  # no copies made: the next such call is a lookup
         if len(_FAST) >= _FAST_MAX:
             _FAST.clear()
@@ -420,12 +477,13 @@ def _tuning(variant: str, dt: str, sizes) -> bool:
             and len(candidates(variant, dt, d)) > 1 and 10.0 * b * hq * sq * sk * d >= TUNE_MIN_FLOPS)
 
 
-def _tune(dev, variant: str, dt: str, sizes, strides, aligned: bool, params: dict, tensors: dict):
+def _tune(dev, variant: str, dt: str, sizes, strides, aligned: bool, params: dict, tensors: dict,
+          vec: bool = False):
     """The fastest candidate configuration for this call's sizes, timed on `dev` (once per class;
     every candidate writes the same outputs, and the caller's own run follows)."""
     best, best_ms = None, math.inf
     for i, cfg in enumerate(candidates(variant, dt, sizes[5])):
-        trial = plan(variant, dt, sizes, strides, aligned, params, cfg, dev.num_sms())
+        trial = plan(variant, dt, sizes, strides, aligned, params, cfg, dev.num_sms(), vec)
         try:
             ms = dev.time_ms(lambda: run(dev, trial, tensors))
         except Exception:  # noqa: BLE001 - a candidate that cannot launch here (resources) is skipped
@@ -457,3 +515,13 @@ def attention_backward_best(inputs, outs, params):
 @argcheck.register(cupy_backend, OP, variant="fa2_det", dtypes=DTYPES, deterministic=True, supports=supports)
 def attention_backward_fa2_det(inputs, outs, params):
     call(device(), "fa2_det", inputs, outs, params)
+
+
+@argcheck.register(cupy_backend, OP, variant="fa2_lean", dtypes=DTYPES, deterministic=False, supports=supports)
+def attention_backward_fa2_lean(inputs, outs, params):
+    call(device(), "fa2_lean", inputs, outs, params)
+
+
+@argcheck.register(cupy_backend, OP, variant="fa2_lean_det", dtypes=DTYPES, deterministic=True, supports=supports)
+def attention_backward_fa2_lean_det(inputs, outs, params):
+    call(device(), "fa2_lean_det", inputs, outs, params)

@@ -22,6 +22,12 @@
 // the same rendezvous: every lane deposits its inputs and waits; once all 32 lanes of the warp are
 // there, the collective is computed for all of them and they go on.  Lanes of one warp at different
 // collectives, a collective some lanes never reach, and a misaligned ldmatrix row are reported.
+// Shared-memory bank model (`BankStats`, S.banks): every ldmatrix and every warp-wide round of
+// cp.async writes is counted in wavefronts against 32 banks of 4 bytes: an access phase (ldmatrix:
+// one 8x8 matrix, its 8 rows of 16 bytes; 16-byte cp.async: 8 consecutive lanes) takes as many
+// wavefronts as the most distinct 4-byte words any one bank holds in it; the excess over one per
+// phase is a conflict.  Banks are taken from the offset into dynamic shared memory (the GPU places
+// it 128-byte aligned), from the host address otherwise.  Plain loads and stores are not counted.
 // Only what the kernels under test use is here.
 #pragma once
 
@@ -36,6 +42,7 @@
 #include <functional>
 #include <deque>
 #include <string>
+#include <utility>
 #include <vector>
 
 #define __global__
@@ -75,6 +82,8 @@ struct Fiber {
   float coll_acc[4] = {};       // mma: the accumulators in and out
   const void* coll_ptr = nullptr;  // ldmatrix: this lane's row address
   uint32_t coll_out[4] = {};    // ldmatrix: the registers
+  long long cp_seq = 0;                  // cp.async calls made (this lane's k-th joins the warp's k-th round)
+  std::vector<std::pair<long long, uintptr_t>> cp_log;  // (cp_seq, bank offset) of this block's cp.async
   std::vector<Copy> open;                // queued since the last commit
   std::deque<std::vector<Copy>> groups;  // committed, not yet waited for (oldest first)
 };
@@ -92,6 +101,13 @@ inline std::string coll_name(int c) {
   return "collective " + std::to_string(c);
 }
 
+// Shared-memory wavefronts counted by the bank model (see the header comment), per access kind.
+struct BankStats {
+  long long ld_instr = 0, ld_phases = 0, ld_extra = 0;  // ldmatrix: instructions, 8-row phases, excess wavefronts
+  long long cp_rounds = 0, cp_phases = 0, cp_extra = 0;  // cp.async: warp rounds, 8-lane phases, excess wavefronts
+  std::string first;                                      // the first conflicting access, described
+};
+
 struct Scheduler {
   std::vector<Fiber> fibers;
   ucontext_t main;
@@ -100,6 +116,7 @@ struct Scheduler {
   std::string error;
   std::vector<unsigned char> smem;  // dynamic shared memory of the running block
   size_t smem_bytes = 0;
+  BankStats banks;  // accumulated over launches until reset
 };
 
 inline Scheduler S;
@@ -147,6 +164,84 @@ inline float half_bits_to_float(uint16_t h, bool bf16) {
   return (float)f;
 }
 
+// The address banks are taken from: the offset into the block's dynamic shared memory, or the
+// host address (static __shared__ arrays are host statics here).
+inline uintptr_t bank_offset(const void* p) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p), base = reinterpret_cast<uintptr_t>(S.smem.data());
+  return a >= base && a < base + S.smem.size() ? a - base - ((16 - base % 16) % 16) : a;
+}
+
+// Wavefronts of one access phase: `n` accesses of `bytes` bytes (a multiple of 4) at bank offsets
+// `off`; the most distinct 4-byte words one of the 32 banks must deliver (at least 1).
+inline int phase_wavefronts(const uintptr_t* off, int n, int bytes) {
+  uintptr_t words[32][64];
+  int count[32] = {};
+  int worst = 1;
+  for (int i = 0; i < n; ++i) {
+    for (int b = 0; b < bytes; b += 4) {
+      const uintptr_t w = (off[i] + b) / 4;
+      const int bank = (int)(w % 32);
+      bool seen = false;
+      for (int k = 0; k < count[bank]; ++k) seen |= words[bank][k] == w;
+      if (!seen && count[bank] < 64) words[bank][count[bank]++] = w;
+      worst = count[bank] > worst ? count[bank] : worst;
+    }
+  }
+  return worst;
+}
+
+inline std::string describe_phase(const char* what, unsigned w, const uintptr_t* off, int n, int waves) {
+  std::string s = where() + " warp " + std::to_string(w) + " " + what + ": " + std::to_string(waves) +
+                  " wavefronts for one phase, bank offsets";
+  for (int i = 0; i < n; ++i) s += " " + std::to_string(off[i]);
+  return s;
+}
+
+// Counts one ldmatrix of warp w (lane[l].coll_ptr: its row addresses).
+inline void count_ldmatrix(Fiber* lane, unsigned w, int n) {
+  S.banks.ld_instr++;
+  for (int i = 0; i < n; ++i) {
+    uintptr_t off[8];
+    for (int r = 0; r < 8; ++r) off[r] = bank_offset(lane[8 * i + r].coll_ptr);
+    const int waves = phase_wavefronts(off, 8, 16);
+    S.banks.ld_phases++;
+    S.banks.ld_extra += waves - 1;
+    if (waves > 1 && S.banks.first.empty())
+      S.banks.first = describe_phase(coll_name(lane[0].coll).c_str(), w, off, 8, waves);
+  }
+}
+
+// Counts the cp.async writes of a finished block: each warp's k-th cp.async of every lane is one
+// round, in phases of 8 consecutive lanes (16 bytes each: 128 bytes a phase).
+inline void count_cp_async(unsigned n) {
+  for (unsigned w0 = 0; w0 < n; w0 += 32) {
+    const unsigned lanes = n - w0 < 32 ? n - w0 : 32;
+    size_t pos[32] = {};
+    for (;;) {
+      long long seq = -1;  // the lowest round any lane has left
+      for (unsigned l = 0; l < lanes; ++l) {
+        const auto& log = S.fibers[w0 + l].cp_log;
+        if (pos[l] < log.size() && (seq < 0 || log[pos[l]].first < seq)) seq = log[pos[l]].first;
+      }
+      if (seq < 0) break;
+      S.banks.cp_rounds++;
+      for (unsigned p = 0; p < lanes; p += 8) {
+        uintptr_t off[8];
+        int m = 0;
+        for (unsigned l = p; l < p + 8 && l < lanes; ++l) {
+          const auto& log = S.fibers[w0 + l].cp_log;
+          if (pos[l] < log.size() && log[pos[l]].first == seq) off[m++] = log[pos[l]++].second;
+        }
+        if (!m) continue;
+        const int waves = phase_wavefronts(off, m, 16);
+        S.banks.cp_phases++;
+        S.banks.cp_extra += waves - 1;
+        if (waves > 1 && S.banks.first.empty()) S.banks.first = describe_phase("cp.async", w0 / 32, off, m, waves);
+      }
+    }
+  }
+}
+
 // ldmatrix for the 32 lanes of a warp: matrix i's row r is at lane 8i + r's address.
 inline bool run_ldmatrix(Fiber* lane, unsigned w) {
   const int n = lane[0].coll & 7;
@@ -158,6 +253,7 @@ inline bool run_ldmatrix(Fiber* lane, unsigned w) {
       return false;
     }
   }
+  count_ldmatrix(lane, w, n);
   for (int l = 0; l < 32; ++l) {
     for (int i = 0; i < n; ++i) {
       uint16_t e[2];
@@ -251,6 +347,8 @@ inline bool run_block(unsigned n) {
     f.coll = kShfl;
     f.open.clear();
     f.groups.clear();
+    f.cp_seq = 0;
+    f.cp_log.clear();
     getcontext(&f.ctx);
     f.ctx.uc_stack.ss_sp = f.stack;
     f.ctx.uc_stack.ss_size = kStack;
@@ -303,6 +401,7 @@ inline bool run_block(unsigned n) {
           return false;
         }
       }
+      count_cp_async(n);
       return true;
     }
     if (at_sync + done == n) {
@@ -391,7 +490,10 @@ inline void cp_async_zfill(void* dst, const void* src, int bytes, int src_bytes)
   c.n = bytes;
   std::memset(c.bytes, 0, sizeof c.bytes);
   if (src_bytes) std::memcpy(c.bytes, src, src_bytes);
-  S.fibers[S.cur].open.push_back(c);
+  Fiber& f = S.fibers[S.cur];
+  if (bytes == 16) f.cp_log.emplace_back(f.cp_seq, bank_offset(dst));
+  f.cp_seq++;
+  f.open.push_back(c);
 }
 
 // Waits at warp collective `kind` (Fiber::coll's inputs filled in by the caller) until all 32 lanes arrive.
