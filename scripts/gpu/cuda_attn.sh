@@ -178,22 +178,9 @@ if has bench; then
     --time-limit "$((BENCH_S - 20))" --report "$R/bench" --no-plots > "$R/bench.log" 2> "$R/bench.err"
   echo "exit $?"; tail -3 "$R/bench.err"
   stamp "== summary -> $OUT/summary.txt"
-  $PY - "$R/bench/results.json" <<'EOF' | tee "$OUT/summary.txt"
-import json, sys
-rows = [r for r in json.load(open(sys.argv[1]))["rows"] if r["op"] == "attention_backward"]
-by = {}
-for r in rows:
-    t, f = r.get("timing") or {}, r.get("figures") or {}
-    by.setdefault(r["case"], {})[r["impl"]] = (r["status"], t.get("median"), f.get("tflops"), t.get("host_ms"))
-impls = ["cupy", "cupy@fa2_det", "torch_ext", "sdpa_flash", "sdpa_cudnn", "triton"]
-print(f"{'case':64s} " + " ".join(f"{i:>12s}" for i in impls) + "  fa2/flash fa2/cudnn det/flash  (TFLOP/s)")
-for case, d in by.items():
-    tf = {i: (d.get(i) or (None, None, None, None))[2] for i in impls}
-    cells = " ".join(f"{tf[i]:12.1f}" if tf[i] else f"{(d.get(i) or ('-',))[0]:>12s}" for i in impls)
-    ratio = lambda a, b: f"{tf[a] / tf[b]:9.2f}" if tf[a] and tf[b] else "        -"
-    print(f"{case:64s} {cells}  {ratio('cupy', 'sdpa_flash')} {ratio('cupy', 'sdpa_cudnn')} "
-          f"{ratio('cupy@fa2_det', 'sdpa_flash')}")
-EOF
+  $PY scripts/gpu/tflops_table.py "$R/bench/results.json" --impl cupy@best --impl cupy@fa2_det --impl torch_ext \
+    --impl sdpa_flash --impl sdpa_cudnn --impl triton --ratio cupy@best/sdpa_flash --ratio cupy@best/sdpa_cudnn \
+    --ratio cupy@fa2_det/sdpa_flash | tee "$OUT/summary.txt"
 fi
 stamp "== pack"
 tar -czf "$OUT/cuda_attn.tgz" -C "$OUT" res && rm -rf "$R"

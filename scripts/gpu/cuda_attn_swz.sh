@@ -62,22 +62,8 @@ json.dump(d, open(sys.argv[1], 'w'), indent=1)" "$R/cases6.json"
     --time-limit "$BENCH_S" --report "$R/bench" --no-plots > "$R/bench.log" 2> "$R/bench.err"
   echo "exit $?"; tail -3 "$R/bench.err"
   stamp "== summary -> $OUT/summary.txt"
-  $PY - "$R/bench/results.json" <<'EOF' | tee "$OUT/summary.txt"
-import json, sys
-rows = [r for r in json.load(open(sys.argv[1]))["rows"] if r["op"] == "attention_backward"]
-by = {}
-for r in rows:
-    t, f = r.get("timing") or {}, r.get("figures") or {}
-    by.setdefault(r["case"], {})[r["impl"]] = (r["status"], t.get("median"), f.get("tflops"))
-impls = ["cupy@fa2", "cupy@fa2_lean", "sdpa_flash"]
-print(f"{'case':64s} " + " ".join(f"{i:>14s}" for i in impls) + "  lean/fa2 fa2/flash lean/flash  (TFLOP/s)")
-for case, d in by.items():
-    tf = {i: (d.get(i) or (None, None, None))[2] for i in impls}
-    cells = " ".join(f"{tf[i]:14.1f}" if tf[i] else f"{(d.get(i) or ('-',))[0]:>14s}" for i in impls)
-    ratio = lambda a, b: f"{tf[a] / tf[b]:9.2f}" if tf[a] and tf[b] else "        -"
-    print(f"{case:64s} {cells} {ratio('cupy@fa2_lean', 'cupy@fa2')} {ratio('cupy@fa2', 'sdpa_flash')} "
-          f"{ratio('cupy@fa2_lean', 'sdpa_flash')}")
-EOF
+  $PY scripts/gpu/tflops_table.py "$R/bench/results.json" --impl cupy@fa2 --impl cupy@fa2_lean --impl sdpa_flash \
+    --ratio cupy@fa2_lean/cupy@fa2 --ratio cupy@fa2/sdpa_flash --ratio cupy@fa2_lean/sdpa_flash | tee "$OUT/summary.txt"
 fi
 
 if has profile; then

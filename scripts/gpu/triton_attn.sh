@@ -129,24 +129,9 @@ if has bench; then
     --time-limit "$((BENCH_S - 30))" --report "$R/bench" --no-plots > "$R/bench.log" 2> "$R/bench.err"
   echo "exit $?"; tail -3 "$R/bench.err"
   stamp "== summary -> $OUT/summary.txt"
-  $PY - "$R/bench/results.json" <<'EOF' | tee "$OUT/summary.txt"
-import json, sys
-rows = [r for r in json.load(open(sys.argv[1]))["rows"] if r["op"] == "attention_backward"]
-by = {}
-for r in rows:
-    t, f = r.get("timing") or {}, r.get("figures") or {}
-    by.setdefault(r["case"], {})[r["impl"]] = (r["status"], t.get("median"), f.get("tflops"), t.get("host_ms"))
-impls = ["triton", "triton@det", "sdpa_flash", "sdpa_cudnn", "torch"]
-print(f"{'case':64s} " + " ".join(f"{i:>11s}" for i in impls) + "  tr/flash tr/cudnn det/flash  (TFLOP/s)")
-for case, d in by.items():
-    tf = {i: (d.get(i) or (None, None, None, None))[2] for i in impls}
-    cells = " ".join(f"{tf[i]:11.1f}" if tf[i] else f"{(d.get(i) or ('-',))[0]:>11s}" for i in impls)
-    ratio = lambda a, b: f"{tf[a] / tf[b]:8.2f}" if tf[a] and tf[b] else "       -"
-    host = d.get("triton", (None,) * 4)
-    flag = "  host>device" if host[3] and host[1] and host[3] > host[1] else ""
-    print(f"{case:64s} {cells}  {ratio('triton', 'sdpa_flash')} {ratio('triton', 'sdpa_cudnn')} "
-          f"{ratio('triton@det', 'sdpa_flash')}{flag}")
-EOF
+  $PY scripts/gpu/tflops_table.py "$R/bench/results.json" --impl triton --impl triton@det --impl sdpa_flash \
+    --impl sdpa_cudnn --impl torch --ratio triton/sdpa_flash --ratio triton/sdpa_cudnn --ratio triton@det/sdpa_flash \
+    --host triton | tee "$OUT/summary.txt"
 fi
 stamp "== pack"
 tar -czf "$OUT/triton_attn.tgz" -C "$OUT" res && rm -rf "$R"

@@ -1,0 +1,55 @@
+"""A TFLOP/s table of a `harness bench` results.json, one row per case, for the GPU scripts' summaries.
+
+    python scripts/gpu/tflops_table.py RESULTS --impl A --impl B ... [--ratio A/B ...] [--host IMPL]
+
+Columns: each --impl's TFLOP/s (its status where it has no figure), then each --ratio A/B (TFLOP/s of
+A over B); --host IMPL flags rows where that implementation's host time per call exceeds its device time.
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+
+
+def table(results: str, impls: list, ratios: list, host: str | None = None) -> list[str]:
+    opener = gzip.open if results.endswith(".gz") else open
+    with opener(results, "rt") as f:
+        rows = json.load(f)["rows"]
+    by: dict = {}
+    for r in rows:
+        t, f = r.get("timing") or {}, r.get("figures") or {}
+        by.setdefault(r["case"], {})[r["impl"]] = (r["status"], t.get("median"), f.get("tflops"), t.get("host_ms"))
+    width = max([12] + [len(i) + 1 for i in impls])
+    lines = [f"{'case':64s} " + " ".join(f"{i:>{width}s}" for i in impls) + "  "
+             + " ".join(f"{r:>12s}" for r in ratios) + "  (TFLOP/s)"]
+    for case, d in by.items():
+        tf = {i: (d.get(i) or (None,) * 4)[2] for i in impls}
+        cells = " ".join(f"{tf[i]:{width}.1f}" if tf[i] else f"{(d.get(i) or ('-',))[0]:>{width}s}" for i in impls)
+        rs = []
+        for spec in ratios:
+            a, b = spec.split("/")
+            rs.append(f"{tf[a] / tf[b]:12.2f}" if tf.get(a) and tf.get(b) else f"{'-':>12s}")
+        flag = ""
+        if host:
+            _, dev, _, h = d.get(host, (None,) * 4)
+            flag = "  host>device" if h and dev and h > dev else ""
+        lines.append(f"{case:64s} {cells}  {' '.join(rs)}{flag}")
+    return lines
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("results")
+    ap.add_argument("--impl", action="append", required=True)
+    ap.add_argument("--ratio", action="append", default=[], help="A/B: TFLOP/s of impl A over impl B")
+    ap.add_argument("--host", help="flag rows where this impl's host time exceeds its device time")
+    args = ap.parse_args(argv)
+    for spec in args.ratio:
+        if spec.count("/") != 1 or any(x not in args.impl for x in spec.split("/")):
+            ap.error(f"--ratio {spec!r}: expected A/B with both among --impl")
+    print("\n".join(table(args.results, args.impl, args.ratio, args.host)))
+
+
+if __name__ == "__main__":
+    main()
