@@ -255,15 +255,14 @@ def _lean_runner(compiled, grid: tuple, runner):
     with no metadata and no hooks; while any hook is registered (a profiler's), each launch goes
     through `runner` instead, so the hooks see every launch.
     """
+    chains = hook_chains()
     try:
-        from triton import knobs
-
-        enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
         run, function, meta = compiled.run, compiled.function, compiled.packed_metadata
     except Exception:  # noqa: BLE001 - another triton: its own runner
         return None
-    if not (isinstance(getattr(enter, "calls", None), list) and isinstance(getattr(leave, "calls", None), list)):
+    if chains is None:
         return None
+    enter, leave = chains
     gx, gy, gz = grid
 
     def lean(*args, stream):

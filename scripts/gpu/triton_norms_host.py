@@ -198,13 +198,9 @@ def _per_call_us(fn, calls: int) -> float:
 def cuda_case(torch, case, call_fn, calls: int) -> dict:
     """device_us, host_us, loop_us of `call_fn` (the unchecked call, planned and compiled already)."""
     sync = torch.cuda.synchronize
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     sync()
     torch.cuda._sleep(int(calls * SPIN_US * 1e-6 * 1.8e9))  # the GPU stays busy while the host queues
-    start.record()
     host = _per_call_us(call_fn, calls)
-    end.record()
-    end.synchronize()
     # device time: a fresh batch queued behind a spin long enough to hide the host
     sync()
     torch.cuda._sleep(int(calls * SPIN_US * 1e-6 * 1.8e9))
