@@ -342,6 +342,10 @@ class Config:
     fast: after the first call, each call goes through one closure of the Call that reads the
       tensors' pointers once and hands every launch straight to triton's launcher
       (`_steps.raw_launch`), instead of Step by Step.  Host-side only: the same launches.
+    last_below: finish "kernel" plans take finish "last" when the call moves at most this many
+      bytes (x, dy and dx): below it a second launch costs the host more than the kernel runs
+      (on the H100 about 10 us a launch against a ~10 us kernel), so the one-launch finish is
+      faster for the caller although its device time is a little longer.  0: never.
     """
 
     sms: int = 0              # 0: the device's SM count (132 on an H100; 132 when there is no device)
@@ -367,7 +371,7 @@ class Config:
     launch: str = ""          # "": $GRADORACLE_TRITON_LAUNCH, else direct
     ws_cache: bool = False    # reuse one workspace per device and stream (no torch.empty per call)
     fast: bool = False        # one per-call closure with raw launches once the kernels are compiled
-                              # (off until the H100 A/B of scripts/gpu/triton_norms_host.py)
+    last_below: int = 0       # bytes: smaller calls take finish "last" instead of "kernel"
 
 
 def parse_config(text: str, base: Config) -> Config:
@@ -400,7 +404,12 @@ def parse_config(text: str, base: Config) -> Config:
 # $GRADORACLE_TRITON_NORM overrides the GPU sizing (a candidate picked without editing code).
 # The H100 sweep (results/h100/triton/norms-2/): the second-kernel finish with 128x32 stage-2 tiles
 # reached the bar on 16 of 28 perf shapes, the single-kernel "last" finish on fewer.
-GPU_DEFAULT = Config(finish="kernel", stage2_rows=128, stage2_cols=32)
+# The host A/B (results/h100/s5/, scripts/gpu/triton_norms_host.py): Step by Step costs 24-40 us of
+# host time a call, so the 10-28 us calls were host-bound; the fast closure with the kept workspace
+# cut that to 16-27 us with the same bits, and the one-launch finish to 12-21 us: with last_below
+# at 32 MiB every norms perf case's loop time is within 5% of its device time.
+GPU_DEFAULT = Config(finish="kernel", stage2_rows=128, stage2_cols=32, fast=True, ws_cache=True,
+                     last_below=32 << 20)
 GPU_CONFIG = parse_config(os.environ.get(CONFIG_ENV, ""), GPU_DEFAULT)
 # The interpreter runs programs one after another: few, yet two, so the partials path runs too;
 # one finisher (a finisher waits for the programs after it, which the interpreter runs later).
@@ -583,7 +592,8 @@ def make_plan(op: str, t: dict, cfg: Config) -> Plan:
     rows_per = cdiv(rows_per, bm) * bm
     parts = cdiv(m, rows_per)
     stages = pipeline_depth(bm * bn * item * 2, cdiv(parts * chunks, sms), cfg)
-    finish = 0 if k == 0 or parts == 1 else (2 if cfg.finish == "last" else 1)
+    last = cfg.finish == "last" or m * n * item * 3 <= cfg.last_below
+    finish = 0 if k == 0 or parts == 1 else (2 if last else 1)
     pdl = bool(cfg.pdl and PDL_SUPPORTED and not interpreted() and finish == 1)
     # The interpreter runs programs in order: a finisher would wait for programs that never run.
     one_finisher = x.device.type == "cpu" or (interpreted() and x.device.type != "meta")
