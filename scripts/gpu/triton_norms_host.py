@@ -21,8 +21,9 @@ $GRADORACLE_TRITON_NORM, applied to `_norm.GPU_CONFIG`; plans re-made for each):
   rel_err      CUDA: max |output - float64 reference| / max |reference|, per output (NaN: left unwritten)
 
 On the CPU the launches are stubbed with triton's own CudaLauncher class around a no-op launcher, so
-the default (Step by Step) pays what triton's launch path costs in Python and `fast=1` what the fast
-closure does; the workspace comes from the meta device (the CUDA caching allocator's cost is not in it).
+the old default (`fast=0,ws_cache=0,last_below=0`, Step by Step) pays what triton's launch path costs
+in Python and `fast=1` what the fast closure does; the workspace comes from the meta device (the CUDA
+caching allocator's cost is not in it).
 Writes $OUT/triton_norms_host.json (or --json PATH); stops starting cases after --budget seconds.
 """
 from __future__ import annotations
@@ -38,9 +39,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-# "": the default sizing (Step by Step); the others are A/B candidates (Config knobs): the fast closure,
-# the kept workspace, the one-launch finish, and all three.
-CONFIGS = ("", "fast=1", "ws_cache=1", "fast=1,ws_cache=1", "finish=last", "fast=1,finish=last,ws_cache=1")
+# "": the default sizing (since results/h100/s5/: the fast closure, the kept workspace, the one-launch
+# finish for calls of at most 32 MiB); the others are A/B candidates (Config knobs): the old default
+# (Step by Step, a workspace per call, always the second-kernel finish), each knob alone on top of it,
+# and the default with the one-launch finish everywhere.
+STEP = "fast=0,ws_cache=0,last_below=0"
+CONFIGS = ("", STEP, "fast=1,ws_cache=0,last_below=0", "fast=0,ws_cache=1,last_below=0", "finish=last")
 SPIN_US = 300  # GPU spin per call queued behind it (host times per call reach ~130 us on the H100)
 DTYPES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "f64": "float64"}
 
