@@ -301,8 +301,24 @@ def test_gpu_plans_of_the_perf_cases(finish):
         if c["FINISH"] == 2:
             fins = plan.ints["finishers"]
             assert 1 < fins <= 66 and fins * plan.ints["fin_tiles"] * c["FIN_BC"] >= plan.ints["ws_stride"]
-    # the three 2M-element f32 perf cases (10-12 us kernels on the H100) finish in one launch
-    assert small == (3 if finish == "kernel" else 0), small
+    assert small == 0, small  # last_below is off by default
+
+
+def test_last_below_takes_the_small_calls():
+    """The candidate last_below (32 MiB moved): exactly the three 2M-element f32 perf cases (10-12 us
+    kernels on the H100, host-bound with two launches) take the one-launch finish."""
+    from cases import select
+
+    cfg = replace(_norm.GPU_CONFIG, last_below=_norm.LAST_BELOW_CANDIDATE)
+    one = []
+    for case in select("perf"):
+        if case.op in _norm.OPS:
+            plan = _norm.make_plan(case.op, _meta_tensors(case), cfg)
+            if plan.k and plan.constexprs["FINISH"] == 2:
+                one.append(case.id)
+            else:
+                assert plan.k == 0 or plan.stage2 is not None, case.id
+    assert sorted(one) == ["layernorm[f32,1024x2048]", "layernorm[f32,16x64x2048]", "rmsnorm[f32,1024x2048]"], one
 
 
 def _meta_tensors(case):

@@ -21,7 +21,7 @@ $GRADORACLE_TRITON_NORM, applied to `_norm.GPU_CONFIG`; plans re-made for each):
   rel_err      CUDA: max |output - float64 reference| / max |reference|, per output (NaN: left unwritten)
 
 On the CPU the launches are stubbed with triton's own CudaLauncher class around a no-op launcher, so
-the old default (`fast=0,ws_cache=0,last_below=0`, Step by Step) pays what triton's launch path costs
+the old default (`fast=0,ws_cache=0`, Step by Step) pays what triton's launch path costs
 in Python and `fast=1` what the fast closure does; the workspace comes from the meta device (the CUDA
 caching allocator's cost is not in it).
 Writes $OUT/triton_norms_host.json (or --json PATH); stops starting cases after --budget seconds.
@@ -39,12 +39,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-# "": the default sizing (since results/h100/s5/: the fast closure, the kept workspace, the one-launch
-# finish for calls of at most 32 MiB); the others are A/B candidates (Config knobs): the old default
-# (Step by Step, a workspace per call, always the second-kernel finish), each knob alone on top of it,
-# and the default with the one-launch finish everywhere.
-STEP = "fast=0,ws_cache=0,last_below=0"
-CONFIGS = ("", STEP, "fast=1,ws_cache=0,last_below=0", "fast=0,ws_cache=1,last_below=0", "finish=last")
+# "": the default sizing (since results/h100/s5/: the fast closure and the kept workspace); the others
+# are A/B candidates (Config knobs): the old default (Step by Step, a workspace per call), each knob
+# alone, the one-launch finish for calls of at most 32 MiB (last_below, the candidate), and everywhere.
+STEP = "fast=0,ws_cache=0"
+CONFIGS = ("", STEP, "fast=1,ws_cache=0", "fast=0,ws_cache=1", "last_below=33554432", "finish=last")
 SPIN_US = 300  # GPU spin per call queued behind it (host times per call reach ~130 us on the H100)
 DTYPES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "f64": "float64"}
 
