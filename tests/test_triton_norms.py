@@ -281,7 +281,6 @@ def test_gpu_plans_of_the_perf_cases(finish):
     from cases import select
 
     cfg = replace(_norm.GPU_CONFIG, finish=finish)
-    small = 0  # perf cases that take finish "last" under finish "kernel" (cfg.last_below)
     for case in select("perf"):
         if case.op not in _norm.OPS:
             continue
@@ -296,12 +295,10 @@ def test_gpu_plans_of_the_perf_cases(finish):
         assert (c["FINISH"] == 0) == (plan.k == 0), case.id
         moved = t["x"].numel() * t["x"].element_size() * 3  # x and dy read, dx written
         last = finish == "last" or moved <= cfg.last_below
-        small += plan.k > 0 and finish == "kernel" and last
         assert (plan.stage2 is not None) == (c["FINISH"] == 1) == (plan.k > 0 and not last), case.id
         if c["FINISH"] == 2:
             fins = plan.ints["finishers"]
             assert 1 < fins <= 66 and fins * plan.ints["fin_tiles"] * c["FIN_BC"] >= plan.ints["ws_stride"]
-    assert small == 0, small  # last_below is off by default
 
 
 def test_last_below_takes_the_small_calls():
