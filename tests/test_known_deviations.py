@@ -160,3 +160,60 @@ def test_the_ci_seed_where_jax_rounds_an_exact_zero_is_xfail():
         pytest.skip(impl.skip_reason(case, "cpu"))
     r = run_case(impl, case, "cpu", run_seed=995488311, repeats=1)
     assert r.status in (status.XFAIL, status.XPASS), r.report()
+
+
+def _per_tap_dgrad(gy, w, dtype):
+    """The im2col path's dx for a stride-1, padding-1 3x3 conv: each tap's product summed over the output
+    channels in float64 (exact here), rounded to `dtype`, and the taps added in `dtype` in order."""
+    import torch
+
+    hw = gy.shape[-1]
+    padded = torch.nn.functional.pad(gy, (1, 1, 1, 1))
+    acc = torch.zeros(gy.shape[0], w.shape[1], hw, hw, dtype=dtype)
+    for i in range(3):
+        for j in range(3):
+            tap = torch.einsum("nohw,oc->nchw", padded[:, :, 2 - i:2 - i + hw, 2 - j:2 - j + hw], w[:, :, i, j])
+            acc = (acc.double() + tap.to(dtype).double()).to(dtype)
+    return acc.double()
+
+
+@pytest.mark.parametrize("dt", ("bf16", "f16"))
+def test_torch_cpu_16bit_dgrad_without_onednn_rounds_each_tap(dt):
+    """The measurement behind TORCH_CPU_16BIT_CONV_IM2COL (backends/baselines/_deviations.py): with oneDNN
+    off, torch's CPU 16-bit dgrad is the per-tap model to the bit and misses the once-rounded value on the
+    exact grid; with oneDNN on (what the baseline runs) it is one of the two, by what the CPU offers."""
+    import torch
+
+    dtype = {"bf16": torch.bfloat16, "f16": torch.float16}[dt]
+    g = torch.Generator().manual_seed(0)
+    grid = lambda *shape: torch.randint(-15, 16, shape, generator=g).double() / 16  # noqa: E731
+    x, w, gy = grid(4, 64, 8, 8), grid(64, 64, 3, 3), grid(4, 64, 8, 8)
+    x64 = x.clone().requires_grad_(True)
+    torch.nn.functional.conv2d(x64, w, padding=1).backward(gy)
+    once = x64.grad.to(dtype).double()  # the spec's dx (sums exact in float32), rounded once
+    model = _per_tap_dgrad(gy, w, dtype)
+    assert (model != once).sum() > 1000  # the grid makes the per-tap rounding show
+
+    def dgrad(onednn: bool):
+        before = torch.backends.mkldnn.enabled
+        torch.backends.mkldnn.enabled = onednn
+        try:
+            x16 = x.to(dtype).requires_grad_(True)
+            torch.nn.functional.conv2d(x16, w.to(dtype), padding=1).backward(gy.to(dtype))
+            return x16.grad.double()
+        finally:
+            torch.backends.mkldnn.enabled = before
+
+    assert torch.equal(dgrad(False), model)
+    got = dgrad(True)
+    assert torch.equal(got, once) or torch.equal(got, model)
+    discover()
+    case = Case("conv_backward_data", dt, {"n": 4, "cin": 64, "cout": 64, "spatial": [8, 8], "kernel": [3, 3],
+                                           "stride": [1, 1], "padding": [1, 1], "dilation": [1, 1], "groups": 1,
+                                           "layout": "channels_first"})
+    for impl in ("torch", "torch_compile"):
+        found = find_impl("conv_backward_data", impl)
+        if found is not None:
+            assert found.deviation_for(case, "cpu") is not None and found.deviation_for(case, "cuda") is None
+    f32 = Case("conv_backward_data", "f32", case.params)
+    assert find_impl("conv_backward_data", "torch").deviation_for(f32, "cpu") is None

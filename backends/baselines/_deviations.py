@@ -97,4 +97,19 @@ TORCH_CPU_16BIT_THREAD_PARTIALS = Deviation(
     and bool(_one_element_sums(case)),
     outputs=_one_element_sums)
 
-TORCH = (CUDNN_F32_WGRAD_ENGINE, TORCH_CPU_16BIT_THREAD_PARTIALS)  # torch eager and torch.compile: one aten op
+# E: on the CPU torch's 16-bit convolution backward is exact only where oneDNN serves the dtype (bf16 on
+# CPUs with AVX512-BF16 or AMX, f16 with AVX512-FP16 or AMX-FP16).  Elsewhere it takes the im2col path:
+# dgrad adds the per-tap products, each rounded to the dtype, in the dtype (col2im), and wgrad adds
+# per-sample results in the dtype.  Seen on an AMD EPYC (AVX512-BF16, no FP16): f16 dx off the once-rounded
+# value on 2105 of 16384 elements, and full cases up to err/tol 2.1 on the ordinary check
+# (tests/test_known_deviations.py measures the per-tap model on both paths).
+TORCH_CPU_16BIT_CONV_IM2COL = Deviation(
+    why="where oneDNN has no kernel for the dtype, torch's CPU bf16/f16 conv backward rounds per-tap (dgrad) and "
+        "per-sample (wgrad) partial results to bf16/f16; the spec accumulates in float32",
+    where="tests/test_known_deviations.py::test_torch_cpu_16bit_dgrad_without_onednn_rounds_each_tap",
+    applies=lambda case, device: device == "cpu" and case.dtype in ("bf16", "f16")
+    and case.op in ("conv_backward_data", "conv_backward_weight"),
+    outputs=lambda case: ("dx",) if case.op == "conv_backward_data" else ("dw",))
+
+TORCH = (CUDNN_F32_WGRAD_ENGINE, TORCH_CPU_16BIT_THREAD_PARTIALS,
+         TORCH_CPU_16BIT_CONV_IM2COL)  # torch eager and torch.compile: one aten op
