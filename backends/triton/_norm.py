@@ -344,8 +344,8 @@ class Config:
       (`_steps.raw_launch`), instead of Step by Step.  Host-side only: the same launches.
     last_below: finish "kernel" plans take finish "last" when the call moves at most this many
       bytes (x, dy and dx): below it a second launch costs the host more than the kernel runs
-      (on the H100 about 10 us a launch against a ~10 us kernel), so the one-launch finish is
-      faster for the caller although its device time is a little longer.  0: never.
+      (on the H100's host about 13 us a launch against a 9-12 us kernel), so the one-launch
+      finish is faster for the caller although its device time is a little longer.  0: never.
     """
 
     sms: int = 0              # 0: the device's SM count (132 on an H100; 132 when there is no device)

@@ -42,8 +42,7 @@ sys.path.insert(0, str(ROOT))
 # "": the default sizing (since results/h100/s5/: the fast closure and the kept workspace); the others
 # are A/B candidates (Config knobs): the old default (Step by Step, a workspace per call), each knob
 # alone, the one-launch finish for calls of at most 32 MiB (last_below, the candidate), and everywhere.
-STEP = "fast=0,ws_cache=0"
-CONFIGS = ("", STEP, "fast=1,ws_cache=0", "fast=0,ws_cache=1", "last_below=33554432", "finish=last")
+CONFIGS = ("", "fast=0,ws_cache=0", "fast=1,ws_cache=0", "fast=0,ws_cache=1", "last_below=33554432", "finish=last")
 SPIN_US = 300  # GPU spin per call queued behind it (host times per call reach ~130 us on the H100)
 DTYPES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "f64": "float64"}
 
