@@ -321,15 +321,15 @@ def built_norm_kernel(kind, itemsize, vec, vpt, gw=0, stages=0) -> bool:
 GW_WORD = _norm.HEADER + _norm.nplan.FLAGS_WORD + 1  # NBParams.gw in a record
 
 
-@pytest.mark.parametrize("setting,kinds", [("", {_norm.ROWS, _norm.CHUNKED}),
-                                           ("kernel=rows3", {_norm.ROWS3, _norm.ROWS, _norm.CHUNKED}),
+@pytest.mark.parametrize("setting,kinds", [("", {_norm.ROWS3, _norm.ROWS, _norm.CHUNKED}),
+                                           ("kernel=rows", {_norm.ROWS, _norm.CHUNKED}),
                                            ("kernel=rows3,finish=colsum", {_norm.ROWS3, _norm.ROWS, _norm.CHUNKED})])
 @pytest.mark.parametrize("op", [_norm.LN, _norm.RMS])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64],
                          ids=["f32", "f16", "bf16", "f64"])
 def test_every_cuda_norm_plan_names_a_built_kernel(fake_gpu, monkeypatch, setting, kinds, op, dtype):
-    """With GRADORACLE_TORCH_EXT_NORMS unset (kernel=rows) and kernel=rows3 (fused finish or
-    nb_colsum): every record names a built kernel, and its partial rows are summed by one of
+    """With GRADORACLE_TORCH_EXT_NORMS unset (kernel=rows3, fused finish), kernel=rows, and kernel=rows3
+    with nb_colsum: every record names a built kernel, and its partial rows are summed by one of
     the two finishes (nb_rows3's cooperative grid within the resident blocks)."""
     monkeypatch.setenv(_norm.ENV, setting)
     acc = torch.float64 if dtype == torch.float64 else torch.float32
@@ -415,15 +415,15 @@ def test_rows3_constants_match_the_planner():
 
 
 def test_norms_setting(monkeypatch):
-    """GRADORACLE_TORCH_EXT_NORMS: default kernel=rows (unset or empty), the kernels the extension
+    """GRADORACLE_TORCH_EXT_NORMS: default kernel=rows3 (unset or empty), the kernels the extension
     builds, the knobs it takes; anything else a ValueError naming the variable; read per value."""
     monkeypatch.delenv(_norm.ENV, raising=False)
-    assert _norm.knobs()["kernel"] == "rows" and _norm.settings("")["kernel"] == "rows"
+    assert _norm.knobs()["kernel"] == "rows3" and _norm.settings("")["kernel"] == "rows3"
     got = _norm.settings("kernel=rows3, finish=colsum,minrows=8")
     assert (got["kernel"], got["finish"], got["minrows"]) == ("rows3", "colsum", 8)
-    assert _norm.settings("kernel=rows3,kernel=rows")["kernel"] == "rows"
-    monkeypatch.setenv(_norm.ENV, "kernel=rows3")
-    assert _norm.knobs()["kernel"] == "rows3"
+    assert _norm.settings("kernel=rows,kernel=rows3")["kernel"] == "rows3"
+    monkeypatch.setenv(_norm.ENV, "kernel=rows")
+    assert _norm.knobs()["kernel"] == "rows"
     for text, match in (("kernel=rows2", r"kernel='rows2'.*does not build.*rows, rows3"),
                         ("kernel=rows4", r"kernel='rows4', expected one of"),
                         ("stages=3", r"stages=3.*does not take.*kernel, finish, minrows"),

@@ -302,11 +302,11 @@ def test_gpu_plans_of_the_perf_cases(finish):
 
 
 def test_last_below_takes_the_small_calls():
-    """The candidate last_below (32 MiB moved): exactly the three 2M-element f32 perf cases (10-12 us
+    """last_below (32 MiB moved, the GPU default): exactly the three 2M-element f32 perf cases (10-12 us
     kernels on the H100, host-bound with two launches) take the one-launch finish."""
     from cases import select
 
-    cfg = replace(_norm.GPU_CONFIG, last_below=_norm.LAST_BELOW_CANDIDATE)
+    cfg = replace(_norm.GPU_CONFIG, last_below=_norm.LAST_BELOW)
     one = []
     for case in select("perf"):
         if case.op in _norm.OPS:

@@ -10,9 +10,10 @@ nb_rows3 (its partial rows summed in the same cooperative launch, or by nb_colsu
 device's SM count and the kernels' occupancy (asked of the extension once per kernel).
 
 The planner's knobs come from GRADORACLE_TORCH_EXT_NORMS (`settings`; GRADORACLE_CUPY_NORMS is
-cupy's and is not read here), default kernel=rows: nb_rows3 (kernel=rows3, cupy@best's default)
-is built but not yet the default, until the H100's full cases and A/B say so.  The variable is
-read when a layout is first planned, so a change applies to layouts not planned before it.
+cupy's and is not read here), default kernel=rows3: nb_rows3, cupy@best's default (on the H100,
+results/h100/s6/: every full case PASS through the extension with it, and 1.11-1.36x kernel=rows on
+the seven perf cases timed, level with cupy@best).  kernel=rows takes nb_rows / nb_chunked.  The
+variable is read when a layout is first planned, so a change applies to layouts not planned before it.
 
 The NBRecord words (norm_backward.h) are: kind, vec, vpt, wide, grid, colsum, workspace
 elements, stages (nb_rows3's STAGES, else 0), then NBParams.
@@ -37,7 +38,7 @@ RECORD_WORDS = HEADER + nplan.PARAMS_WORDS
 KINDS = {"rows": ROWS, "chunked": CHUNKED, "rows3": ROWS3}  # planner's Launch.kind -> NBKind
 
 ENV = "GRADORACLE_TORCH_EXT_NORMS"
-DEFAULT = "kernel=rows"
+DEFAULT = "kernel=rows3"
 # The knobs the extension honours: the kernel (it builds nb_rows / nb_chunked + nb_colsum, and
 # nb_rows3 with the default stages and elements per thread), nb_rows3's finish and rows per block
 # (planning only).  The others name instantiations it does not build (stages, elems, nb_rows2's

@@ -406,12 +406,12 @@ def parse_config(text: str, base: Config) -> Config:
 # reached the bar on 16 of 28 perf shapes, the single-kernel "last" finish on fewer.
 # The host A/B (results/h100/s5/, scripts/gpu/triton_norms_host.py): Step by Step costs 24-40 us of
 # host time a call, so the 10-28 us calls were host-bound; the fast closure with the kept workspace
-# cut that to 16-27 us with the same bits (and passed the full set that way).  The one-launch finish
-# for calls of at most 32 MiB (last_below=33554432) cut the three 10 us calls' loop from 24-26 us to
-# 12-19; it stays off until the full set has passed with it on the H100 (41 of the 120 full cases
-# would change finish, and finish "last" has never run the full set there).
-GPU_DEFAULT = Config(finish="kernel", stage2_rows=128, stage2_cols=32, fast=True, ws_cache=True)
-LAST_BELOW_CANDIDATE = 32 << 20  # bytes: the last_below the A/B measured (scripts/gpu/batch_s5.sh)
+# cut that to 16-27 us with the same bits.  The one-launch finish for calls of at most 32 MiB cut the
+# three 10 us calls' loop from 24-26 us to 12-19 (one launch is about 13 us of host time there); with
+# it on, every full case passed on the H100 (results/h100/s6/: 120/120, 41 of them on finish "last").
+LAST_BELOW = 32 << 20  # bytes moved (x, dy read, dx written): smaller calls finish in one launch
+GPU_DEFAULT = Config(finish="kernel", stage2_rows=128, stage2_cols=32, fast=True, ws_cache=True,
+                     last_below=LAST_BELOW)
 GPU_CONFIG = parse_config(os.environ.get(CONFIG_ENV, ""), GPU_DEFAULT)
 # The interpreter runs programs one after another: few, yet two, so the partials path runs too;
 # one finisher (a finisher waits for the programs after it, which the interpreter runs later).

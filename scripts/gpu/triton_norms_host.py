@@ -39,10 +39,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-# "": the default sizing (since results/h100/s5/: the fast closure and the kept workspace); the others
-# are A/B candidates (Config knobs): the old default (Step by Step, a workspace per call), each knob
-# alone, the one-launch finish for calls of at most 32 MiB (last_below, the candidate), and everywhere.
-CONFIGS = ("", "fast=0,ws_cache=0", "fast=1,ws_cache=0", "fast=0,ws_cache=1", "last_below=33554432", "finish=last")
+# "": the default sizing (the fast closure, the kept workspace, and since results/h100/s6/ the one-launch
+# finish for calls of at most 32 MiB); the others are A/B candidates (Config knobs): the old default
+# (Step by Step, a workspace per call, two launches), each knob alone, and the one-launch finish everywhere.
+CONFIGS = ("", "fast=0,ws_cache=0,last_below=0", "fast=1,ws_cache=0", "fast=0,ws_cache=1", "last_below=0",
+           "finish=last")
 SPIN_US = 300  # GPU spin per call queued behind it (host times per call reach ~130 us on the H100)
 DTYPES = {"f32": "float32", "f16": "float16", "bf16": "bfloat16", "f64": "float64"}
 
