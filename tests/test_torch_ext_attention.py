@@ -42,11 +42,62 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("variant", ["default", "det"])
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_cpu_kernel_by_the_harness(case):
-    impl = next(i for (op, _), i in torch_ext.torch_ext.impls.items() if op == OP)
+def test_cpu_kernel_by_the_harness(case, variant):
+    impl = torch_ext.torch_ext.impls[(OP, variant)]
+    assert impl.deterministic == (variant == "det")
     result = run_case(impl, case, "cpu", run_seed=0, repeats=2)
     assert result.status == "PASS", f"{case.id}: {result.status} {result.reason}"
+
+
+def built_tiles() -> dict:
+    """The tiles attention_backward_cuda.cu builds, read from its AttnTiles specialisations: padded head
+    dim -> ((BM, BN, WD, QS) of the lean main kernel, (BM, BN) of the deterministic dq kernel)."""
+    import re
+    from pathlib import Path
+
+    src = (Path(torch_ext.__file__).parent / "attention_backward_cuda.cu").read_text()
+    found = re.findall(r"struct AttnTiles<(\d+)> \{ static constexpr int BM = (\d+), BN = (\d+), WD = (\d+), "
+                       r"QS = (\d+), QBM = (\d+), QBN = (\d+); \};", src)
+    tiles = {int(dp): (tuple(map(int, t[:4])), tuple(map(int, t[4:]))) for dp, *t in found}
+    assert sorted(tiles) == [64, 128, 256], found
+    return tiles
+
+
+@pytest.mark.parametrize("vec", [False, True])
+@pytest.mark.parametrize("d", [8, 40, 64, 96, 128, 200, 256])
+@pytest.mark.parametrize("variant", ["fa2_lean", "fa2_lean_det"])
+def test_cuda_plan_header_names_what_the_extension_builds(variant, d, vec):
+    """The plan header the CUDA run op reads (attention_backward.h AttnHeader): the kind, the lean
+    tiles the .cu builds, the preprocess's lanes per row (0: the scalar preprocess and convert), and
+    the grids of cupy's launches, whose kernels are the ones the .cu launches for that kind."""
+    from backends.cupy import attention_backward as A
+    from backends.torch_ext import attention_backward as TA
+
+    det = variant.endswith("_det")
+    sizes = (2, 100, 130, 8, 2, d)
+    b, sq, sk, hq, hkv, _ = sizes
+    q_like = (sq * hq * d, hq * d, d, 1)
+    kv_like = (sk * hkv * d, hkv * d, d, 1)
+    strides = {"q": q_like, "o": q_like, "do": q_like, "dq": q_like, "k": kv_like, "v": kv_like, "dk": kv_like,
+               "dv": kv_like, "lse": (hq * sq, sq, 1)}
+    params = {"softmax_scale": None, "causal": True, "window": [-1, -1], "softcap": 0.0}
+    words, _, _ = TA.plan_words(variant, "bf16", sizes, strides, True, params, sms=132, vec=vec)
+    kind, dp, bm, bn, wd, qs, qbm, qbn, npl, lpr, g0x, g1x, g1y, g2x, g2y, g3x = words[:16]
+    assert kind == TA.KIND[variant] and dp == A.padded_dim(d) and npl == 0
+    main, dq = built_tiles()[dp]
+    assert (bm, bn, wd, qs) == main and (qbm, qbn) == (dq if det else (0, 0))
+    assert lpr == (A.pre_lanes(d) if vec else 0)
+    p = A.plan(variant, "bf16", sizes, strides, True, params, None, 132, vec)
+    flag = "false" if det else "true"
+    assert [x.expr for x in p.launches[:3]] == [
+        f"attn_pre_vec<__nv_bfloat16, {lpr}>" if vec else "attn_pre<__nv_bfloat16, float>",
+        f"attn_fa2_main<__nv_bfloat16, {dp}, {bm}, {bn}, {wd}, {flag}, {qs}, {flag}>",
+        f"attn_fa2_dq<__nv_bfloat16, {dp}, {qbm}, {qbn}>" if det else
+        f"attn_dq_convert{'_vec' if vec else ''}<__nv_bfloat16>"]
+    assert (g0x, g1x, g1y, g2x, g2y) == (p.launches[0].grid[0], *p.launches[1].grid, *p.launches[2].grid)
+    assert g3x == (p.launches[3].grid[0] if len(p.launches) > 3 else 0)
 
 
 def _inputs(b=1, sq=10, sk=12, hq=4, hkv=2, d=8, dtype=torch.float32, device="cpu"):

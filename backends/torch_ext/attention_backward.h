@@ -4,9 +4,10 @@
 // The plan (made in Python by backends/torch_ext/attention_backward.py from the cupy planner,
 // backends/cupy/attention_backward.py) is kAttnHeader header words, then AttnParams' words in
 // field order (the .cuh's struct; AttnParamsH is its host copy, all int64):
-//   kind      0 fa2 (atomic dq), 1 fa2_det (dq kernel), 2 SIMT (f32 / f64)
-//   dp bm bn wd qbm qbn npl     template parameters of the kernels (checked against what is built)
-//   g0x       attn_pre's grid;  g1x g1y  the main (or attn_simt_dq) grid;  g2x g2y  the third launch's;
+//   kind      0 fa2_lean (atomic dq), 1 fa2_lean_det (dq kernel), 2 SIMT (f32 / f64)
+//   dp bm bn wd qs qbm qbn npl  template parameters of the kernels (checked against what is built)
+//   lpr       attn_pre_vec's lanes per row (0: attn_pre and attn_dq_convert, the scalar pair)
+//   g0x       the preprocess grid;  g1x g1y  the main (or attn_simt_dq) grid;  g2x g2y  the third launch's;
 //   g3x       attn_split_sum's grid (0: no split, AttnParams.split == 1)
 #pragma once
 
@@ -19,8 +20,8 @@
 
 namespace gradoracle {
 
-constexpr int64_t kAttnHeader = 14;
-enum AttnKind : int64_t { kAttnFa2 = 0, kAttnFa2Det = 1, kAttnSimt = 2 };
+constexpr int64_t kAttnHeader = 16;
+enum AttnKind : int64_t { kAttnLean = 0, kAttnLeanDet = 1, kAttnSimt = 2 };
 
 struct AttnParamsH {
   int64_t B, Sq, Sk, Hq, Hkv, D, G, left, right, aligned;
@@ -31,7 +32,7 @@ struct AttnParamsH {
 constexpr int64_t kAttnWords = kAttnHeader + static_cast<int64_t>(sizeof(AttnParamsH) / sizeof(int64_t));
 
 struct AttnHeader {
-  int64_t kind, dp, bm, bn, wd, qbm, qbn, npl, g0x, g1x, g1y, g2x, g2y, g3x;
+  int64_t kind, dp, bm, bn, wd, qs, qbm, qbn, npl, lpr, g0x, g1x, g1y, g2x, g2y, g3x;
 };
 static_assert(sizeof(AttnHeader) == kAttnHeader * sizeof(int64_t), "AttnHeader words");
 

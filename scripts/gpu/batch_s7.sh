@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# The next H100 call (about 9 minutes): torch_ext's attention on the lean kernels, and the profiles of
+# the memory-bound misses that have none (issues 13, 15, 17).
+#   OUT=/some/dir bash scripts/gpu/batch_s7.sh          (from the repo root)
+# Steps (STEPS="profile full repeat bench" by default), each under its own limit (timeout -s INT: the
+# harness still writes its JSON checkpoint):
+#   (setup)  pip install; the torch_ext build starts in the background (MAX_JOBS=16; about 3 minutes)
+#   profile  harness profile (ncu) of each line of scripts/gpu/cases/profile_misses_s6.txt: the triton
+#            layernorm calls at 83% of copy, cupy@best's bf16 div row sums, then (after the build)
+#            torch_ext's bf16 add row sums                                   -> profile/ (<= 150 s each)
+#   full     harness run --cases full of attention_backward through torch_ext (cupy@best's lean
+#            kernels) and torch_ext@det (the lean deterministic ones), 8 shards  -> full-*.{json,log} (<= FULL_S)
+#   repeat   torch_ext@det --repeat 50 on scripts/gpu/cases/cuda_attn_repeat.json -> repeat.{json,log} (<= 70 s)
+#   bench    harness bench (cold) of the first 6 cases of attn_s4.json: torch_ext, torch_ext@det,
+#            cupy@best, sdpa_flash, sdpa_cudnn                             -> bench/, attn_table.txt (<= 130 s)
+# Files: $OUT/run.log, $OUT/summary.txt, $OUT/s7.tgz (res/: everything, re-packed after each step).
+set -uo pipefail
+export PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
+export MAX_JOBS=${MAX_JOBS:-16}
+: "${OUT:?set OUT to a folder for the results}"
+PY=${PYTHON:-python3} STEPS=${STEPS:-profile full repeat bench} FULL_S=${FULL_S:-200}
+R=$OUT/res; mkdir -p "$R"
+exec > >(tee "$OUT/run.log") 2>&1
+t0=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
+has() { [[ " $STEPS " == *" $1 "* ]]; }
+pack() { tar czf "$OUT/s7.tgz" -C "$OUT" res; }
+LIST=scripts/gpu/cases/profile_misses_s6.txt
+
+stamp "== setup"
+timeout 60 $PY -m pip install -q -e . --no-deps --no-build-isolation 2>&1 | tail -2
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv 2>&1 | tail -1
+( timeout 420 $PY -c "from backends import torch_ext; print('torch_ext:', torch_ext._check('cuda') or 'available')" \
+    > "$R/build.log" 2>&1 ) &
+build=$!
+
+profile() {  # the lines of $LIST whose impl matches $1 (a grep -E pattern on the impl column)
+  grep -vE '^(#|$)' "$LIST" | awk -v pat="$1" '$2 ~ pat' | while read -r op impl case; do
+    name=$(echo "$op-${impl//@/-}-$case" | md5sum | cut -c1-8)
+    stamp "profile $op $impl $case"
+    timeout -s INT 150 $PY -m harness profile --op "$op" --backend "$impl" --case "$case" \
+      --json "$R/profile/$op-${impl//@/-}-$name.json" > "$R/profile/$op-${impl//@/-}-$name.txt" 2>&1
+    tail -12 "$R/profile/$op-${impl//@/-}-$name.txt"
+  done
+}
+
+if has profile; then
+  mkdir -p "$R/profile"
+  profile '^(triton|cupy)'; pack
+fi
+wait "$build"; stamp "build: $(tail -1 "$R/build.log")"
+if has profile; then profile '^torch_ext'; pack; fi
+
+if has full; then
+  stamp "== full: attention through torch_ext and torch_ext@det (8 shards, $FULL_S s)"
+  pids=()
+  for k in 0 1 2 3 4 5 6 7; do
+    timeout -s INT "$FULL_S" $PY -m harness run --op attention_backward --backend torch_ext --backend torch_ext@det \
+      --cases full --device cuda --seed 7 --shard "$k/8" --json "$R/full-$k.json" > "$R/full-$k.log" 2>&1 &
+    pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p"; done
+  for f in "$R"/full-*.log; do echo "$(basename "$f"): $(grep -E 'passed|failed' "$f" | tail -1)"; done
+  grep -hE "^(FAIL|ERROR|CRASH|TIMEOUT)" "$R"/full-*.log | head -20; pack
+fi
+
+if has repeat; then
+  stamp "== repeat: 50 calls per case, torch_ext@det"
+  timeout -k 15 -s INT 70 $PY -m harness run --op attention_backward --backend torch_ext@det \
+    --cases scripts/gpu/cases/cuda_attn_repeat.json --device cuda --repeat 50 --json "$R/repeat.json" \
+    > "$R/repeat.log" 2>&1
+  echo "exit $?"; tail -2 "$R/repeat.log"; grep -hE "^(FAIL|ERROR|CRASH|TIMEOUT)" "$R/repeat.log" | head -10; pack
+fi
+
+if has bench; then
+  stamp "== bench: the first 6 attn_s4.json cases"
+  $PY -c "import json, sys; d = json.load(open('scripts/gpu/cases/attn_s4.json')); d['cases'] = d['cases'][:6]; \
+json.dump(d, open(sys.argv[1], 'w'), indent=1)" "$R/cases6.json"
+  timeout -k 15 -s INT 130 $PY -m harness bench --op attention_backward --cases "$R/cases6.json" --device cuda \
+    --mode cold --budget 0.2 --warmup-budget 0.05 --min-samples 10 --max-samples 300 --no-plots -q --time-limit 120 \
+    --backend torch_ext --backend torch_ext@det --backend cupy@best --backend sdpa_flash --backend sdpa_cudnn \
+    --report "$R/bench" > "$R/bench.log" 2>&1
+  echo "exit $?"; tail -2 "$R/bench.log"
+  $PY scripts/gpu/tflops_table.py "$R/bench/results.json" --impl torch_ext --impl torch_ext@det --impl cupy@best \
+    --impl sdpa_flash --impl sdpa_cudnn --ratio torch_ext/sdpa_flash --ratio torch_ext/sdpa_cudnn \
+    --ratio torch_ext@det/sdpa_flash > "$R/attn_table.txt" 2>&1
+  cat "$R/attn_table.txt"; pack
+fi
+
+{ stamp "== done"; tail -1 "$R/build.log"; ls "$R/profile" 2>/dev/null | grep -c txt
+  for f in "$R"/full-*.log; do echo "$(basename "$f"): $(grep -E 'passed|failed' "$f" | tail -1)"; done
+  tail -1 "$R/repeat.log" 2>/dev/null; cat "$R/attn_table.txt" 2>/dev/null; } > "$OUT/summary.txt"
+cat "$OUT/summary.txt"
