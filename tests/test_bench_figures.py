@@ -16,12 +16,14 @@ from test_report import synthetic, timing as samples_json
 
 class HostGPU:
     """A host clock and an in-order GPU stream (seconds): a call costs `host` s of the host's time to
-    queue, then `device` s on the GPU, which cannot start it before it is queued."""
+    queue, then `device` s on the GPU, which cannot start it before it is queued; `b2b_extra` s more
+    when it starts the moment the previous call ends (the dirty-L2 write-back of a real GPU)."""
 
-    def __init__(self, host_ms, device_ms):
-        self.hc, self.dc = host_ms * 1e-3, device_ms * 1e-3
+    def __init__(self, host_ms, device_ms, b2b_extra_ms=0.0):
+        self.hc, self.dc, self.ec = host_ms * 1e-3, device_ms * 1e-3, b2b_extra_ms * 1e-3
         self.h = self.g = 0.0
         self.calls = []
+        self.after_call = False  # the GPU's last work was a call
 
     def now(self):
         return self.h
@@ -29,7 +31,9 @@ class HostGPU:
     def call(self, i):
         self.calls.append(i)
         self.h += self.hc
-        self.g = max(self.g, self.h) + self.dc
+        start = max(self.g, self.h)
+        self.g = start + self.dc + (self.ec if self.after_call and start == self.g else 0.0)
+        self.after_call = True
 
     def sync(self):
         self.h = max(self.h, self.g)
@@ -57,6 +61,11 @@ class HostGPU:
 
             def __call__(self):
                 gpu.g = max(gpu.g, gpu.h) + 2 * gpu.hc + 1e-4
+                gpu.after_call = False
+
+            def spin_ms(self, ms):
+                gpu.g = max(gpu.g, gpu.h) + ms * 1e-3
+                gpu.after_call = False
 
             def adapt(self, host_ms):
                 pass
@@ -95,7 +104,55 @@ def test_loop_figure_equals_device_time_when_the_gpu_is_the_bottleneck():
     gpu = HostGPU(host_ms=0.01, device_ms=0.1)
     s = timed(gpu, loop_calls=50).samples
     assert s.loop_calls == 50 and s.loop_ms == pytest.approx(0.1, rel=0.05)
+    assert s.b2b_ms == pytest.approx(0.1, rel=0.01)
     assert not timing.host_bound({**s.to_json(), "host_ms": 0.01})
+
+
+def test_back_to_back_device_time_tells_a_slow_gpu_loop_from_a_host_bound_one():
+    """A loop 20% over the cold device time, because back-to-back calls cost the GPU more (the host keeps
+    ahead): b2b_ms shows it, and the row is not host-bound.  Without b2b_ms (older records) the loop rule
+    alone marks it; a host-bound loop stays marked with it."""
+    gpu = HostGPU(host_ms=0.01, device_ms=0.1, b2b_extra_ms=0.02)
+    run = timed(gpu, loop_calls=50)
+    s = run.samples
+    assert s.median == pytest.approx(0.1)  # each sample follows the hold: no back-to-back cost
+    assert s.loop_ms == pytest.approx(0.12, rel=0.02) and s.b2b_ms == pytest.approx(0.12, rel=0.02)
+    j = s.to_json()
+    assert j["b2b_ms"] == s.b2b_ms and timing.Samples.from_json(j).b2b_ms == s.b2b_ms
+    assert not timing.host_bound(j)
+    assert timing.host_bound({**j, "b2b_ms": None})
+    # the b2b batches come after the loop and before the final call; each one's calls in order
+    assert gpu.calls == list(range(run.last_index))
+    host = HostGPU(host_ms=0.3, device_ms=0.1, b2b_extra_ms=0.02)
+    hs = timed(host, loop_calls=50).samples
+    assert hs.loop_ms == pytest.approx(0.3, rel=0.02) and hs.b2b_ms == pytest.approx(0.12, rel=0.02)
+    assert timing.host_bound(hs.to_json())  # 0.3 > 1.1 x 0.12: the host
+
+
+def test_time_b2b_spins_for_the_host_time_of_the_whole_batch():
+    gpu = HostGPU(host_ms=0.05, device_ms=0.01)
+    spins = []
+    hold = gpu.hold()
+    hold.spin_ms = lambda ms, spin=hold.spin_ms: (spins.append(ms), spin(ms))
+    b2b = timing.time_b2b(gpu.call, 0, 40, hold, gpu.event, host_ms=0.05, now=gpu.now, repeats=3)
+    assert spins == [pytest.approx(timing.B2B_SPIN_FACTOR * 40 * 0.05 + timing.B2B_SPIN_PAD_MS)] * 3
+    assert b2b == pytest.approx(0.01) and gpu.calls == list(range(120))  # host time hidden behind the spin
+
+
+def test_time_b2b_drops_a_batch_the_spin_did_not_cover_and_grows_the_spin():
+    """host_ms from the sampling phase said 0.001 ms a call, the batch took 0.05: the first batch is
+    dropped (the GPU waited for the host), the next spins 1.5 x its queueing time, and so on."""
+    gpu = HostGPU(host_ms=0.05, device_ms=0.01)
+    spins = []
+    hold = gpu.hold()
+    hold.spin_ms = lambda ms, spin=hold.spin_ms: (spins.append(ms), spin(ms))
+    b2b = timing.time_b2b(gpu.call, 0, 40, hold, gpu.event, host_ms=0.001, now=gpu.now, repeats=3)
+    grown = timing.B2B_SPIN_FACTOR * 40 * 0.05 + timing.B2B_SPIN_PAD_MS
+    assert spins == [pytest.approx(timing.B2B_SPIN_FACTOR * 40 * 0.001 + timing.B2B_SPIN_PAD_MS)] + \
+        [pytest.approx(grown)] * 3
+    assert b2b == pytest.approx(0.01) and len(gpu.calls) == 160
+    capped = HostGPU(host_ms=10.0, device_ms=0.01)  # 400 ms to queue a batch: never covered
+    assert timing.time_b2b(capped.call, 0, 40, capped.hold(), capped.event, host_ms=0.001, now=capped.now) is None
 
 
 def test_loop_is_off_in_quick_configs_and_counts_calls_by_the_slower_side():

@@ -72,6 +72,8 @@ def add_figures(results: dict) -> dict:
             fig["host_bound"] = host_bound(tm)
             if tm.get("loop_ms"):
                 fig["loop_ratio"] = tm["loop_ms"] / raw
+            if tm.get("b2b_ms"):  # back to back with no host gap: what the GPU alone adds in a loop
+                fig["b2b_ratio"] = tm["b2b_ms"] / raw
         if tm.get("peak_extra_bytes") is not None:
             fig["peak_extra_bytes"] = tm["peak_extra_bytes"]
         figs[id(r)] = fig
