@@ -16,13 +16,8 @@
 # Files: $OUT/run.log, $OUT/summary.txt, $OUT/s6b.tgz (res/: everything, re-packed after each step).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_ALLOCATOR=${XLA_PYTHON_CLIENT_ALLOCATOR:-platform}
-: "${OUT:?set OUT to a folder for the results}"
 PY=${PYTHON:-python3} STEPS=${STEPS:-norms attn repeat full} FULL_S=${FULL_S:-200}
-R=$OUT/res; mkdir -p "$R"
-exec > >(tee "$OUT/run.log") 2>&1
-t0=$(date +%s)
-stamp() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
-has() { [[ " $STEPS " == *" $1 "* ]]; }
+. scripts/gpu/steps.sh
 pack() { tar czf "$OUT/s6b.tgz" -C "$OUT" res; }
 bench=(--device cuda --mode cold --budget 0.1 --warmup-budget 0.05 --min-samples 10 --max-samples 400 --interleave
        --no-plots -q)
@@ -52,26 +47,11 @@ if has attn; then
   cat "$R/attn_table.txt"; pack
 fi
 
-if has repeat; then
-  stamp "== repeat: 50 calls per case, cupy@fa2_lean_det"
-  timeout -k 15 -s INT 60 $PY -m harness run --op attention_backward --backend cupy@fa2_lean_det \
-    --cases scripts/gpu/cases/cuda_attn_repeat.json --device cuda --repeat 50 --json "$R/repeat.json" \
-    > "$R/repeat.log" 2>&1
-  echo "exit $?"; tail -2 "$R/repeat.log"; grep -hE "^(FAIL|ERROR|CRASH|TIMEOUT)" "$R/repeat.log" | head -10; pack
-fi
+if has repeat; then attn_repeat cupy@fa2_lean_det 60; fi
 
 if has full; then
   stamp "== full: attention through cupy@fa2_lean, cupy@fa2_lean_det (8 shards, $FULL_S s)"
-  pids=()
-  for k in 0 1 2 3 4 5 6 7; do
-    timeout -s INT "$FULL_S" $PY -m harness run --op attention_backward --backend cupy@fa2_lean \
-      --backend cupy@fa2_lean_det --cases full --device cuda --seed 6 --shard "$k/8" --json "$R/full-$k.json" \
-      > "$R/full-$k.log" 2>&1 &
-    pids+=($!)
-  done
-  for p in "${pids[@]}"; do wait "$p"; done
-  for f in "$R"/full-*.log; do echo "$(basename "$f"): $(grep -E 'passed|failed' "$f" | tail -1)"; done
-  grep -hE "^(FAIL|ERROR|CRASH|TIMEOUT)" "$R"/full-*.log | head -20; pack
+  full_shards "$FULL_S" --op attention_backward --backend cupy@fa2_lean --backend cupy@fa2_lean_det --seed 6
 fi
 
 { stamp "== done"; tail -2 "$R/norms.log" 2>/dev/null; cat "$R/attn_table.txt" 2>/dev/null

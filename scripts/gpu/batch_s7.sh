@@ -17,13 +17,8 @@
 set -uo pipefail
 export PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
 export MAX_JOBS=${MAX_JOBS:-16}
-: "${OUT:?set OUT to a folder for the results}"
 PY=${PYTHON:-python3} STEPS=${STEPS:-profile full repeat bench} FULL_S=${FULL_S:-200}
-R=$OUT/res; mkdir -p "$R"
-exec > >(tee "$OUT/run.log") 2>&1
-t0=$(date +%s)
-stamp() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
-has() { [[ " $STEPS " == *" $1 "* ]]; }
+. scripts/gpu/steps.sh
 pack() { tar czf "$OUT/s7.tgz" -C "$OUT" res; }
 LIST=scripts/gpu/cases/profile_misses_s6.txt
 
@@ -53,24 +48,10 @@ if has profile; then profile '^torch_ext'; pack; fi
 
 if has full; then
   stamp "== full: attention through torch_ext and torch_ext@det (8 shards, $FULL_S s)"
-  pids=()
-  for k in 0 1 2 3 4 5 6 7; do
-    timeout -s INT "$FULL_S" $PY -m harness run --op attention_backward --backend torch_ext --backend torch_ext@det \
-      --cases full --device cuda --seed 7 --shard "$k/8" --json "$R/full-$k.json" > "$R/full-$k.log" 2>&1 &
-    pids+=($!)
-  done
-  for p in "${pids[@]}"; do wait "$p"; done
-  for f in "$R"/full-*.log; do echo "$(basename "$f"): $(grep -E 'passed|failed' "$f" | tail -1)"; done
-  grep -hE "^(FAIL|ERROR|CRASH|TIMEOUT)" "$R"/full-*.log | head -20; pack
+  full_shards "$FULL_S" --op attention_backward --backend torch_ext --backend torch_ext@det --seed 7
 fi
 
-if has repeat; then
-  stamp "== repeat: 50 calls per case, torch_ext@det"
-  timeout -k 15 -s INT 70 $PY -m harness run --op attention_backward --backend torch_ext@det \
-    --cases scripts/gpu/cases/cuda_attn_repeat.json --device cuda --repeat 50 --json "$R/repeat.json" \
-    > "$R/repeat.log" 2>&1
-  echo "exit $?"; tail -2 "$R/repeat.log"; grep -hE "^(FAIL|ERROR|CRASH|TIMEOUT)" "$R/repeat.log" | head -10; pack
-fi
+if has repeat; then attn_repeat torch_ext@det 70; fi
 
 if has bench; then
   stamp "== bench: the first 6 attn_s4.json cases"

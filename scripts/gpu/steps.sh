@@ -1,0 +1,36 @@
+# Steps shared by the batch scripts (scripts/gpu/batch_s6b.sh, batch_s7.sh): source it with OUT, PY
+# (python) and STEPS (the steps to run) set; it makes R=$OUT/res, sends the output to $OUT/run.log as
+# well, and starts the clock.  The script defines pack (re-packs $R), which the steps call.
+: "${OUT:?set OUT to a folder for the results}"
+R=$OUT/res
+mkdir -p "$R"
+exec > >(tee "$OUT/run.log") 2>&1
+t0=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
+has() { [[ " $STEPS " == *" $1 "* ]]; }
+failures() { grep -hE "^(FAIL|ERROR|CRASH|TIMEOUT)" "$@" | head -20; }
+
+# full_shards SECONDS ARGS...: `harness run --cases full --device cuda ARGS` in 8 shards side by side,
+# each under SECONDS (SIGINT: the JSON checkpoint is still written) -> $R/full-K.{json,log}
+full_shards() {
+  local limit=$1 pids=() k p f
+  shift
+  for k in 0 1 2 3 4 5 6 7; do
+    timeout -s INT "$limit" $PY -m harness run --cases full --device cuda "$@" --shard "$k/8" \
+      --json "$R/full-$k.json" > "$R/full-$k.log" 2>&1 &
+    pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p"; done
+  for f in "$R"/full-*.log; do echo "$(basename "$f"): $(grep -E 'passed|failed' "$f" | tail -1)"; done
+  failures "$R"/full-*.log; pack
+}
+
+# attn_repeat IMPL SECONDS: IMPL --repeat 50 on scripts/gpu/cases/cuda_attn_repeat.json (a deterministic
+# implementation must give the same bits every call) -> $R/repeat.{json,log}
+attn_repeat() {
+  stamp "== repeat: 50 calls per case, $1"
+  timeout -k 15 -s INT "$2" $PY -m harness run --op attention_backward --backend "$1" \
+    --cases scripts/gpu/cases/cuda_attn_repeat.json --device cuda --repeat 50 --json "$R/repeat.json" \
+    > "$R/repeat.log" 2>&1
+  echo "exit $?"; tail -2 "$R/repeat.log"; failures "$R/repeat.log"; pack
+}
