@@ -31,7 +31,8 @@ def _parse(argv):
     run.add_argument("--seed", type=int, default=None,
                      help="run seed, mixed with each case id (default: fresh each run, printed)")
     run.add_argument("--oracle", default="auto", choices=("auto", "numpy", "jax"),
-                     help="auto (default): numpy, or JAX (jit, x64) on the GPU for cases over 1 GiB")
+                     help="auto (default): numpy, or JAX (jit, x64) on the GPU for cases over 1 GiB of float64 "
+                          "inputs or 1e11 flops")
     run.add_argument("--time", action="store_true",
                      help="also time each passing call (timing engine, hot mode, small budget) and re-validate it")
     run.add_argument("--repeat", type=int, default=None, metavar="N",

@@ -174,7 +174,7 @@ def prepare(case, run_seed: int = 0, oracle: str = "auto", device: str = "cpu"):
     s = seed(case, run_seed)
     inputs = spec.exact_set.generate(case, np.random.default_rng(s))
     inputs64 = {k: v.float64() for k, v in inputs.items()}
-    oracle, where = choose_oracle(oracle, inputs64, device)
+    oracle, where = choose_oracle(oracle, inputs64, device, spec.cost(case).flops)
     ref = spec.jax_oracle(inputs64, case.params, on=where) if oracle == "jax" else \
         spec.numpy_oracle(inputs64, case.params)
     prepared = Prepared(inputs, inputs64, ref, spec.error_scale(inputs64, case.params),

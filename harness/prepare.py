@@ -10,7 +10,7 @@ checks; 1, 2, ...: other input sets of the same case, for the stale-output check
 bench's timed calls).  A huge case (over stress.HUGE_NUMEL elements, row-separable) is
 built in row chunks with a sampled oracle (harness/stress.py); every other case takes the
 ordinary path: inputs, their float64 values, the oracle ("auto": numpy, or JAX on the GPU for
-cases over prepared.NUMPY_ORACLE_MAX_BYTES) and the error scale.
+cases over prepared.NUMPY_ORACLE_MAX_BYTES or NUMPY_ORACLE_MAX_FLOPS) and the error scale.
 
 cache=True (the default) keeps the last CACHE_MAX results, so every implementation of one
 case shares one oracle run; the bench prepares in threads with cache=False and
@@ -71,7 +71,7 @@ def _build(case, run_seed: int, oracle: str, device: str, variant: int, defer_gp
     spec = get_op(case.op)
     inputs = spec.generate(case, np.random.default_rng(seed))
     inputs64 = {k: v.float64() for k, v in inputs.items()}
-    which, where = choose_oracle(oracle, inputs64, device)
+    which, where = choose_oracle(oracle, inputs64, device, spec.cost(case).flops)
     label = which if where == "cpu" else f"{which}@{where}"
     scale = spec.error_scale(inputs64, case.params)
     prepared = Prepared(inputs, inputs64, None, scale, label, seed, pending=(which, where))

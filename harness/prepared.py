@@ -19,6 +19,10 @@ SAMPLE_SIZE = 1 << 20
 # Above this many bytes of float64 inputs, "auto" hands the oracle to JAX (jit, x64) on the GPU:
 # the numpy definition of a perf-size attention or conv would take hours on the host.
 NUMPY_ORACLE_MAX_BYTES = 1 << 30
+# ... and above this many flops of the op's cost model: the numpy oracle ran at about 17 GFLOP/s on
+# the H100 machine's host (results/h100/s6/: 79.9 s to prepare attention bf16 B=1 S=8k GQA 32:8
+# D=128 causal, 1.4e12 flops, whose float64 inputs are 0.9 GiB), about 6 s at this bound.
+NUMPY_ORACLE_MAX_FLOPS = 1e11
 
 
 @dataclass
@@ -52,11 +56,12 @@ def input_seed(case, run_seed: int = 0, variant: int = 0) -> int:
     return seed if variant == 0 else zlib.crc32(f"{seed}/{variant}".encode())
 
 
-def choose_oracle(oracle: str, inputs64: dict, device: str) -> tuple[str, str]:
-    """(oracle, where it runs): 'auto' is numpy unless the case is large and a GPU is in use."""
+def choose_oracle(oracle: str, inputs64: dict, device: str, flops: float = 0.0) -> tuple[str, str]:
+    """(oracle, where it runs): 'auto' is numpy unless the case is large (its float64 inputs, or the
+    flops of its cost model) and a GPU is in use."""
     if oracle != "auto":
         return oracle, "cpu"
-    big = sum(v.nbytes for v in inputs64.values()) > NUMPY_ORACLE_MAX_BYTES
+    big = sum(v.nbytes for v in inputs64.values()) > NUMPY_ORACLE_MAX_BYTES or flops > NUMPY_ORACLE_MAX_FLOPS
     return ("jax", "cuda") if big and device.startswith("cuda") else ("numpy", "cpu")
 
 
