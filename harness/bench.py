@@ -398,6 +398,19 @@ def plan(cases, ops=None, wanted=None, dtypes=None, per_op: int | None = None, i
     return out
 
 
+def left_to_run(pairs: list, earlier: dict) -> list:
+    """`pairs` without those an earlier results document (`bench --resume`) has a verdict for: every row
+    but the SKIPs its time limit or stop left ("not run: ..."), which run now."""
+    done = {(r["op"], r["case"], r["impl"]) for r in earlier.get("rows", [])
+            if not (r["status"] == status.SKIP and str(r.get("reason") or "").startswith("not run"))}
+    out = []
+    for case, impls in pairs:
+        left = [i for i in impls if (case.op, case.id, i.id) not in done]
+        if left:
+            out.append((case, left))
+    return out
+
+
 def run(pairs: list, opts: BenchOptions, ceilings: dict | None, command: str = "", runner=None) -> dict:
     """Measure every (case, impl) of `pairs`; the results document (see harness/report/files.py).
 

@@ -61,6 +61,9 @@ def add_parsers(sub) -> None:
     b.add_argument("--report", help="write DIR/results.json, DIR/report.md, DIR/plots/*.png")
     b.add_argument("--benchmarks-md", help="regenerate this BENCHMARKS.md from the results")
     b.add_argument("--plots-link", help="with --benchmarks-md: link the PNGs in this folder from it")
+    b.add_argument("--resume", metavar="RESULTS.json",
+                   help="an earlier run of this command (e.g. stopped by --time-limit): measure only the pairs "
+                        "it did not run, and write both as one results document")
     b.add_argument("--from", dest="from_json", action="append",
                    help="no measuring: regenerate reports from this results.json (repeatable, e.g. one run per op: "
                         "--benchmarks-md takes each op's section from the last run that has it; --report "
@@ -133,6 +136,10 @@ def cmd_bench(args, argv=None) -> int:
         pairs = bench.plan(args.cases, args.op, args.backend, args.dtype, args.per_op, args.interleave)
         if args.backend and not pairs:
             raise SystemExit(f"error: no implementation named {', '.join(args.backend)} runs the selected cases")
+        earlier = None
+        if args.resume:
+            earlier = files.load(args.resume)
+            pairs = bench.left_to_run(pairs, earlier)
         args.isolate = run_report.isolate_by_default(args, pairs)  # the decision `run` makes
         if not args.isolate:
             isolate.discard_prestarted()
@@ -146,6 +153,12 @@ def cmd_bench(args, argv=None) -> int:
         finally:
             if runner is not None:
                 runner.close()
+        if earlier is not None:  # the earlier rows first: its header (command, ceilings) leads, as in `merge`
+            from harness.merge import merge_bench
+
+            now = results
+            results = merge_bench([earlier, now], [args.resume, "this run"])
+            results["interrupted"] = now.get("interrupted") or ""  # the earlier run's gaps are this run's pairs
     written = []
     if args.report:
         out = files.write(results, args.report, plots=not args.no_plots)

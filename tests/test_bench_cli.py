@@ -179,3 +179,34 @@ def test_time_limit_records_pairs_not_run_and_interleave_covers_ops(cache):
     assert res["interrupted"] == "time limit of 0 s reached"
     assert len(res["rows"]) == len(pairs) and all(r["status"] == "SKIP" for r in res["rows"])
     assert [(r["op"], r["case"]) for r in res["rows"]] == [(c.op, c.id) for c, _ in pairs]
+
+
+def test_bench_resume_measures_only_what_the_earlier_run_left(tmp_path, cache, capsys):
+    """A run stopped by its time limit leaves "not run" SKIP rows; --resume measures those pairs alone and
+    writes one document with every row (the earlier rows kept as they were)."""
+    case_file = tmp_path / "cases.json"
+    case_file.write_text(json.dumps(CASES))
+    assert main(["bench", "--cases", str(case_file), *FAST, "--report", str(tmp_path / "one"), "--no-plots"]) == 0
+    first = json.loads((tmp_path / "one" / "results.json").read_text())
+    cut = dict(first)
+    cut["rows"] = [dict(r) for r in first["rows"]]
+    for r in cut["rows"][2:]:  # as a time limit would have left the second case
+        r.update(status="SKIP", reason="not run: time limit of 1 s reached", timing=None)
+    cut["interrupted"] = "time limit of 1 s reached"
+    (tmp_path / "cut.json").write_text(json.dumps(cut))
+    capsys.readouterr()
+    assert main(["bench", "--cases", str(case_file), *FAST, "--report", str(tmp_path / "two"), "--no-plots",
+                 "--resume", str(tmp_path / "cut.json")]) == 0
+    out = capsys.readouterr()
+    assert "pairs=2 " in out.err and "4 timed, 0 failed, 0 skipped" in out.out
+    res = json.loads((tmp_path / "two" / "results.json").read_text())
+    assert [(r["case"], r["impl"], r["status"]) for r in res["rows"]] == \
+        [(r["case"], r["impl"], "PASS") for r in first["rows"]]
+    assert res["rows"][0]["timing"] == first["rows"][0]["timing"]  # kept, not measured again
+    assert res["interrupted"] == "" and res["merged_from"] == [str(tmp_path / "cut.json"), "this run"]
+    assert res["command"] == first["command"]
+    assert main(["bench", "--cases", str(case_file), *FAST, "--report", str(tmp_path / "three"), "--no-plots",
+                 "--resume", str(tmp_path / "two" / "results.json")]) == 0  # nothing left: the same rows
+    assert "pairs=0 " in capsys.readouterr().err
+    assert len(json.loads((tmp_path / "three" / "results.json").read_text())["rows"]) == 4
+
