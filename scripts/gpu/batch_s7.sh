@@ -13,6 +13,10 @@
 #   repeat   torch_ext@det --repeat 50 on scripts/gpu/cases/cuda_attn_repeat.json -> repeat.{json,log} (<= 70 s)
 #   bench    harness bench (cold) of the first 6 cases of attn_s4.json: torch_ext, torch_ext@det,
 #            cupy@best, sdpa_flash, sdpa_cudnn                             -> bench/, attn_table.txt (<= 130 s)
+#   long     (not in the default STEPS) harness bench (cold) of the three long attention perf cases
+#            (scripts/gpu/cases/attn_long_s6.json: S=8k GQA causal, S=16k with and without causal) through
+#            cupy@best, torch_ext, sdpa_flash, sdpa_cudnn; their float64 oracles now run in JAX on the GPU
+#            (over 1e11 flops)                                          -> long/, long_table.txt (<= 200 s)
 # Files: $OUT/run.log, $OUT/summary.txt, $OUT/s7.tgz (res/: everything, re-packed after each step).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
@@ -68,7 +72,19 @@ json.dump(d, open(sys.argv[1], 'w'), indent=1)" "$R/cases6.json"
   cat "$R/attn_table.txt"; pack
 fi
 
+if has long; then
+  stamp "== bench: the long attention cases"
+  timeout -k 15 -s INT 200 $PY -m harness bench --op attention_backward --cases scripts/gpu/cases/attn_long_s6.json \
+    --device cuda --mode cold --budget 0.2 --warmup-budget 0.05 --min-samples 10 --max-samples 300 --no-plots -q \
+    --time-limit 190 --backend cupy@best --backend torch_ext --backend sdpa_flash --backend sdpa_cudnn \
+    --report "$R/long" > "$R/long.log" 2>&1
+  echo "exit $?"; tail -2 "$R/long.log"
+  $PY scripts/gpu/tflops_table.py "$R/long/results.json" --impl cupy@best --impl torch_ext --impl sdpa_flash \
+    --impl sdpa_cudnn --ratio cupy@best/sdpa_flash --ratio cupy@best/sdpa_cudnn > "$R/long_table.txt" 2>&1
+  cat "$R/long_table.txt"; pack
+fi
+
 { stamp "== done"; tail -1 "$R/build.log"; ls "$R/profile" 2>/dev/null | grep -c txt
   for f in "$R"/full-*.log; do echo "$(basename "$f"): $(grep -E 'passed|failed' "$f" | tail -1)"; done
-  tail -1 "$R/repeat.log" 2>/dev/null; cat "$R/attn_table.txt" 2>/dev/null; } > "$OUT/summary.txt"
+  tail -1 "$R/repeat.log" 2>/dev/null; cat "$R/attn_table.txt" "$R/long_table.txt" 2>/dev/null; } > "$OUT/summary.txt"
 cat "$OUT/summary.txt"
