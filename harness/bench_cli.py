@@ -156,9 +156,9 @@ def cmd_bench(args, argv=None) -> int:
         if earlier is not None:  # the earlier rows first: its header (command, ceilings) leads, as in `merge`
             from harness.merge import merge_bench
 
-            now = results
-            results = merge_bench([earlier, now], [args.resume, "this run"])
-            results["interrupted"] = now.get("interrupted") or ""  # the earlier run's gaps are this run's pairs
+            fresh = results
+            results = merge_bench([earlier, fresh], [args.resume, "this run"])
+            results["interrupted"] = fresh.get("interrupted") or ""  # the earlier run's gaps are this run's pairs
     written = []
     if args.report:
         out = files.write(results, args.report, plots=not args.no_plots)

@@ -87,7 +87,7 @@ Back-to-back device time (`time_b2b`, CUDA with the hold).  A loop can also exce
 time without the host being the cause: a call that follows another finds its L2 full of the dirty
 lines of the previous call's outputs and pays their write-back, which a cold flush (a read) never
 leaves (measured on the H100: triton layernorm bf16 8192x8192, 142.5 us cold, 152.2 us back to back
-with the host out of the way, loop 153.5).  So the engine also queues B2B_CALLS calls behind one spin
+with the host out of the way, loop 153.5).  So the engine also queues the loop's N calls behind one spin
 long enough for the host to queue them all (a batch that outlasts its spin is dropped and the spin
 grows), between two events, LOOP_REPEATS times; `Samples.b2b_ms` is the median span / calls: the
 device time of the loop's calls with no host gap.  A loop figure within
@@ -779,12 +779,13 @@ def time_loop(call, start: int, calls: int, sync: Callable[[], None] | None,
 
 
 def time_b2b(call, start: int, calls: int, hold: GpuHold, event: Callable[[], object], host_ms: float,
-             now: Callable[[], float] = time.perf_counter, repeats: int = LOOP_REPEATS) -> float | None:
-    """Device ms per call of `calls` back-to-back calls (indices from `start`) with the host out of the
-    way: each batch is queued behind one spin of B2B_SPIN_FACTOR x the host time of the batch (host_ms
-    per call at first), between two events; the median of `repeats` batches.  A batch whose queueing
-    took longer than its spin (the GPU may have waited for the host) is not counted, and the spin grows
-    to cover it; None when no batch could be covered within B2B_SPIN_MAX_MS."""
+             now: Callable[[], float] = time.perf_counter, repeats: int = LOOP_REPEATS) -> tuple[float | None, int]:
+    """(device ms per call, the next free index) of batches of `calls` back-to-back calls (indices from
+    `start`) with the host out of the way: each batch is queued behind one spin of B2B_SPIN_FACTOR x the
+    host time of the batch (host_ms per call at first), between two events; the median of `repeats`
+    batches.  A batch whose queueing took longer than its spin (the GPU may have waited for the host) is
+    not counted, and the spin grows to cover it; None when no batch could be covered within
+    B2B_SPIN_MAX_MS."""
     spin = min(B2B_SPIN_MAX_MS, B2B_SPIN_FACTOR * calls * host_ms + B2B_SPIN_PAD_MS)
     per = []
     index = start
@@ -803,20 +804,9 @@ def time_b2b(call, start: int, calls: int, hold: GpuHold, event: Callable[[], ob
             per.append(begin.elapsed_time(end) / calls)
             if len(per) == repeats:
                 break
-        elif spin < B2B_SPIN_MAX_MS:
+        else:
             spin = min(B2B_SPIN_MAX_MS, B2B_SPIN_FACTOR * queued + B2B_SPIN_PAD_MS)
-    return float(np.median(per)) if per else None
-
-
-class _Counting:
-    """A call that counts its calls (the next free input index after a variable number of them)."""
-
-    def __init__(self, call):
-        self.call, self.n = call, 0
-
-    def __call__(self, i):
-        self.n += 1
-        return self.call(i)
+    return (float(np.median(per)) if per else None), index
 
 
 def host_bound(t: dict) -> bool:
@@ -998,11 +988,8 @@ def time_fn(call, device: str, cfg: TimingConfig, framework: str = "torch", sync
             nxt += samples.loop_calls * LOOP_REPEATS
             b2b_hold = getattr(timer, "hold", None)
             if b2b_hold is not None and hasattr(b2b_hold, "spin_ms") and samples.host_ms is not None:
-                start = nxt
-                counter = _Counting(call)
-                samples.b2b_ms = time_b2b(counter, start, samples.loop_calls, b2b_hold, timer._event,
-                                          samples.host_ms, now)
-                nxt += counter.n
+                samples.b2b_ms, nxt = time_b2b(call, nxt, samples.loop_calls, b2b_hold, timer._event,
+                                               samples.host_ms, now)
         if cfg.memory:
             if memory is None:
                 memory, samples.peak_note = memory_probe(framework, device) if event is None else (None, "")

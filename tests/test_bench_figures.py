@@ -134,9 +134,9 @@ def test_time_b2b_spins_for_the_host_time_of_the_whole_batch():
     spins = []
     hold = gpu.hold()
     hold.spin_ms = lambda ms, spin=hold.spin_ms: (spins.append(ms), spin(ms))
-    b2b = timing.time_b2b(gpu.call, 0, 40, hold, gpu.event, host_ms=0.05, now=gpu.now, repeats=3)
+    b2b, nxt = timing.time_b2b(gpu.call, 0, 40, hold, gpu.event, host_ms=0.05, now=gpu.now, repeats=3)
     assert spins == [pytest.approx(timing.B2B_SPIN_FACTOR * 40 * 0.05 + timing.B2B_SPIN_PAD_MS)] * 3
-    assert b2b == pytest.approx(0.01) and gpu.calls == list(range(120))  # host time hidden behind the spin
+    assert b2b == pytest.approx(0.01) and gpu.calls == list(range(120)) and nxt == 120  # host time hidden behind the spin
 
 
 def test_time_b2b_drops_a_batch_the_spin_did_not_cover_and_grows_the_spin():
@@ -146,13 +146,14 @@ def test_time_b2b_drops_a_batch_the_spin_did_not_cover_and_grows_the_spin():
     spins = []
     hold = gpu.hold()
     hold.spin_ms = lambda ms, spin=hold.spin_ms: (spins.append(ms), spin(ms))
-    b2b = timing.time_b2b(gpu.call, 0, 40, hold, gpu.event, host_ms=0.001, now=gpu.now, repeats=3)
+    b2b, nxt = timing.time_b2b(gpu.call, 0, 40, hold, gpu.event, host_ms=0.001, now=gpu.now, repeats=3)
     grown = timing.B2B_SPIN_FACTOR * 40 * 0.05 + timing.B2B_SPIN_PAD_MS
     assert spins == [pytest.approx(timing.B2B_SPIN_FACTOR * 40 * 0.001 + timing.B2B_SPIN_PAD_MS)] + \
         [pytest.approx(grown)] * 3
-    assert b2b == pytest.approx(0.01) and len(gpu.calls) == 160
+    assert b2b == pytest.approx(0.01) and gpu.calls == list(range(160)) and nxt == 160
     capped = HostGPU(host_ms=10.0, device_ms=0.01)  # 400 ms to queue a batch: never covered
-    assert timing.time_b2b(capped.call, 0, 40, capped.hold(), capped.event, host_ms=0.001, now=capped.now) is None
+    assert timing.time_b2b(capped.call, 0, 40, capped.hold(), capped.event, host_ms=0.001, now=capped.now) == \
+        (None, 200)
 
 
 def test_loop_is_off_in_quick_configs_and_counts_calls_by_the_slower_side():

@@ -104,6 +104,17 @@ def pre_lanes(d: int) -> int:
     return n
 
 
+# The tensors whose 16-byte alignment a plan depends on: `aligned` (the main kernels' 16-byte loads of
+# q, k, v, do) and `vec` (the lean variants' vector preprocess and dq convert over o, do, dq).
+ALIGNED, VECTOR = ("q", "k", "v", "do"), ("o", "do", "dq")
+
+
+def sixteen(d: int, views) -> bool:
+    """D % 8 == 0 and every (address, element strides) of `views` 16-byte aligned, its leading three
+    strides multiples of 8 elements: every row of D elements starts on 16 bytes."""
+    return d % 8 == 0 and all(addr % 16 == 0 and all(s % 8 == 0 for s in strides[:3]) for addr, strides in views)
+
+
 def is_lean(variant: str) -> bool:
     return variant.startswith("fa2_lean")
 
@@ -423,10 +434,8 @@ def call(dev, variant: str, inputs: dict, outs: dict, params: dict, xp=None, add
     strides = {name: element_strides(x) for name, x in tensors.items()}
     sizes = (q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3])
     d = sizes[5]
-    aligned = d % 8 == 0 and all(address(tensors[n]) % 16 == 0 and all(s % 8 == 0 for s in strides[n][:3])
-                                 for n in ("q", "k", "v", "do"))
-    vec = d % 8 == 0 and all(address(tensors[n]) % 16 == 0 and all(s % 8 == 0 for s in strides[n][:3])
-                             for n in ("o", "do", "dq"))
+    aligned = sixteen(d, [(address(tensors[n]), strides[n]) for n in ALIGNED])
+    vec = sixteen(d, [(address(tensors[n]), strides[n]) for n in VECTOR])
     mask = (params.get("causal", False), tuple(params.get("window") or (-1, -1)), params.get("softcap"),
             params.get("softmax_scale"))
     key = (variant, dt, sizes, tuple(sorted(strides.items())), aligned, vec, mask, os.environ.get(CFG_ENV))

@@ -59,11 +59,6 @@ def plan_words(variant: str, dt: str, sizes, strides: dict, aligned: bool, param
     return header + p.words, p.scale, p.softcap
 
 
-def _sixteen(t, names) -> bool:
-    """Every tensor of `names` 16-byte aligned with leading strides a multiple of 8 elements."""
-    return all(t[n].data_ptr() % 16 == 0 and all(s % 8 == 0 for s in t[n].stride()[:3]) for n in names)
-
-
 def _plan_for(variant: str, t: dict, params: dict):
     import torch
 
@@ -71,8 +66,8 @@ def _plan_for(variant: str, t: dict, params: dict):
     dt = dtypes.from_any(q.dtype)
     sizes = (q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3])
     strides = {n: tuple(x.stride()) for n, x in t.items()}
-    aligned = q.is_cuda and sizes[5] % 8 == 0 and _sixteen(t, ("q", "k", "v", "do"))
-    vec = q.is_cuda and sizes[5] % 8 == 0 and _sixteen(t, ("o", "do", "dq"))
+    aligned = q.is_cuda and A.sixteen(sizes[5], [(t[n].data_ptr(), strides[n]) for n in A.ALIGNED])
+    vec = q.is_cuda and A.sixteen(sizes[5], [(t[n].data_ptr(), strides[n]) for n in A.VECTOR])
     key = (variant, dt, sizes, tuple(sorted(strides.items())), aligned, vec, params["causal"],
            tuple(params["window"]), params["softcap"], params["softmax_scale"], q.device.type)
     entry = _PLANS.get(key)

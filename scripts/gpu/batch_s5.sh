@@ -15,13 +15,8 @@
 # Files: $OUT/run.log, $OUT/summary.txt, $OUT/s5.tgz (res/: everything, re-packed after each step).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
-: "${OUT:?set OUT to a folder for the results}"
 PY=${PYTHON:-python3} STEPS=${STEPS:-host profile full}
-R=$OUT/res; mkdir -p "$R"
-exec > >(tee "$OUT/run.log") 2>&1
-t0=$(date +%s)
-stamp() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
-has() { [[ " $STEPS " == *" $1 "* ]]; }
+. scripts/gpu/steps.sh
 pack() { tar czf "$OUT/s5.tgz" -C "$OUT" res; }
 
 stamp "== setup"
@@ -60,7 +55,7 @@ if has full; then
   pids+=($!)
   for p in "${pids[@]}"; do wait "$p"; done
   for f in "$R"/full-*.log; do echo "$(basename "$f"): $(grep -E 'passed|failed' "$f" | tail -1)"; done
-  grep -hE "^(FAIL|ERROR|CRASH|TIMEOUT)" "$R"/full-*.log | head -20
+  failures "$R"/full-*.log
   pack
 fi
 

@@ -14,13 +14,8 @@
 # norms sections of BENCHMARKS.md with `python -m harness bench --from res/bench/results.json ...`.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_ALLOCATOR=${XLA_PYTHON_CLIENT_ALLOCATOR:-platform}
-: "${OUT:?set OUT to a folder for the results}"
 PY=${PYTHON:-python3} STEPS=${STEPS:-full bench} LAST="last_below=33554432"
-R=$OUT/res; mkdir -p "$R"
-exec > >(tee "$OUT/run.log") 2>&1
-t0=$(date +%s)
-stamp() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
-has() { [[ " $STEPS " == *" $1 "* ]]; }
+. scripts/gpu/steps.sh
 pack() { tar czf "$OUT/s6.tgz" -C "$OUT" res; }
 ops=(--op layernorm_backward --op rmsnorm_backward)
 
@@ -47,7 +42,7 @@ print(ok)
 EOF
 )
   for f in "$R"/full-*.log; do echo "$(basename "$f"): $(grep -E 'passed|failed' "$f" | tail -1)"; done
-  grep -hE "^(FAIL|ERROR|CRASH|TIMEOUT)" "$R"/full-*.log | head -20
+  failures "$R"/full-*.log
   echo "full: $passed of 120 PASS"; pack
 fi
 

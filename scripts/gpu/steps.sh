@@ -1,4 +1,4 @@
-# Steps shared by the batch scripts (scripts/gpu/batch_s6b.sh, batch_s7.sh): source it with OUT, PY
+# Steps shared by the batch scripts (scripts/gpu/batch_s5.sh, batch_s6.sh, batch_s6b.sh, batch_s7.sh): source it with OUT, PY
 # (python) and STEPS (the steps to run) set; it makes R=$OUT/res, sends the output to $OUT/run.log as
 # well, and starts the clock.  The script defines pack (re-packs $R), which the steps call.
 : "${OUT:?set OUT to a folder for the results}"

@@ -8,21 +8,14 @@ the speedup over each baseline (min / median over the same cases).  Markdown on 
 from __future__ import annotations
 
 import argparse
-import gzip
-import json
 import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from harness.report.files import load  # noqa: E402
 from harness.timing import host_bound  # noqa: E402
-
-
-def load(path: str) -> list:
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt") as f:
-        return json.load(f)["rows"]
 
 
 def summary(rows: list, bar: float, dtypes: list, impls: list, bases: list) -> list[str]:
@@ -59,7 +52,7 @@ def main(argv=None) -> int:
     ap.add_argument("--impl", action="append", default=[], help="rows for these (default: every impl)")
     ap.add_argument("--base", action="append", default=[], help="speedup columns over these")
     a = ap.parse_args(argv)
-    print("\n".join(summary(load(a.results), a.bar, a.dtype, a.impl, a.base)))
+    print("\n".join(summary(load(a.results)["rows"], a.bar, a.dtype, a.impl, a.base)))
     return 0
 
 
