@@ -251,7 +251,8 @@ CANDIDATE_SHAPES = {
     "k_inner_mid": ((3, 40, 96), (3, 1, 96)),  # K of two dims
     "row_sum": ((24, 130), (24, 1)),          # the contiguous class is summed
     "a_bcast": ((1, 96), (40, 96)),           # loops over RA
-    "both": ((1, 12, 64), (5, 12, 1)),        # both reduce, the looped one contiguous
+    "both": ((1, 12, 64), (5, 12, 1)),        # both reduce, the fixed one contiguous (the batch kernel)
+    "both_mirror": ((5, 12, 1), (1, 12, 37)),  # ... and its mirror, rows of 37
     "outer": ((40, 1), (1, 24)),              # the fixed class contiguous
 }
 
@@ -300,7 +301,7 @@ def test_every_tile_path_is_forced():
     for pattern in ti.PATTERNS:
         for cfg in (ti.TINY, ti.TINY_NP):
             L = _launch_of(pattern, cfg)
-            if L is None:
+            if L is None or L.kernel == "batch":  # see test_every_batch_path_is_forced
                 continue
             c = L.constexprs
             seen.add(("loop_b" if c["LOOP_B"] else "loop_a", "prefetch" if c["PREFETCH"] else "plain"))
@@ -318,6 +319,60 @@ def test_every_tile_path_is_forced():
     for needed in [("loop_b", "prefetch"), ("loop_b", "plain"), ("loop_a", "prefetch"), ("loop_a", "plain"),
                    "split loop", "fixed partials", "stage 2 in steps", ("BA", True), ("BA", False),
                    ("BB", True), ("BB", False), ("fast", True), ("fast", False)]:
+        assert needed in seen, f"no pattern takes path {needed}"
+
+
+PERF_BOTH = ((1, 2048, 4096), (8, 2048, 1))  # the both-broadcast perf cases' shapes
+
+
+def _plan_of(a_shape, b_shape):
+    cs = _bcast_plan.contiguous_strides
+    return _bcast_plan.make_plan(a_shape, b_shape, cs(a_shape), cs(b_shape),
+                                 cs(_bcast_plan.broadcast_shape(a_shape, b_shape)))
+
+
+@pytest.mark.parametrize("item", [2, 4, 8])
+def test_both_broadcast_takes_the_batch_kernel(item):
+    """The perf cases mul[A=1x2048x4096, B=8x2048x1]: one program per row of the 2048, every batch
+    in one tile whose row chunk spans the 4 warps with one 16-byte vector per thread and batch
+    (so the batch sum stays in each thread), both gradients written directly, one reduction
+    across warps per program; the mirror image too.  batch_tile=0 keeps the generic tile kernel."""
+    for a_shape, b_shape, swap in (PERF_BOTH + (False,), PERF_BOTH[::-1] + (True,)):
+        bplan = _plan_of(a_shape, b_shape)
+        assert tk.batch_path(bplan) and tk.tune_class(bplan, item, "mul")[0] == "batch"
+        L = tk.plan_tile(bplan, item, "mul", tk.GPU_CONFIG, 132)
+        c = L.constexprs
+        assert L.kernel == "batch" and c["SWAP"] == swap
+        assert (L.grid, L.num_warps, c["BT"], c["BN"], c["VEC"]) == (2048, 4, 8, 2048 // item, 16 // item)
+        assert c["BN"] == 32 * L.num_warps * c["VEC"]  # the warps side by side along the row
+        assert (L.parts_a, L.parts_b, c["DIRECT"], c["ACCUM"], c["PREFETCH"]) == (1, 1, True, False, True)
+        assert L.ints["nblk_r"] == 4096 // c["BN"] and not (L.scratch_a or L.scratch_b)
+        assert tk.plan_tile(bplan, item, "pow", tk.GPU_CONFIG, 132).constexprs["PREFETCH"] is False
+        old = tk.plan_tile(bplan, item, "mul", tk.PRESETS["no_batch"], 132)
+        assert old.kernel == "tile" and not tk.batch_path(bplan, tk.PRESETS["no_batch"])
+    assert not tk.batch_path(_plan_of((8, 2048, 4096), (8, 2048, 1)))  # one reduction: the tile kernel
+
+
+def test_every_batch_path_is_forced():
+    """The interpreter's batch patterns under its sizings take every branch of `_batch_kernel`:
+    both operand orders, prefetch on and off, running sums over several tiles a program, batch
+    partials (with and without running sums), several chunks a row and rows of several dims,
+    batch counts and row lengths that leave a tile or chunk partly masked."""
+    seen = set()
+    for pattern in ti._BATCH:
+        for cfg in (None, ti.TINY, ti.TINY_BT):
+            _, inputs, _ = ti._inputs("mul", "f32", pattern)
+            cfg = cfg or tk.INTERPRETER_CONFIG
+            L = tk.plan_tile(_bplan(inputs), 4, "mul", cfg, cfg.sms)
+            assert L.kernel == "batch", pattern
+            c, n = L.constexprs, L.ints
+            seen |= {("swap", c["SWAP"]), ("prefetch", c["PREFETCH"]), ("direct", c["DIRECT"], c["ACCUM"])}
+            seen |= {("chunks", n["nblk_r"] > 1), ("row dims", (c["NA"] if c["SWAP"] else c["NB"]) > 1),
+                     ("ragged tile", n["n_l"] % c["BT"] != 0), ("ragged chunk", n["cols"] % c["BN"] != 0)}
+    for needed in [("swap", True), ("swap", False), ("prefetch", True), ("prefetch", False),
+                   ("direct", True, True), ("direct", True, False), ("direct", False, True),
+                   ("direct", False, False), ("chunks", True), ("row dims", True), ("ragged tile", True),
+                   ("ragged chunk", True)]:
         assert needed in seen, f"no pattern takes path {needed}"
 
 

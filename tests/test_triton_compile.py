@@ -38,19 +38,23 @@ TILE_SHAPES = {
     "outer": ((4096, 1), (1, 64), None),                 # RA contiguous, grad_b in partials
     "strided": ((64, 48), (48,), ((48, 1), (1,), (1, 64))),  # transposed grad_out: generic unravel
     "interleaved": ((8, 1, 16, 1, 32), (1, 8, 1, 16, 32), None),  # two dims in each of RA and RB
+    # _batch_kernel: both broadcast, the summed rows contiguous (the perf cases' shapes), and the mirror
+    "bb": ((1, 2048, 4096), (8, 2048, 1), None),
+    "bb_mirror": ((8, 2048, 1), (1, 2048, 4096), None),
 }
 TILE_FN = {"strided": "mul", "last": "pow", "mid": "maximum", "a_bcast": "div", "both": "sub",
-           "outer": "minimum", "interleaved": "add"}
-VECTORISED = ("flat", "tile-rows", "tile-last", "tile-mid", "cand")  # must emit ld.global.v*
+           "outer": "minimum", "interleaved": "add", "bb_mirror": "pow"}
+VECTORISED = ("flat", "tile-rows", "tile-last", "tile-mid", "tile-bb", "cand")  # must emit ld.global.v*
 # The autotuner's other candidates (backends/triton/binary_backward.py `candidates`) for the
 # main shapes: 'flat' is the no-broadcast llama shape.  Index 0, the default, is compiled above.
-CANDIDATE_SHAPES = ("flat", "rows", "last", "mid")
+CANDIDATE_SHAPES = ("flat", "rows", "last", "mid", "bb")
 
 
 def _jobs() -> list[str]:
     jobs = [f"flat-{dt}-{fn}" for dt in DTYPES for fn in FNS]
     jobs += [f"tile-rows-{dt}-{fn}" for dt in DTYPES for fn in FNS]
     jobs += [f"tile-{label}-{dt}-{fn}" for label, fn in TILE_FN.items() for dt in DTYPES]
+    jobs += [f"tile-bb-{dt}-{fn}" for dt in DTYPES for fn in FNS]  # the batch kernel, every fn
     jobs += [f"stage2-{dt}-sum" for dt in DTYPES]
     jobs += [f"cand-{label}-{i}-{dt}-mul" for label in CANDIDATE_SHAPES for dt in ("bf16", "f32")
              for i in range(1, _candidate_count(label, _ITEM[dt]))]
@@ -110,9 +114,10 @@ def _launch_args(job: str):
     plan = _bplan(label[0])
     launch = tk.plan_tile(plan, item, fn, cfg)
     ptrs = dict.fromkeys(("a_ptr", "b_ptr", "g_ptr", "ga_ptr", "gb_ptr"), ty)
-    ptrs.update(wsa_ptr=acc if launch.parts_a > 1 else ty, wsb_ptr=acc if launch.parts_b > 1 else ty,
-                desc_ptr="i64")
-    return tk._tile_kernel, ptrs, launch.ints, launch.constexprs, launch.num_warps
+    ptrs.update(wsa_ptr=acc if launch.parts_a > 1 or launch.scratch_a else ty,
+                wsb_ptr=acc if launch.parts_b > 1 or launch.scratch_b else ty, desc_ptr="i64")
+    kernel = tk._batch_kernel if launch.kernel == "batch" else tk._tile_kernel
+    return kernel, ptrs, launch.ints, launch.constexprs, launch.num_warps
 
 
 def _compile(job: str) -> dict:

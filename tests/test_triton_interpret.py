@@ -43,6 +43,10 @@ PATTERNS = {
     "a_bcast": ((4, 1), (4, 6), "contig", "contig", "contig"),          # loops over RA
     "a_rank": ((6,), (3, 5, 6), "contig", "contig", "contig"),          # rank mismatch
     "both": ((3, 1, 5), (1, 4, 1), "contig", "contig", "contig"),
+    # both broadcast, the summed row contiguous (_batch_kernel): rows of 37 (no multiple of a
+    # chunk), 11 batches (no multiple of a tile), and the mirror image (grad_b sums the batches)
+    "both_rows": ((1, 3, 37), (11, 3, 1), "contig", "contig", "contig"),
+    "both_rows_mirror": ((11, 3, 1), (1, 3, 37), "contig", "contig", "contig"),
     "outer": ((6, 1), (1, 9), "contig", "contig", "contig"),
     "interleaved": ((2, 1, 3, 1, 4), (1, 3, 1, 2, 4), "contig", "contig", "contig"),
     "scalar_a": ((), (4, 5), "contig", "contig", "contig"),
@@ -59,11 +63,17 @@ PATTERNS = {
 }
 # Small launch sizing: tiles of 16 float32 on 2 "SMs" x 2 programs, so every path (partials,
 # stage 2 over several row steps, prefetch past a chunk's end) runs here; TINY_NP the kernel
-# without prefetch, and both reductions looped over the contiguous one.
+# without prefetch, and both reductions looped over the contiguous one (which the batch kernel
+# never takes: the generic tile kernel's both-broadcast paths run there).  In the batch kernel,
+# TINY makes tiles of 2 batches x 4 float32, several a program; TINY_BT splits them over programs
+# too (partials of the batch sum, each a running sum over tiles), without prefetch.
 TINY = tk.Config(tile_bytes=64, vectors=2, inner_bytes=32, s_max=2, row_bytes=32, sms=2, occupancy=2,
-                 partial_limit=1, partial_share=None, flat_bytes=32, flat_vectors=2, stage2_rows=2, stage2_bytes=64)
+                 partial_limit=1, partial_share=None, flat_bytes=32, flat_vectors=2, stage2_rows=2, stage2_bytes=64,
+                 batch_tile=2, batch_bytes=16)
 TINY_NP = replace(TINY, prefetch=False, loop_inner=True)
-SIZINGS = {"auto": None, "tiny": TINY, "tiny_np": TINY_NP}
+TINY_BT = replace(TINY, occupancy=4, prefetch=False)
+SIZINGS = {"auto": None, "tiny": TINY, "tiny_np": TINY_NP, "tiny_bt": TINY_BT}
+_BATCH = ("both", "outer", "both_rows", "both_rows_mirror")  # the patterns _batch_kernel takes
 _ZERO = ("zero_out", "zero_bcast", "zero_rank")
 
 
@@ -76,6 +86,11 @@ def _case_ids() -> list[str]:
             for fn in ("mul", "pow", "maximum") for cfg in ("auto", "tiny")]
     ids += [f"{fn}|f64|{p}|{cfg}" for p in ("same", "b_mid", "both", "sliced") for fn in ("div", "pow")
             for cfg in ("auto", "tiny")]
+    # the batch kernel: every fn with its running sums and partials, 16-bit and float64 rows
+    ids += [f"{fn}|f32|{p}|{cfg}" for p in _BATCH for fn in bb.FNS for cfg in ("tiny", "tiny_bt")
+            if not (cfg == "tiny" and fn in ("mul", "pow", "maximum"))]
+    ids += [f"{fn}|{dt}|{p}|{cfg}" for dt in ("f16", "bf16", "f64") for p in ("both_rows", "both_rows_mirror")
+            for fn in ("mul", "div", "pow", "minimum") for cfg in ("auto", "tiny", "tiny_bt")]
     return ids
 
 

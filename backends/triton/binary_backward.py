@@ -13,6 +13,9 @@ Design (see backends/_plans/binary_backward.py for the K / RA / RB box):
   grad_out.  When one program covers a whole reduction, it writes the output directly;
   otherwise it writes float32 (float64) partials and `_sum_partials_kernel` adds them
   in a fixed order: deterministic, no atomics.
+* Both operands broadcast with the fixed reduction on the contiguous rows (A=1xMxN, B=BxMx1
+  and its mirror): `_batch_kernel` instead, which reads [batches x row chunk] tiles and defers
+  the row sum to one cross-warp reduction per tile of batches (`batch_path`, `plan_batch`).
 * Memory-bound, so sized for bytes in flight: a thread holds one 16-byte vector per tensor
   per step (about 50-70 registers for mul, so 7-10 programs of 4 warps per SM), the
   operand constant along the loop is read once, every tile has the full 3-D shape (one
@@ -394,6 +397,138 @@ def _tile_kernel(a_ptr, b_ptr, g_ptr, ga_ptr, gb_ptr, wsa_ptr, wsb_ptr, desc_ptr
                     k_ga, AX_K, rb_ga, AX_B, k_m, rb_m, DIRECT_A)
 
 
+@jit
+def _pick(oa, ob, SWAP: tl.constexpr):
+    """(X, Y) from per-tensor (a, b) values: X = a unless SWAP (see `_batch_kernel`)."""
+    if SWAP:
+        r = ob, oa
+    else:
+        r = oa, ob
+    return r
+
+
+@jit
+def _batch_terms(g, x, y, m, FN: tl.constexpr, IS_F64: tl.constexpr, SWAP: tl.constexpr):
+    """(t_x, t_y): `_terms` with the operands in the order df/da, df/db expects."""
+    if SWAP:
+        ta, tb = _terms(g, y, x, m, FN, IS_F64)
+        r = tb, ta
+    else:
+        r = _terms(g, x, y, m, FN, IS_F64)
+    return r
+
+
+@jit
+def _batch_loads(j, j_end, desc_ptr, g_ptr, x_ptr, kl_g, kl_m, k_x, k_m, n_r, cols, ncb,
+                 BASE_R: tl.constexpr, NR: tl.constexpr, BN: tl.constexpr, AL: tl.constexpr,
+                 SWAP: tl.constexpr, FN: tl.constexpr, IS_F64: tl.constexpr):
+    """grad_out as a [BT, BN] tile (batches x row chunk j) and X as [1, BN] (X is constant along
+    the batches: one read serves every row of the tile); nothing at or past chunk j_end (a prefetch).
+    Widened here, not at use: ptxas spends more registers unpacking a carried 16-bit tile (sm_90:
+    201 against 139 for bf16 mul)."""
+    r_a, r_b, r_g, r_ga, r_gb, r_m = _class_block(j, desc_ptr, BASE_R, NR, n_r, BN, True, cols, ncb, AL)
+    r_m = r_m & (j < j_end)
+    g = _up(tl.load(g_ptr + (kl_g[:, None] + r_g[None, :]), mask=kl_m[:, None] & r_m[None, :], other=0.0), IS_F64)
+    if FN == "add" or FN == "sub":
+        x = g  # the partials are constants: no operand read
+    else:
+        r_x = _pick(r_a, r_b, SWAP)[0]
+        x = _up(tl.load(x_ptr + (k_x + r_x)[None, :], mask=(k_m & r_m)[None, :], other=1.0), IS_F64)
+    return g, x
+
+
+@jit
+def _batch_store_x(gx_ptr, ws_ptr, v, off, m, row, t, t0, t1, DIRECT: tl.constexpr, ACCUM: tl.constexpr):
+    """grad_X's sum over one batch tile, for one row chunk.  ACCUM (a program owns several tiles):
+    the running sum lives in the program's own workspace row (the same thread writes and reads
+    each element, so no other program or barrier is involved), and the last tile finishes it.
+    DIRECT: the program's tiles cover every batch, the finished sum is the output; else it is
+    partial row `row`, added up by `_sum_partials_kernel`."""
+    ws = ws_ptr + row + off
+    if ACCUM:
+        v += tl.load(ws, mask=m & (t > t0), other=0.0)
+    if DIRECT:
+        tl.store(gx_ptr + off, _to_out(v, gx_ptr), mask=m & (t == t1 - 1))
+        if ACCUM:
+            tl.store(ws, v, mask=m & (t < t1 - 1))
+    else:
+        tl.store(ws, v, mask=m)
+
+
+# Sizes and counts that only bound loops and masks are not specialised (see _tile_kernel).
+@jit(do_not_specialize=["n_k", "n_l", "n_r", "ncb", "nblk_k", "nblk_l", "nblk_r", "iters", "numel_gx"])
+def _batch_kernel(a_ptr, b_ptr, g_ptr, ga_ptr, gb_ptr, wsa_ptr, wsb_ptr, desc_ptr,
+                  n_k, n_l, n_r, cols, ncb, nblk_k, nblk_l, nblk_r, iters, numel_gx,
+                  FN: tl.constexpr, IS_F64: tl.constexpr,
+                  NK: tl.constexpr, NA: tl.constexpr, NB: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
+                  VEC: tl.constexpr, SWAP: tl.constexpr, AL: tl.constexpr, DIRECT: tl.constexpr,
+                  ACCUM: tl.constexpr, PREFETCH: tl.constexpr):
+    """Both operands broadcast, one reduction (R) on the contiguous rows and one (L) across
+    "batches" of them: A=1xMxN, B=BxMx1 (R = N, L = B) and its mirror (SWAP: A=BxMx1, B=1xMxN).
+
+    X is the operand that varies along R (a; b when SWAP), so grad_X sums over L; Y varies along
+    L and grad_Y sums over R.  A program owns one K index (M above) and a chunk of batch tiles:
+    per tile it walks the row in chunks of [BT batches, BN columns].  grad_Y's terms accumulate
+    element-wise in a [BT, BN] tile and are summed across the warps once per tile, after the row:
+    no cross-warp reduction, and so no barrier, inside the loop whose loads stream (the generic
+    tile kernel summed every step across 16 warps, stalling the next step's reads).  grad_X's
+    sum over the tile's batches runs along axis 0, which each thread holds whole (BN spans the
+    warps: the host sizes it so), so it needs no communication either.  PREFETCH issues the
+    next chunk's reads before this chunk's math.
+    """
+    ACC: tl.constexpr = tl.float64 if IS_F64 else tl.float32
+    BASE_A: tl.constexpr = 6 * NK
+    BASE_B: tl.constexpr = 6 * (NK + NA)
+    BASE_L: tl.constexpr = BASE_B if SWAP else BASE_A
+    BASE_R: tl.constexpr = BASE_A if SWAP else BASE_B
+    NL: tl.constexpr = NB if SWAP else NA
+    NR: tl.constexpr = NA if SWAP else NB
+    pid = tl.program_id(0).to(tl.int64)
+    kb = pid % nblk_k
+    lc = pid // nblk_k
+    t0 = lc * iters
+    t1 = tl.minimum(t0 + iters, nblk_l)
+    k_a, k_b, k_g, k_ga, k_gb, k_m = _class_block(kb, desc_ptr, 0, NK, n_k, 1, False, cols, ncb, AL)
+    k_x, k_y = _pick(k_a, k_b, SWAP)
+    k_gx, k_gy = _pick(k_ga, k_gb, SWAP)
+    x_ptr, y_ptr = _pick(a_ptr, b_ptr, SWAP)
+    gx_ptr, gy_ptr = _pick(ga_ptr, gb_ptr, SWAP)
+    ws_ptr = _pick(wsa_ptr, wsb_ptr, SWAP)[0]
+    for t in range(t0, t1):
+        l_a, l_b, l_g, l_ga, l_gb, l_m = _class_block(t, desc_ptr, BASE_L, NL, n_l, BT, False, cols, ncb, AL)
+        l_y = _pick(l_a, l_b, SWAP)[1]
+        l_gy = _pick(l_ga, l_gb, SWAP)[1]
+        kl_m = k_m & l_m
+        kl_g = k_g + l_g
+        if FN == "add" or FN == "sub":
+            y = tl.zeros([BT, 1], ACC)
+        else:
+            y = _up(tl.load(y_ptr + (k_y + l_y)[:, None], mask=kl_m[:, None], other=1.0), IS_F64)
+        acc = tl.zeros([BT, BN // VEC], ACC)
+        if PREFETCH:
+            g_n, x_n = _batch_loads(0, nblk_r, desc_ptr, g_ptr, x_ptr, kl_g, kl_m, k_x, k_m, n_r, cols, ncb,
+                                    BASE_R, NR, BN, AL, SWAP, FN, IS_F64)
+        for j in range(0, nblk_r):
+            if PREFETCH:
+                g = g_n
+                x = x_n
+                g_n, x_n = _batch_loads(j + 1, nblk_r, desc_ptr, g_ptr, x_ptr, kl_g, kl_m, k_x, k_m, n_r, cols,
+                                        ncb, BASE_R, NR, BN, AL, SWAP, FN, IS_F64)
+            else:
+                g, x = _batch_loads(j, nblk_r, desc_ptr, g_ptr, x_ptr, kl_g, kl_m, k_x, k_m, n_r, cols, ncb,
+                                    BASE_R, NR, BN, AL, SWAP, FN, IS_F64)
+            r_a, r_b, r_g, r_ga, r_gb, r_m = _class_block(j, desc_ptr, BASE_R, NR, n_r, BN, True, cols, ncb, AL)
+            r_gx = _pick(r_ga, r_gb, SWAP)[0]
+            tx, ty = _batch_terms(g, x, y, kl_m[:, None] & r_m[None, :], FN, IS_F64, SWAP)
+            # each thread's VEC adjacent columns (one 16-byte vector) first, within the thread:
+            # the running sum keeps BT x BN / VEC values, not BT x BN
+            acc += tl.sum(tl.reshape(ty, [BT, BN // VEC, VEC]), axis=2)
+            _batch_store_x(gx_ptr, ws_ptr, tl.sum(tx, axis=0), k_gx + r_gx, k_m & r_m, lc * numel_gx,
+                           t, t0, t1, DIRECT, ACCUM)
+        gy = tl.sum(acc, axis=1)
+        tl.store(gy_ptr + k_gy + l_gy, _to_out(gy, gy_ptr), mask=kl_m)
+
+
 @jit(do_not_specialize=["parts"])
 def _sum_partials_kernel(ws_ptr, out_ptr, n, parts, BP: tl.constexpr, BN: tl.constexpr):
     """Stage 2: out[i] = sum_p ws[p, i], p in a fixed order (BP rows at a time, then a fixed tree)."""
@@ -441,6 +576,10 @@ class Config:
     stage2_bytes: int = 16384   # largest load of the partial-sum kernel
     stage2_programs: int = 256
     max_warps: int = 16       # the tile kernel's (a tile widened to whole rows); the others stop at 8
+    # `_batch_kernel` (both operands broadcast, a summed row on the contiguous axis; 0: the tile kernel):
+    batch_tile: int = 8       # batches per tile: grad_out rows a thread reads per step, one vector each
+    batch_bytes: int = 2048   # row chunk per step, in bytes (a warp covers 512 of them per vector)
+    batch_warps: int = 4      # few warps a program, so several programs share an SM
 
 
 GPU_CONFIG = Config()
@@ -459,8 +598,12 @@ PRESETS = {
     "narrow_strips": replace(GPU_CONFIG, inner_bytes=512),
     "loop_inner": replace(GPU_CONFIG, loop_inner=True),
     "whole_rows": replace(GPU_CONFIG, row_bytes=16384),
+    # both operands broadcast (A=1xMxN, B=BxMx1): the generic tile kernel instead of _batch_kernel,
+    # and _batch_kernel at half the batches a tile
+    "no_batch": replace(GPU_CONFIG, batch_tile=0),
+    "batch4": replace(GPU_CONFIG, batch_tile=4),
     "old": replace(GPU_CONFIG, tile_bytes=16384, vectors=4, waves=0, partial_share=0.01, prefetch=False,
-                   loop_inner=True, row_bytes=0, stage2_rows=64, max_warps=8),
+                   loop_inner=True, row_bytes=0, stage2_rows=64, max_warps=8, batch_tile=0),
 }
 PRESET_ENV = "GRADORACLE_TRITON_BINARY"
 VARIANTS_ENV = "GRADORACLE_TRITON_VARIANTS"
@@ -490,6 +633,10 @@ class TileLaunch:
     parts_a: int              # partials per grad_a element (1: written directly)
     parts_b: int
     occupancy: int | None = None  # programs per SM the split was sized with (None: no split asked)
+    kernel: str = "tile"      # "tile": _tile_kernel; "batch": _batch_kernel
+    scratch_a: bool = False   # grad_a needs a workspace row even when direct (a running sum)
+    scratch_b: bool = False
+    grad_numels: tuple = (0, 0)  # numel of grad_a, of grad_b
 
 
 def _inner_class(plan) -> str:
@@ -575,10 +722,11 @@ def plan_tile(plan, itemsize: int, fn: str, cfg: Config = GPU_CONFIG, sms: int =
     resident at once, so no SM idles through a partial last wave.  occupancy(launch) -> the
     programs per SM of the split launch's compiled kernel, or None (then cfg.occupancy).
     """
+    if batch_path(plan, cfg):
+        return plan_batch(plan, itemsize, fn, cfg, sms)
     ext, inner, loop, fixed = _roles(plan, cfg)
-    grp = getattr(plan, inner)
-    fast = grp.ndim > 0 and all(grp.strides[t][-1] == 1 for t in _VARY[inner])
-    cols = grp.sizes[-1] if fast else 1
+    fast = _fast(plan, inner)
+    cols = getattr(plan, inner).sizes[-1] if fast else 1
     block = _blocks(ext, inner, cols if fast else ext[inner], fixed, loop, itemsize, cfg)
 
     ncb = cdiv(cols, block[inner])
@@ -599,13 +747,8 @@ def plan_tile(plan, itemsize: int, fn: str, cfg: Config = GPU_CONFIG, sms: int =
 
     others = [c for c in _CLASSES if c != inner]
     axis = {others[0]: 0, others[1]: 1, inner: 2}
-    desc = []
-    for c in _CLASSES:
-        g = getattr(plan, c)
-        for d in range(g.ndim):
-            desc += [g.sizes[d]] + [g.strides[t][d] for t in bcast.TENSORS]
     L = TileLaunch(
-        desc=desc,
+        desc=_descriptor_rows(plan),
         ints=dict(n_k=ext["k"], n_a=ext["ra"], n_b=ext["rb"], cols=cols, ncb=ncb, nblk_k=nblk["k"],
                   nblk_s=nblk[fixed], nblk_l=nblk[loop], iters=nblk[loop],
                   numel_ga=plan.numel // ext["ra"], numel_gb=plan.numel // ext["rb"]),
@@ -618,6 +761,7 @@ def plan_tile(plan, itemsize: int, fn: str, cfg: Config = GPU_CONFIG, sms: int =
         num_warps=_warps(block["k"] * block["ra"] * block["rb"], itemsize, cfg),
         parts_a=1,
         parts_b=1,
+        grad_numels=(plan.numel // ext["ra"], plan.numel // ext["rb"]),
     )
     parts = {fixed: nblk[fixed], loop: 1}  # partial rows per gradient element, by the class it sums over
     if most > 1:
@@ -634,6 +778,72 @@ def plan_tile(plan, itemsize: int, fn: str, cfg: Config = GPU_CONFIG, sms: int =
         L.ints["iters"] = iters
         L.grid = base * parts[loop]
     _set_parts(L, parts)
+    return L
+
+
+def _fast(plan, inner: str) -> bool:
+    """Whether the inner class's last dim has unit stride in every tensor that moves along it."""
+    grp = getattr(plan, inner)
+    return grp.ndim > 0 and all(grp.strides[t][-1] == 1 for t in _VARY[inner])
+
+
+def _descriptor_rows(plan) -> list[int]:
+    """Per dim of each class (k, ra, rb): its size, then the strides of a, b, g, ga, gb."""
+    desc = []
+    for c in _CLASSES:
+        g = getattr(plan, c)
+        for d in range(g.ndim):
+            desc += [g.sizes[d]] + [g.strides[t][d] for t in bcast.TENSORS]
+    return desc
+
+
+def batch_path(plan, cfg: Config = GPU_CONFIG) -> bool:
+    """Whether `_batch_kernel` takes the call: both gradients reduce, the fixed reduction (whole
+    rows a step) is on a contiguous axis, and the sizing allows it (batch_tile > 0)."""
+    if not cfg.batch_tile:
+        return False
+    ext, inner, loop, fixed = _roles(plan, cfg)
+    return fixed == inner and ext[fixed] > 1 and ext[loop] > 1 and _fast(plan, inner)
+
+
+def plan_batch(plan, itemsize: int, fn: str, cfg: Config = GPU_CONFIG, sms: int = 132) -> TileLaunch:
+    """`_batch_kernel`'s launch: one program per K index and chunk of batch tiles.
+
+    The row chunk BN is `batch_bytes` wide (less for shorter rows) and its warps sit side by side
+    along it, one 16-byte vector per thread per batch row: axis 0 (the batches) stays within each
+    thread.  The batch tiles are split over programs only when the K extent alone leaves the GPU
+    short of `sms x occupancy x waves` programs; then grad_X is written in partials.
+    """
+    ext, inner, loop, _ = _roles(plan, cfg)
+    cols = getattr(plan, inner).sizes[-1]
+    bn = min(p2(cols), max(1, cfg.batch_bytes // itemsize))
+    bt = min(p2(ext[loop]), cfg.batch_tile)
+    nblk_l = cdiv(ext[loop], bt)
+    ncb = cdiv(cols, bn)
+    parts = max(1, min(nblk_l, sms * cfg.occupancy * max(1, cfg.waves) // ext["k"]))
+    iters = cdiv(nblk_l, parts)
+    parts = cdiv(nblk_l, iters)  # every chunk but the last has exactly `iters` tiles
+    swap = loop == "rb"  # X (the operand constant along the batches) is b
+    grad_x = plan.numel // ext[loop]
+    L = TileLaunch(
+        desc=_descriptor_rows(plan),
+        ints=dict(n_k=ext["k"], n_l=ext[loop], n_r=ext[inner], cols=cols, ncb=ncb, nblk_k=ext["k"],
+                  nblk_l=nblk_l, nblk_r=(ext[inner] // cols) * ncb, iters=iters, numel_gx=grad_x),
+        constexprs=dict(FN=fn, IS_F64=itemsize == 8, NK=plan.k.ndim, NA=plan.ra.ndim, NB=plan.rb.ndim,
+                        BT=bt, BN=bn, VEC=min(bn, max(1, 16 // itemsize)), SWAP=swap, AL=_alignments(plan, inner), DIRECT=parts == 1,
+                        # pow's terms beside a prefetched tile spill at 8 batches of 16-bit values (sm_90)
+                        ACCUM=iters > 1, PREFETCH=cfg.prefetch and fn != "pow"),
+        grid=ext["k"] * parts,
+        num_warps=_warps(bn, itemsize, cfg, 1, cfg.batch_warps),
+        parts_a=1 if swap else parts,
+        parts_b=parts if swap else 1,
+        kernel="batch",
+        grad_numels=(plan.numel // ext["ra"], plan.numel // ext["rb"]),
+    )
+    if swap:
+        L.scratch_b = iters > 1
+    else:
+        L.scratch_a = iters > 1
     return L
 
 
@@ -745,14 +955,17 @@ class _TilePlan(_Plan):
         self.launch = launch
         self.desc = _descriptor(launch.desc, device)
         self.acc = torch.float64 if itemsize == 8 else torch.float32
-        self.main = Step(_tile_kernel, launch.grid, 8, {**launch.ints, **launch.constexprs}, launch.num_warps)
-        self.ws_a, self.sum_a = self._stage2(launch.parts_a, launch.ints["numel_ga"], cfg)
-        self.ws_b, self.sum_b = self._stage2(launch.parts_b, launch.ints["numel_gb"], cfg)
+        kernel = _batch_kernel if launch.kernel == "batch" else _tile_kernel
+        self.main = Step(kernel, launch.grid, 8, {**launch.ints, **launch.constexprs}, launch.num_warps)
+        numel_ga, numel_gb = launch.grad_numels
+        self.ws_a, self.sum_a = self._stage2(launch.parts_a, numel_ga, cfg, launch.scratch_a)
+        self.ws_b, self.sum_b = self._stage2(launch.parts_b, numel_gb, cfg, launch.scratch_b)
 
-    def _stage2(self, parts: int, n: int, cfg: Config):
-        """(workspace elements, the step that sums them) for a gradient of n elements; (0, None): direct."""
+    def _stage2(self, parts: int, n: int, cfg: Config, scratch: bool = False):
+        """(workspace elements, the step that sums them) for a gradient of n elements; (0, None): direct.
+        `scratch`: a direct gradient that still needs one workspace row (a running sum)."""
         if parts == 1:
-            return 0, None
+            return (n if scratch else 0), None
         item = 8 if self.acc == self.torch.float64 else 4
         bp, bn = stage2_blocks(parts, n, item, cfg)
         return parts * n, Step(_sum_partials_kernel, cdiv(n, bn), 2, dict(n=n, parts=parts, BP=bp, BN=bn),
@@ -765,9 +978,9 @@ class _TilePlan(_Plan):
         wa = empty(self.ws_a, dtype=self.acc, device=self.device) if self.ws_a else ga
         wb = empty(self.ws_b, dtype=self.acc, device=self.device) if self.ws_b else gb
         self.main.launch(a, b, g, ga, gb, wa, wb, self.desc)
-        if self.ws_a:
+        if self.sum_a:
             self.sum_a.launch(wa, ga)
-        if self.ws_b:
+        if self.sum_b:
             self.sum_b.launch(wb, gb)
 
     def steps(self) -> list:
@@ -897,6 +1110,8 @@ def tune_class(bplan, itemsize: int, fn: str = "mul") -> tuple:
     """The shape class a tuning choice is kept for."""
     if bplan.contiguous_fast_path():
         return ("flat", fn, itemsize)
+    if batch_path(bplan):
+        return ("batch", fn, itemsize)
     ext, inner, loop, fixed = _roles(bplan, replace(GPU_CONFIG, loop_inner=True))
     role = "k" if inner == "k" else ("loop" if inner == loop else "fixed")
     length = 0 if ext[loop] < 256 else 1 if ext[loop] < 4096 else 2
@@ -914,6 +1129,8 @@ def candidates(cls: tuple) -> list[Config]:
                     replace(g, flat_bytes=8192, flat_vectors=1)]
         return [g, replace(g, flat_bytes=8192, flat_vectors=2), replace(g, flat_bytes=4096, flat_vectors=1),
                 replace(g, flat_bytes=16384, flat_vectors=2)]
+    if cls[0] == "batch":  # fewer batches a tile (more programs an SM), and the generic tile kernel
+        return [g, replace(g, prefetch=False), replace(g, batch_tile=4), replace(g, batch_tile=0)]
     _, fn, role, loop_reduces, fixed_reduces, _, _ = cls
     wide = replace(g, tile_bytes=4096, vectors=2)
     if role == "k" and loop_reduces:  # column strips of K, rows summed: the bias-gradient shape
