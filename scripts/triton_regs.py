@@ -101,7 +101,7 @@ def binary_requests(extra_fns: bool) -> list[tuple]:
 
 def binary_launches(fn: str, dt: str, a_shape, b_shape, cfg) -> list[dict]:
     """The launches of one call as the backend plans them on an H100, each compiled for sm_90."""
-    from backends import _bcast_plan
+    from backends._plans import binary_backward as _bcast_plan
     from backends.triton import binary_backward as tk
 
     o = _bcast_plan.broadcast_shape(a_shape, b_shape)
@@ -119,18 +119,23 @@ def binary_launches(fn: str, dt: str, a_shape, b_shape, cfg) -> list[dict]:
         return rows
 
     def ptrs(L):
-        return dict(io, wsa_ptr=acc if L.parts_a > 1 else ty, wsb_ptr=acc if L.parts_b > 1 else ty, desc_ptr="i64")
+        return dict(io, wsa_ptr=acc if L.parts_a > 1 or L.scratch_a else ty,
+                    wsb_ptr=acc if L.parts_b > 1 or L.scratch_b else ty, desc_ptr="i64")
 
     def ask(L):
         return occupancy(compile_sm90(tk._tile_kernel, ptrs(L), L.ints, L.constexprs, L.num_warps), L.num_warps)
 
     L = tk.plan_tile(bplan, item, fn, replace(cfg, sms=0), SMS, ask)
     c = L.constexprs
-    res = compile_sm90(tk._tile_kernel, ptrs(L), L.ints, L.constexprs, L.num_warps)
-    rows.append(dict(kernel="tile", shape=f"K{c['BK']} A{c['BA']} B{c['BB']} {'loopB' if c['LOOP_B'] else 'loopA'}"
-                     f"{' pf' if c['PREFETCH'] else ''} parts {L.parts_a}/{L.parts_b} iters {L.ints['iters']}",
-                     warps=L.num_warps, grid=L.grid, res=res))
-    for parts, n in ((L.parts_a, L.ints["numel_ga"]), (L.parts_b, L.ints["numel_gb"])):
+    if L.kernel == "batch":  # both operands broadcast: batch tiles x row chunks
+        res = compile_sm90(tk._batch_kernel, ptrs(L), L.ints, L.constexprs, L.num_warps)
+        shape = f"T{c['BT']} N{c['BN']}{' swap' if c['SWAP'] else ''}"
+    else:
+        res = compile_sm90(tk._tile_kernel, ptrs(L), L.ints, L.constexprs, L.num_warps)
+        shape = f"K{c['BK']} A{c['BA']} B{c['BB']} {'loopB' if c['LOOP_B'] else 'loopA'}"
+    rows.append(dict(kernel=L.kernel, shape=f"{shape}{' pf' if c['PREFETCH'] else ''} parts {L.parts_a}/{L.parts_b} "
+                     f"iters {L.ints['iters']}", warps=L.num_warps, grid=L.grid, res=res))
+    for parts, n in zip((L.parts_a, L.parts_b), L.grad_numels):
         if parts > 1:
             bp, bn = tk.stage2_blocks(parts, n, ITEM["f64" if dt == "f64" else "f32"], cfg)
             warps = tk.stage2_warps(bp, bn, 4, cfg)
@@ -141,7 +146,7 @@ def binary_launches(fn: str, dt: str, a_shape, b_shape, cfg) -> list[dict]:
 
 
 def binary_configs(which: str, fn: str, dt: str, a_shape, b_shape) -> list[tuple[str, object]]:
-    from backends import _bcast_plan
+    from backends._plans import binary_backward as _bcast_plan
     from backends.triton import binary_backward as tk
 
     if which == "presets":
