@@ -66,7 +66,7 @@ def _bb_signature(name: str, t: str, a: str) -> list[str]:
         return ["BBParams", *ops, f"{t}*", f"{t}*"]
     if name == "bb_naive":
         return ["BBParams", *ops, f"{a}*", f"{a}*"]
-    if name in ("bb_lr_stream", "bb_cols", "bb_rows"):
+    if name in ("bb_lr_stream", "bb_cols", "bb_rows", "bb_both"):
         return ["BBParams", *ops, f"{t}*", f"{a}*", f"{t}*"]
     return ["BBParams", *ops, f"{t}*", f"{a}*", f"{t}*", f"{a}*"]  # bb_lk, bb_lr_batched
 

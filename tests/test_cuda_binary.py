@@ -175,18 +175,18 @@ def test_packed_cases_reach_the_vectorized_kernels_and_partial_rows():
         la = cuda_plan.plan_best(_plan(a, b), 3, (0,) * 5, bb.ITEMSIZE[dt], lambda kind, vec: 1)
         seen.add((la.kind, la.vectorized, max(la.nchunks) > 1))
     assert {("cols", True, True), ("rows", True, False), ("rows", True, True), ("fast", True, False),
-            ("batch", True, True)} <= seen
+            ("both", True, False)} <= seen
 
 
 @pytest.mark.parametrize("a_shape, b_shape, kind", [
     ((8, 2048, 4096), (4096,), "cols"), ((8, 2048, 4096), (8, 1, 4096), "cols"), ((8, 1, 4096), (8, 2048, 4096), "cols"),
     ((8, 2048, 4096), (8, 2048, 1), "rows"), ((8, 2048, 4096), (8, 2048, 4096), "fast"),
-    ((1, 2048, 4096), (8, 2048, 1), "batch")])
+    ((1, 2048, 4096), (8, 2048, 1), "both")])
 @pytest.mark.parametrize("itemsize", [2, 4])
 def test_best_grids_fill_one_wave_of_the_perf_cases(a_shape, b_shape, kind, itemsize):
     """The perf cases: 16-byte packs, a grid of at most one wave of resident blocks, and work
     split so that the wave is at least 90% full (no partial last wave)."""
-    sms, bps = 132, 3
+    sms, bps = 132, cuda_plan.BEST_BLOCKS_PER_SM[kind]  # what each kernel is built for
     la = cuda_plan.plan_best(_plan(a_shape, b_shape), sms, (0,) * 5, itemsize, lambda k, v: bps)
     assert la.kind == kind
     assert la.grid <= sms * bps
@@ -194,7 +194,7 @@ def test_best_grids_fill_one_wave_of_the_perf_cases(a_shape, b_shape, kind, item
     if kind == "cols":  # tiles: one block each, round after round
         ntiles = la.words[-4]
         assert cuda_plan.wave_fill(ntiles, sms * bps) >= 0.9, (ntiles, la.grid)
-    if kind in ("rows", "batch"):  # tasks: one lane segment (a warp here) each
+    if kind in ("rows", "both"):  # tasks: one lane segment each (bb_both's: up to a whole block)
         ntasks, segs = la.words[-4], sms * bps * (cuda_plan.BLOCK // la.words[-12])
         assert cuda_plan.wave_fill(ntasks, segs) >= 0.9, (ntasks, segs)
     if kind in ("fast", "rows"):
@@ -262,7 +262,7 @@ def test_host_device_runs_every_kind_it_is_asked_for():
     """The stand-in library holds every instantiation the cupy backend can name."""
     lib = cuda_host.library(OP, "f32")
     assert set(bb.all_kernel_exprs("f32")) <= set(lib.fns)
-    assert len(bb.all_kernel_exprs("f32")) == len(FNS) * 14 + 1
+    assert len(bb.all_kernel_exprs("f32")) == len(FNS) * 16 + 1
     assert dtypes.numpy_dtype("f32") == np.float32
 
 
@@ -292,17 +292,61 @@ def test_torch_ext_takes_the_best_records(a_shape, b_shape, kind):
         torch.ops.gradoracle._binary_backward_run(a, b, g, "mul", record, grad_a=ga, grad_b=gb)
 
 
-@pytest.mark.parametrize("a_shape, b_shape, stream", [
+@pytest.mark.parametrize("a_shape, b_shape, both", [
     ((1, 2048, 4096), (8, 2048, 1), True), ((5, 1, 64), (1, 7, 1), True), ((1, 8, 32), (200, 8, 1), False),
     ((1, 8, 32), (9, 8, 1), False)])
-def test_batch_takes_the_stream_mode_for_a_short_y(a_shape, b_shape, stream):
-    """Both operands broadcast: a one-dim Y of at most BATCH_ROWS rows is held in registers
-    (chunk[2] = BATCH_STREAM, no Y chunks, so dQ is written final); a longer Y, or legacy, loops."""
+def test_short_y_takes_bb_both(a_shape, b_shape, both):
+    """Both operands broadcast: a one-dim Y of at most BATCH_ROWS rows goes to bb_both (no Y
+    chunks, so dQ is written final); a longer Y, or legacy, to bb_batch's y-looped mode."""
     plan = _plan(a_shape, b_shape)
-    la = cuda_plan.plan_best(plan, 132, (0,) * 5, 2, lambda k, v: 3)
-    chunk2 = la.words[-8]  # chunk[2], nchunk[0..2], ntiles, swap, numel_out[2] end the words
-    assert la.kind == "batch" and chunk2 == (cuda_plan.BATCH_STREAM if stream else 0)
-    if stream:
+    la = cuda_plan.plan_best(plan, 132, (0,) * 5, 2, lambda k, v: 4)
+    assert la.kind == ("both" if both else "batch")
+    assert la.words[-8] == 0  # chunk[2]: bb_batch's y-looped mode (bb_both does not read it)
+    if both:
         assert la.nchunks[1] == 1
     legacy = cuda_plan.plan_best(plan, 132, (0,) * 5, 2, lambda k, v: 3, legacy=True)
     assert legacy.kind == "batch" and legacy.words[-8] == 0
+
+
+@pytest.mark.parametrize("itemsize", [2, 4, 8])
+def test_both_perf_case_is_one_row_per_block(itemsize):
+    """mul(A = 1x2048x4096, B = 8x2048x1) on an H100 (132 SMs, 4 blocks each): a task is a whole
+    row of X owned by the whole block (dP written final: no partial rows, no bb_finalize launch),
+    16-byte packs, b as P (swap), at least 90% of the last wave busy."""
+    la = cuda_plan.plan_best(_plan((1, 2048, 4096), (8, 2048, 1)), 132, (0,) * 5, itemsize, lambda k, v: 4)
+    assert la.kind == "both" and la.vectorized and la.swap
+    assert la.words[-12] == cuda_plan.BLOCK and la.nchunks == (1, 1)
+    assert la.grid == 132 * 4 and cuda_plan.wave_fill(la.words[-4], la.grid) >= 0.9
+
+
+# Both operands broadcast with a short Y (bb_both): whole-block, multi-warp and sub-warp segments,
+# X lengths that are not a multiple of the 16-byte pack (scalar accesses), X cut into chunks (one
+# z: partial dP rows and stage 2), b or a as the operand broadcast along X, Y of 1 to 8 rows.
+BOTH = [
+    (fn, dt, a, b)
+    for fn, dt in [("mul", "f32"), ("mul", "bf16"), ("div", "f16"), ("pow", "f64"), ("maximum", "bf16"),
+                   ("sub", "f32"), ("minimum", "f16"), ("add", "f64")]
+    for a, b in [((1, 3, 2048), (8, 3, 1)),     # bf16: 128-lane segments, f32: the whole block
+                 ((1, 1, 4096), (8, 1, 1)),     # one row: X in chunks, partial dP rows
+                 ((1, 5, 37), (7, 5, 1)),       # 37: no packs, sub-warp segments
+                 ((6, 4, 1), (1, 4, 200)),      # a broadcast along X (no swap), 200 = 25 packs of 8
+                 ((1, 9, 24), (3, 9, 1))]       # 3 rows of Y, narrow segments
+]
+BOTH_CASES = [_case(fn, a, b, dt) for fn, dt, a, b in BOTH]
+
+
+def test_both_cases_reach_packs_and_partial_rows():
+    seen = set()
+    for fn, dt, a, b in BOTH:
+        la = cuda_plan.plan_best(_plan(a, b), 3, (0,) * 5, bb.ITEMSIZE[dt], lambda kind, vec: 1)
+        seen.add((la.vectorized, la.nchunks[0] > 1, la.words[-12] > 32))
+    assert {(True, False, True), (True, True, True), (False, False, False)} <= seen, seen
+
+
+@pytest.mark.parametrize("case", BOTH_CASES, ids=[c.id for c in BOTH_CASES])
+def test_both_broadcast_takes_bb_both_and_matches_the_oracle(case):
+    a, b = case.params["a"], case.params["b"]
+    la = cuda_plan.plan_best(_plan(tuple(a), tuple(b)), 3, (0,) * 5, bb.ITEMSIZE[case.dtype], lambda k, v: 1)
+    assert la.kind == "both"
+    _check("best", case)
+    _check("best_big", case)

@@ -42,7 +42,7 @@ SOURCE = _nvrtc.read_source(cupy_raw.SOURCE)
 @pytest.mark.parametrize("dt", cupy_raw.DTYPES)
 def test_nvrtc_compiles_every_instantiation(dt):
     exprs = cupy_raw.all_kernel_exprs(dt)
-    assert len(exprs) == len(FNS) * 14 + 1  # 7 opt / naive kinds, opt2, cols, rows, batch (scalar and packed)
+    assert len(exprs) == len(FNS) * 16 + 1  # 7 opt / naive kinds, opt2, cols, rows, batch, both (scalar and packed)
     cubin, lowered = _nvrtc.compile_cubin(SOURCE, arch="sm_90", name_expressions=exprs)
     assert len(cubin) > 0
     for expr in exprs:
@@ -105,6 +105,26 @@ def test_best_kernels_fit_their_launch_bounds():
 
 
 @needs_nvrtc
+def test_both_kernel_fits_four_blocks_per_sm():
+    """bb_both (both operands broadcast, a short Y) is built for BB_BOTH_MIN_BLOCKS (4) resident
+    256-thread blocks per SM, 50% occupancy: at most 64 registers in every dtype, and the fns of the
+    perf cases (mul) and those without a division spill nothing.  Measured exceptions: bf16 div
+    (20 bytes) and pow (8), and the f64 div / pow builds (up to 152 bytes), whose divisions and
+    pow / log take the registers."""
+    exprs = [cupy_raw.kernel_expr("both", dt, fn, vec) for dt in cupy_raw.DTYPES for fn in FNS for vec in (False, True)]
+    report = ptxas_report(exprs)
+    assert set(report) == set(exprs)
+    assert cuda_plan.BEST_BLOCKS_PER_SM["both"] == 4 and "#define BB_BOTH_MIN_BLOCKS 4" in SOURCE
+    for expr, (regs, spill) in report.items():
+        allowed = 0
+        if expr.startswith("bb_both<__nv_bfloat16, 3,") or expr.startswith("bb_both<__nv_bfloat16, 4,"):
+            allowed = 24
+        if expr.startswith("bb_both<double, 3,") or expr.startswith("bb_both<double, 4,"):
+            allowed = 160
+        assert regs <= 64 and spill <= allowed, (expr, regs, spill)
+
+
+@needs_nvrtc
 def test_nvrtc_error_carries_the_log():
     with pytest.raises(_nvrtc.NvrtcError, match="undefined_thing"):
         _nvrtc.compile_cubin("__global__ void k() { undefined_thing(); }", name_expressions=["k"])
@@ -133,7 +153,8 @@ def _nvcc_instantiations(dt: str) -> str:
         for v in (1, 16 // cupy_raw.ITEMSIZE[dt]):
             lines += [f"template __global__ void bb_cols<{t}, {f}, {v}>({pp}, {t}*, {a}*, {t}*);",
                       f"template __global__ void bb_rows<{t}, {f}, {v}>({pp}, {t}*, {a}*, {t}*);",
-                      f"template __global__ void bb_batch<{t}, {f}, {v}>({pp}, {t}*, {a}*, {t}*, {a}*);"]
+                      f"template __global__ void bb_batch<{t}, {f}, {v}>({pp}, {t}*, {a}*, {t}*, {a}*);",
+                      f"template __global__ void bb_both<{t}, {f}, {v}>({pp}, {t}*, {a}*, {t}*);"]
     return "\n".join(lines) + "\n"
 
 

@@ -217,7 +217,7 @@ def naive_grid(n: int) -> int:
 
 # BB_KIND_* in binary_backward_defs.h, in order.  zero..lr_batched are the launches above; "box"
 # is the CPU kernel's: no launch, the K, RA, RB groups as they are (naive_words).
-KINDS = ("zero", "fast", "ew", "lk1", "lk8", "lr_stream", "lr_batched", "box", "cols", "rows", "batch")
+KINDS = ("zero", "fast", "ew", "lk1", "lk8", "lr_stream", "lr_batched", "box", "cols", "rows", "batch", "both")
 LAUNCH_HEADER_WORDS = 10  # kind, grid, vectorized, numel, nchunks[2], numel_out[2], finalize_grid[2]
 LAUNCH_WORDS = LAUNCH_HEADER_WORDS + PARAMS_WORDS
 
@@ -310,13 +310,13 @@ def opt2_words(a_shape, b_shape, a_strides, b_strides, g_strides) -> tuple[list[
 # for each compiled kernel's figure; torch_ext plans with these).  From ptxas -v on sm_90 (NVRTC,
 # f32 / bf16): bb_rows / bb_batch are built for 3 (__launch_bounds__: at most 80 registers; small
 # spills in the 16-bit vectorized batch kernels), bb_cols for 4 (at most 64, one row in flight
-# per thread, no spills), bb_fast uses 30-44 registers,
-# bb_ew 58-60, bb_lk<J = 8> and bb_lr_batched 98-116.  The grid is never more than one wave.
-BEST_BLOCKS_PER_SM = {"fast": 5, "ew": 4, "cols": 4, "rows": 3, "batch": 3, "lk8": 2, "lr_batched": 2}
+# per thread, no spills), bb_both for 4 (at most 64; mul spills nothing in any dtype), bb_fast uses
+# 30-44 registers, bb_ew 58-60, bb_lk<J = 8> and bb_lr_batched 98-116.  The grid is never more than
+# one wave.
+BEST_BLOCKS_PER_SM = {"fast": 5, "ew": 4, "cols": 4, "rows": 3, "batch": 3, "both": 4, "lk8": 2, "lr_batched": 2}
 MIN_ROWS_PER_SLOT = 8   # bb_cols: a chunk gives each row slot at least this many rows
-MIN_PACKS_PER_LANE = 2  # bb_rows, bb_batch's stream mode: a chunk gives each lane at least this many packs
-BATCH_ROWS = 8          # BB_YT: the most rows of Y bb_batch's stream mode holds
-BATCH_STREAM = 1        # BBParams.chunk[2] of bb_batch's stream mode (0: the y-looped mode)
+MIN_PACKS_PER_LANE = 2  # bb_rows, bb_both: a chunk gives each lane at least this many packs
+BATCH_ROWS = 8          # BB_YT: the most rows of Y bb_both holds
 
 
 def _dense_packs(group: Group, inner_names, other_groups, names, vec: int) -> bool:
@@ -401,12 +401,31 @@ def _plan_rows(plan: Plan, x: Group, x_is_ra: bool, vec_ok: bool, itemsize: int,
                   (numel_p, numel_q), vectorized=v > 1)
 
 
+def _plan_both(x: Group, y: Group, z: Group, swap: bool, v: int, resident) -> Launch:
+    """bb_both: a task per (z, X chunk), all of the short one-dim Y in each thread.  Segments are
+    as wide as the packs allow (up to the whole block, each lane at least MIN_PACKS_PER_LANE packs),
+    so that a task is a whole row of X, with dP written final and no bb_finalize launch, whenever
+    the rows fill the GPU's segment slots; X is cut into chunks only when they do not."""
+    resident = resident("both", v > 1)
+    packs = x.numel // v
+    xw = min(BLOCK, next_pow2(_ceil_div(packs, MIN_PACKS_PER_LANE)))
+    segs_per_block = BLOCK // xw
+    most = max(1, min(MAX_CHUNKS, packs // (xw * MIN_PACKS_PER_LANE)))
+    n_cx = _fill_waves(z.numel, most, resident * segs_per_block)
+    cx = _ceil_div(packs, n_cx) * v
+    n_cx = _ceil_div(x.numel, cx)
+    ntasks = n_cx * z.numel
+    numel_p, numel_q = z.numel * y.numel, z.numel * x.numel  # dP keeps Z, Y; dQ keeps Z, X
+    words = pack_params([x, y, z], ROLE_SLOTS[swap], lanes=xw, chunk=(cx, 1, 0), nchunk=(n_cx, 1, z.numel),
+                        ntiles=ntasks, swap=swap, numel_out=(numel_p, numel_q))
+    return Launch("both", min(_ceil_div(ntasks, segs_per_block), resident), words, swap, (n_cx, 1),
+                  (numel_p, numel_q), vectorized=v > 1)
+
+
 def _plan_batch(plan: Plan, x: Group, x_is_ra: bool, vec_ok: bool, itemsize: int, resident,
                 legacy: bool = False) -> Launch:
-    """Both operands broadcast, lanes along X.  A short one-dim Y (numel <= BATCH_ROWS): the
-    stream mode (chunk[2] = BATCH_STREAM), a task per (z, X chunk) with all of Y in registers;
-    otherwise (or `legacy`) the y-looped mode, one pack per lane and a task per (z, XW * V x's,
-    Y chunk)."""
+    """Both operands broadcast, lanes along X.  A short one-dim Y (numel <= BATCH_ROWS): bb_both;
+    otherwise (or `legacy`) bb_batch, one pack per lane and a task per (z, XW * V x's, Y chunk)."""
     y = _sorted_group(plan.rb if x_is_ra else plan.ra)
     z = _sorted_group(plan.k)
     swap = not x_is_ra  # P is the operand broadcast along X: b when X = RB
@@ -415,21 +434,13 @@ def _plan_batch(plan: Plan, x: Group, x_is_ra: bool, vec_ok: bool, itemsize: int
     v = 16 // itemsize
     if not (vec_ok and _dense_packs(x, names, [y, z], names, v)):
         v = 1
+    if not legacy and y.ndim == 1 and y.numel <= BATCH_ROWS:
+        return _plan_both(x, y, z, swap, v, resident)
     resident = resident("batch", v > 1)
     packs = x.numel // v
     xw = min(32, next_pow2(packs))
     segs_per_block = BLOCK // xw
     numel_p, numel_q = z.numel * y.numel, z.numel * x.numel  # dP keeps Z, Y; dQ keeps Z, X
-    if not legacy and y.ndim == 1 and y.numel <= BATCH_ROWS:
-        most = max(1, min(MAX_CHUNKS, packs // (xw * MIN_PACKS_PER_LANE)))
-        n_cx = _fill_waves(z.numel, most, resident * segs_per_block)
-        cx = _ceil_div(packs, n_cx) * v
-        n_cx = _ceil_div(x.numel, cx)
-        ntasks = n_cx * z.numel
-        words = pack_params([x, y, z], ROLE_SLOTS[swap], lanes=xw, chunk=(cx, 1, BATCH_STREAM),
-                            nchunk=(n_cx, 1, z.numel), ntiles=ntasks, swap=swap, numel_out=(numel_p, numel_q))
-        return Launch("batch", min(_ceil_div(ntasks, segs_per_block), resident), words, swap, (n_cx, 1),
-                      (numel_p, numel_q), vectorized=v > 1)
     n_cx = _ceil_div(packs, xw)
     most = max(1, min(MAX_CHUNKS, y.numel // MIN_ROWS_PER_SLOT))
     n_cy = _fill_waves(n_cx * z.numel, most, resident * segs_per_block)
@@ -448,7 +459,7 @@ def plan_best(plan: Plan, num_sms: int = DEFAULT_SMS, ptrs=(0, 0, 0, 0, 0), item
     pointers allow, and a grid of at most one wave of resident blocks (grid-stride loops; the
     work is split so that the wave is as full as it can be).  blocks_per_sm(kind, vectorized) ->
     resident blocks per SM of that kernel (default: BEST_BLOCKS_PER_SM).  legacy: the launches
-    of the previous @best (bb_batch's y-looped mode for every Y), kept for A/B timing."""
+    of the first GPU runs' @best (bb_batch's y-looped mode for every Y), kept for A/B timing."""
     def resident(kind: str, vec: bool) -> int:
         bps = blocks_per_sm(kind, vec) if blocks_per_sm else BEST_BLOCKS_PER_SM.get(kind, 2)
         return num_sms * max(1, int(bps))

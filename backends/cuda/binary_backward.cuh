@@ -62,9 +62,11 @@
 //       grad_a / grad_b) must be zeroed where c.direct is 0, then bb_finalize with nchunks = 1.
 //   bb_cols<T,FN,V>(p, P, Q, g, dP, dP_part, dQ)                    [@best: lanes along K, J = 1]
 //   bb_rows<T,FN,V>(p, P, Q, g, dP, dP_part, dQ)                    [@best: row sums, Y empty]
-//   bb_batch<T,FN,V>(p, P, Q, g, dP, dP_part, dQ, dQ_part)          [@best: lanes along X; both reduce]
-//       chunk[2] picks the mode: 0 = Y looped per lane (any Y), 1 = stream (Y one dim, at most
-//       BB_YT rows, all in registers; P's rows loaded once per task).
+//   bb_batch<T,FN,V>(p, P, Q, g, dP, dP_part, dQ, dQ_part)          [@best: lanes along X; both reduce, any Y]
+//   bb_both<T,FN,V>(p, P, Q, g, dP, dP_part, dQ)                    [@best: both reduce, one-dim Y <= BB_YT rows]
+//       bb_batch: chunk[2] = 0 (Y looped per lane).  bb_both: a task per (z, X chunk) owned by a
+//       segment of `lanes` threads (a power of two up to BB_BLOCK: a whole block reduces dP with
+//       warp shuffles and one shared-memory step per task), built for BB_BOTH_MIN_BLOCKS (4).
 //       V = 1 or 16 / sizeof(T) (16-byte packs); see each kernel for its fields.  The @best
 //       rung launches these, bb_fast for dense no-broadcast cases, and the opt kernels for the
 //       rest (bb_ew, bb_lk<J = 8>), each with a grid of at most one wave of resident blocks.
@@ -1051,101 +1053,118 @@ __device__ __forceinline__ void bb_batch_ylooped(const BBParams& p, const T* __r
   }
 }
 
-// bb_batch's other mode (chunk[2] == 1), for a short Y (numel <= BB_YT, one dim): all of Y in
-// registers, lanes stream along X.  A task is one z and one chunk of X (chunk[0] elements, a
-// multiple of V), owned by a segment of XW = lanes lanes, each lane taking packs of V x's (same
-// layout conditions as the y-looped mode).  P[z, y] is loaded once per task and row (not once
-// per pack and row); per pack the lane loads Q's pack and the ny packs of g (BB_YG rows' loads
-// before their use; the L2 is asked for the packs BB_BEST_PF steps ahead), sums dQ over y in
-// registers and stores it final, and adds into dP[z, y]'s per-row sums,
-// which are shuffled across the segment once per task: dP final (nchunk[0] == 1) or A partial
-// row cx.  nchunk = {X chunks, 1, numel(Z)}; ntiles = tasks = nchunk[0] * numel(Z).
+// Both operands broadcast, lanes along X, one kernel per mode (each built for its own register
+// budget): bb_batch, the y-looped mode above (any Y; chunk[2] = 0), and bb_both below, for a
+// short one-dim Y.
+template <typename T, int FN, int V>
+__global__ void __launch_bounds__(BB_BLOCK, BB_BEST_MIN_BLOCKS)
+bb_batch(const __grid_constant__ BBParams p, const T* __restrict__ P, const T* __restrict__ Q,
+         const T* __restrict__ g, T* __restrict__ dP, bb_acc_t<T>* __restrict__ dP_part, T* __restrict__ dQ,
+         bb_acc_t<T>* __restrict__ dQ_part) {
+  bb_batch_ylooped<T, FN, V>(p, P, Q, g, dP, dP_part, dQ, dQ_part);
+}
+
+// bb_both: both operands broadcast (P along X, Q along Y) with a short one-dim Y (numel <=
+// BB_YT): the perf case mul(A = 1xMxN, B = KxMx1), where b (P) is one value per row of g and a
+// (Q) one pack per X position for all K rows.  grp[0] = X (lanes), grp[1] = Y, grp[2] = Z = K.
+// A task is one z and one chunk of X (chunk[0] elements, a multiple of V), owned by a segment of
+// XW = lanes threads (a power of two <= BB_BLOCK: a segment wider than a warp is whole warps).
+// Per task each thread loads P[z, y] once per row y (the segment shares the addresses: one
+// request per warp and row), not once per element; per pack of V x's it loads Q's pack once and
+// the ny packs of g (BB_YG rows' loads before their use), sums dQ over Y in registers and stores
+// it final (16-byte packs for V > 1: X's innermost dim dense in Q, g, dQ, a multiple of V long,
+// every other stride of theirs a multiple of V).  dP[z, y] is a per-thread partial per row over
+// the task's packs (a pack's V terms summed in a register first), reduced once per task: a warp
+// butterfly, then, for segments wider than a warp, one fixed-order sum over the segment's warps
+// through shared memory (one barrier per task; that buffer is double-buffered by task parity, so
+// its reuse needs no second barrier).  P's values and the row partials sit in the thread's own
+// shared slots (no other thread reads them: no barrier; consecutive threads, consecutive words:
+// no bank conflicts): held in registers as well they made ptxas spill 20-260 bytes at the 64
+// registers of 4 blocks per SM (50% occupancy), which this kernel is built for.  The earlier
+// stream mode of bb_batch shuffled within warp-wide segments only (so the perf case's X was cut
+// into chunks: partial rows and a bb_finalize launch) and was built for 80 registers (37.5%).
+// dP final (nchunk[0] == 1) or A partial row cx.  nchunk = {X chunks, 1, numel(Z)}; ntiles =
+// tasks = nchunk[0] * numel(Z).
 #ifndef BB_YT
-#define BB_YT 8  // most rows of Y bb_batch keeps in registers (its stream mode)
+#define BB_YT 8  // most rows of Y bb_both holds (P's values and the row partials: BB_YT slots a thread)
 #endif
 #ifndef BB_YG
-#define BB_YG 1  // rows of g loaded before use (2: more in flight, but 46 B of spill in bf16, not 20; double: 1)
+#define BB_YG 1  // rows of g bb_both loads before their use (2 or 4: spills at 64 registers in 16-bit)
+#endif
+#ifndef BB_BOTH_MIN_BLOCKS
+#define BB_BOTH_MIN_BLOCKS 4  // resident 256-thread blocks per SM bb_both is built for (<= 64 registers: 50%)
 #endif
 
 template <typename T, int FN, int V>
-__device__ __forceinline__ void bb_batch_stream(const BBParams& p, const T* __restrict__ P, const T* __restrict__ Q,
-                                                const T* __restrict__ g, T* __restrict__ dP,
-                                                bb_acc_t<T>* __restrict__ dP_part, T* __restrict__ dQ) {
+__global__ void __launch_bounds__(BB_BLOCK, BB_BOTH_MIN_BLOCKS)
+bb_both(const __grid_constant__ BBParams p, const T* __restrict__ P, const T* __restrict__ Q,
+        const T* __restrict__ g, T* __restrict__ dP, bb_acc_t<T>* __restrict__ dP_part, T* __restrict__ dQ) {
   typedef bb_acc_t<T> A;
   typedef BBVec<T, V> Vec;
   constexpr bool kOps = BBUsesOperands<FN>::value;
+  constexpr int YG = BB_YG;
   const BBGroup& X = p.grp[0];
   const BBGroup& Y = p.grp[1];
   const BBGroup& Z = p.grp[2];
-  constexpr int YG = sizeof(A) == 8 ? 1 : BB_YG;
   const int ny = (int)Y.numel;
   const long long ys_g = Y.stride[BB_G][0], ys_p = Y.stride[BB_P][0], ys_dp = Y.stride[BB_DP][0];
-  const BBSegs sg(p);
-  const int xw = sg.xw, lane = sg.lane, seg = sg.seg, nseg = sg.nseg, warp_seg0 = sg.warp_seg0;
+  const int tid = (int)threadIdx.x, xw = (int)p.lanes, lg = (int)p.lanes_log2;
+  const int lane = tid & (xw - 1), seg = tid >> lg, nseg = BB_BLOCK >> lg;
+  const int sw = xw < 32 ? xw : 32;  // lanes of a segment within one warp: the butterfly's width
   const bool swap = p.swap != 0;
-  const long long pstep = (long long)xw * V;      // elements between a lane's packs
-  __shared__ A pshared[BB_YT * BB_BLOCK];          // P's rows, BB_YT per thread
+  const long long pstep = (long long)xw * V;  // elements between a thread's packs
+  __shared__ A red[2][BB_YT][BB_BLOCK / 32];  // wide segments' warp sums: [task parity][row][warp]
+  __shared__ A pslots[2 * BB_YT * BB_BLOCK];  // the thread's own slots, every BB_BLOCK words:
+  A* pv = pslots + tid;                         // P[z, y] of its task's rows
+  A* accp = pslots + BB_YT * BB_BLOCK + tid;    // its partials of dP[z, y]
+  int parity = 0;
 
-  // Warp-uniform loop (the shuffles need all 32 lanes).
-  for (long long t0 = (long long)blockIdx.x * nseg + warp_seg0; t0 < p.ntiles; t0 += (long long)gridDim.x * nseg) {
-    const long long task = t0 + (seg - warp_seg0);
+  // Block-uniform loop (the barrier of wide segments, the shuffles of narrow ones).
+  for (long long t0 = (long long)blockIdx.x * nseg; t0 < p.ntiles; t0 += (long long)gridDim.x * nseg, parity ^= 1) {
+    const long long task = t0 + seg;
     const bool valid = task < p.ntiles;
     const long long cx = valid ? task % p.nchunk[0] : 0, z = valid ? task / p.nchunk[0] : 0;
     long long zo[BB_NT];
     bb_offsets_setup(Z, z, zo);
-    // P's rows: loaded once per task (one request per row and warp: a segment's lanes share
-    // the address) into the thread's own shared slots pv[j * BB_BLOCK] (in registers they would
-    // spill; no other thread reads them, so no barrier), read back per pack.
-    A* pv = pshared + threadIdx.x;
-    if (kOps && valid) {
 #pragma unroll
-      for (int j = 0; j < BB_YT; ++j)
-        if (j < ny) pv[j * BB_BLOCK] = bb_load(P + zo[BB_P] + j * ys_p);
+    for (int j = 0; j < BB_YT; ++j) {
+      if (kOps && valid && j < ny) pv[j * BB_BLOCK] = bb_load(P + zo[BB_P] + j * ys_p);
+      accp[j * BB_BLOCK] = A(0);
     }
-    A accp[BB_YT];
-#pragma unroll
-    for (int j = 0; j < BB_YT; ++j) accp[j] = A(0);
     if (valid) {
       const T* __restrict__ gt = g + zo[BB_G];  // task base pointers: the loop adds only x offsets
       const T* __restrict__ qt = Q + zo[BB_Q];
       T* __restrict__ dqt = dQ + zo[BB_DQ];
       const long long x_hi = bb_min(X.numel, (cx + 1) * p.chunk[0]);
+#pragma unroll 1
       for (long long x = cx * p.chunk[0] + (long long)lane * V; x < x_hi; x += pstep) {
         long long og, oq, odq;
         bb_offsets3<BB_G, BB_Q, BB_DQ>(X, x, og, oq, odq);
         Vec qv;
         if (kOps) qv = bb_ldv<T, V>(qt + oq);
-        if (BB_BEST_PF > 0 && X.ndim == 1) {  // the L2 fetches the lane's pack BB_BEST_PF steps ahead
-          const long long xn = x + BB_BEST_PF * pstep;
-          if (xn < x_hi) {
-            const T* gn = gt + xn * X.stride[BB_G][0];
-            for (int j = 0; j < ny; ++j) bb_prefetch_l2(gn + j * ys_g);
-            if (kOps) bb_prefetch_l2(qt + xn * X.stride[BB_Q][0]);
-          }
-        }
         A accq[V];
 #pragma unroll
         for (int e = 0; e < V; ++e) accq[e] = A(0);
-        const T* __restrict__ gy = gt + og;  // g's pack in row j0, then the next rows
+        const T* __restrict__ gx = gt + og;  // g's pack in row 0; row j is j * ys_g further
 #pragma unroll
         for (int j0 = 0; j0 < BB_YT; j0 += YG) {  // YG rows' loads, then their use
           Vec gv[YG];
 #pragma unroll
-          for (int j = j0; j < j0 + YG; ++j) {
-            if (j < ny) gv[j - j0] = bb_ldv<T, V>(gy);
-            gy += ys_g;
-          }
+          for (int j = j0; j < j0 + YG; ++j)
+            if (j < ny) gv[j - j0] = bb_ldv<T, V>(gx + j * ys_g);
 #pragma unroll
           for (int j = j0; j < j0 + YG; ++j) {
             if (j < ny) {
+              A sp = A(0);
 #pragma unroll
               for (int e = 0; e < V; ++e) {
                 A tp, tq;
-                bb_terms_best<FN, T, A>(kOps ? pv[j * BB_BLOCK] : A(0), kOps ? bb_to_acc(qv.v[e]) : A(0),
-                                        bb_to_acc(gv[j - j0].v[e]), swap, tp, tq);
-                accp[j] += tp;
+                bb_terms_best<FN, T, A>(kOps ? pv[j * BB_BLOCK] : A(0), kOps ? bb_to_acc(qv.v[e]) : A(0), bb_to_acc(gv[j - j0].v[e]), swap,
+                                        tp, tq);
+                sp += tp;
                 accq[e] += tq;
               }
+              accp[j * BB_BLOCK] += sp;
             }
           }
         }
@@ -1157,27 +1176,28 @@ __device__ __forceinline__ void bb_batch_stream(const BBParams& p, const T* __re
     }
 #pragma unroll
     for (int j = 0; j < BB_YT; ++j)
-      if (j < ny) accp[j] = bb_segment_sum(accp[j], xw);  // ny is the same in every lane
-    if (valid && lane == 0) {
+      if (j < ny) accp[j * BB_BLOCK] = bb_segment_sum(accp[j * BB_BLOCK], sw);  // ny is the same in every thread
+    if (xw <= 32) {
+      if (valid && lane == 0) {
 #pragma unroll
-      for (int j = 0; j < BB_YT; ++j)
-        if (j < ny) bb_store<T>(dP, dP_part, p.nchunk[0], cx, p.numel_out[0], zo[BB_DP] + j * ys_dp, accp[j]);
+        for (int j = 0; j < BB_YT; ++j)
+          if (j < ny) bb_store<T>(dP, dP_part, p.nchunk[0], cx, p.numel_out[0], zo[BB_DP] + j * ys_dp, accp[j * BB_BLOCK]);
+      }
+    } else {
+      if ((tid & 31) == 0) {
+#pragma unroll
+        for (int j = 0; j < BB_YT; ++j)
+          if (j < ny) red[parity][j][tid >> 5] = accp[j * BB_BLOCK];
+      }
+      __syncthreads();
+      if (valid && lane < ny) {  // thread `lane` of the segment: row y = lane, its warps' sums in order
+        const int nw = xw >> 5, w0 = seg * nw;
+        A s = A(0);
+        for (int w = 0; w < nw; ++w) s += red[parity][lane][w0 + w];
+        bb_store<T>(dP, dP_part, p.nchunk[0], cx, p.numel_out[0], zo[BB_DP] + lane * ys_dp, s);
+      }
     }
   }
-}
-
-// Both operands broadcast (P along X, Q along Y): the y-looped mode (chunk[2] == 0) for any Y,
-// the stream mode (chunk[2] == 1) for a short one-dim Y.  One kernel, so a launch record's kind
-// and arguments are the same for both.
-template <typename T, int FN, int V>
-__global__ void __launch_bounds__(BB_BLOCK, BB_BEST_MIN_BLOCKS)
-bb_batch(const __grid_constant__ BBParams p, const T* __restrict__ P, const T* __restrict__ Q,
-         const T* __restrict__ g, T* __restrict__ dP, bb_acc_t<T>* __restrict__ dP_part, T* __restrict__ dQ,
-         bb_acc_t<T>* __restrict__ dQ_part) {
-  if (p.chunk[2] == 1)
-    bb_batch_stream<T, FN, V>(p, P, Q, g, dP, dP_part, dQ);
-  else
-    bb_batch_ylooped<T, FN, V>(p, P, Q, g, dP, dP_part, dQ, dQ_part);
 }
 
 // ============================================================================ naive reference

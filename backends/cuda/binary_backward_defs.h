@@ -136,6 +136,7 @@ enum : int {
   BB_KIND_COLS,       // @best: bb_cols (vectorized = 1: 16-byte packs)
   BB_KIND_ROWS,       // @best: bb_rows (vectorized = 1: 16-byte packs)
   BB_KIND_BATCH,      // @best: bb_batch (vectorized = 1: 16-byte packs)
+  BB_KIND_BOTH,       // @best: bb_both (vectorized = 1: 16-byte packs)
   BB_NUM_KINDS
 };
 

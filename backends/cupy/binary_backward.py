@@ -14,8 +14,8 @@ against the first), then the best kernel:
           gradient where layout and alignment allow (scalar accesses otherwise), grids of one
           wave of resident blocks over grid-stride loops, float (double) sums in per-block
           partial rows and a fixed-order finish.  Bias-like, row-sum and both-operand broadcasts get
-          their own kernels (bb_cols, bb_rows, bb_batch: a short Y held in registers, its P rows
-          read once per task), dense no-broadcast cases bb_fast, the rest (strided no-broadcast,
+          their own kernels (bb_cols, bb_rows, bb_both for a short Y: its P rows read once per task,
+          dQ summed over Y in registers; bb_batch for a long one), dense no-broadcast cases bb_fast, the rest (strided no-broadcast,
           lanes along K with both reduced) the opt kernels.  The kernel torch_ext launches.
           GRADORACLE_CUPY_BB (best_options) tunes it, legacy=1 restores the first GPU runs' plans.
 
@@ -103,12 +103,12 @@ ENV = "GRADORACLE_CUPY_BB"
 # `legacy`: bb_batch's y-looped mode for every Y), for A/B timing against the GPU's first figures.
 # pf -> BB_BEST_PF (L2 prefetch distance in loop steps of bb_cols / bb_rows / bb_batch, 0: none);
 # colsur, colsminblocks -> BB_COLS_UR, BB_COLS_MIN_BLOCKS (bb_cols' own; the first GPU runs had 2, 3);
-# yg -> BB_YG (rows of g bb_batch's stream mode loads before their use).
+# yg -> BB_YG (rows of g bb_both loads before their use); bothminblocks -> BB_BOTH_MIN_BLOCKS.
 SETTINGS = {"ur": (1, 2, 4, 8), "minblocks": (1, 2, 3, 4, 6, 8), "pf": (0, 1, 2, 4), "colsur": (1, 2, 4),
-            "colsminblocks": (1, 2, 3, 4, 6, 8), "yg": (1, 2, 4), "legacy": (0, 1)}
+            "colsminblocks": (1, 2, 3, 4, 6, 8), "yg": (1, 2, 4, 8), "bothminblocks": (2, 3, 4), "legacy": (0, 1)}
 _MACROS = {"ur": "BB_BEST_UR", "minblocks": "BB_BEST_MIN_BLOCKS", "pf": "BB_BEST_PF", "colsur": "BB_COLS_UR",
-           "colsminblocks": "BB_COLS_MIN_BLOCKS", "yg": "BB_YG"}
-_BEST_KERNELS = ("bb_cols<", "bb_rows<", "bb_batch<")
+           "colsminblocks": "BB_COLS_MIN_BLOCKS", "yg": "BB_YG", "bothminblocks": "BB_BOTH_MIN_BLOCKS"}
+_BEST_KERNELS = ("bb_cols<", "bb_rows<", "bb_batch<", "bb_both<")
 
 
 def best_options(text: str | None = None) -> tuple[str, ...]:
@@ -154,7 +154,7 @@ def kernel_expr(kind: str, dt: str, fn: str | None = None, vectorized: bool = Fa
     f = FNS.index(fn)
     if kind in ("lk1", "lk8"):
         return f"bb_lk<{t}, {f}, {1 if kind == 'lk1' else J_BATCH}>"
-    if kind in ("cols", "rows", "batch"):
+    if kind in ("cols", "rows", "batch", "both"):
         return f"bb_{kind}<{t}, {f}, {16 // ITEMSIZE[dt] if vectorized else 1}>"
     return f"bb_{kind}<{t}, {f}>"
 
@@ -166,7 +166,7 @@ OPT_KINDS = ("fast", "ew", "lk1", "lk8", "lr_stream", "lr_batched", "naive")
 def all_kernel_exprs(dt: str) -> list[str]:
     """Every instantiation a variant can launch for dtype `dt`."""
     out = [kernel_expr(k, dt, fn) for fn in FNS for k in OPT_KINDS + ("opt2",)]
-    out += [kernel_expr(k, dt, fn, vec) for fn in FNS for k in ("cols", "rows", "batch") for vec in (False, True)]
+    out += [kernel_expr(k, dt, fn, vec) for fn in FNS for k in ("cols", "rows", "batch", "both") for vec in (False, True)]
     return out + [kernel_expr("finalize", dt)]
 
 
@@ -262,7 +262,7 @@ def run_opt(dev, dt: str, fn: str, a, b, g, ga, gb, plan: Plan, launch: Launch |
     parts = [dev.empty(n * numel, _acc_dtype(dt)) if n > 1 else None
              for n, numel in zip(launch.nchunks, launch.numel_out)]
     args = [params_arg, p_op, q_op, g, d_p, _NULL if parts[0] is None else parts[0], d_q]
-    if launch.kind not in ("lr_stream", "cols", "rows"):  # these write dQ final, they have no dQ_part
+    if launch.kind not in ("lr_stream", "cols", "rows", "both"):  # these write dQ final, they have no dQ_part
         args.append(_NULL if parts[1] is None else parts[1])
     dev.launch(expr, launch.grid, args)
     for part, n, numel, out in zip(parts, launch.nchunks, launch.numel_out, (d_p, d_q)):

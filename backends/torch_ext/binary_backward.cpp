@@ -570,7 +570,8 @@ void check_plan(const BBLaunch& l, const at::Tensor& grad_out, const at::Tensor&
   // Every kind's three groups tile the box K x RA x RB (in some role order).
   TORCH_CHECK_VALUE(box == l.numel, kOp, ": plan's groups hold ", box, " elements, grad_out ", l.numel);
   const bool launches = (l.kind > BB_KIND_EW && l.kind < BB_KIND_BOX) || l.kind == BB_KIND_COLS ||
-                        l.kind == BB_KIND_ROWS || l.kind == BB_KIND_BATCH;  // the CUDA reduction kernels
+                        l.kind == BB_KIND_ROWS || l.kind == BB_KIND_BATCH ||
+                        l.kind == BB_KIND_BOTH;  // the CUDA reduction kernels
   if (launches) {  // outputs in role order: P's, then Q's
     const at::Tensor& d_p = l.params.swap ? grad_b : grad_a;
     const at::Tensor& d_q = l.params.swap ? grad_a : grad_b;

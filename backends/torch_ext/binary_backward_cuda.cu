@@ -112,6 +112,17 @@ void run(const BBLaunch& l, const T* a, const T* b, const T* g, T* ga, T* gb, co
                                                              part_ptr[1]);
       break;
     }
+    case BB_KIND_BOTH: {
+      constexpr int V = 16 / sizeof(T);
+      const bool vec = l.vectorized != 0;
+      TORCH_CHECK(!vec || (aligned16(a) && aligned16(b) && aligned16(g) && aligned16(ga) && aligned16(gb)),
+                  "binary_backward: a 16-byte plan for pointers that are not 16-byte aligned");
+      if (vec)
+        bb_both<T, FN, V><<<l.grid, BB_BLOCK, 0, stream>>>(l.params, p_op, q_op, g, d_p, part_ptr[0], d_q);
+      else
+        bb_both<T, FN, 1><<<l.grid, BB_BLOCK, 0, stream>>>(l.params, p_op, q_op, g, d_p, part_ptr[0], d_q);
+      break;
+    }
     case BB_KIND_LR_BATCHED:
       bb_lr_batched<T, FN><<<l.grid, BB_BLOCK, 0, stream>>>(l.params, p_op, q_op, g, d_p, part_ptr[0], d_q,
                                                             part_ptr[1]);
