@@ -1,5 +1,5 @@
 """Write the registry's binary_backward cases in which BOTH operands broadcast as a case file
-(for `harness run/bench --cases FILE`), for scripts/gpu/triton_bb_both.sh.
+(for `harness run/bench --cases FILE`), for scripts/gpu/bb_both.sh.
 
     python scripts/gpu/both_broadcast_cases.py full OUT.json   # the full cases, checked
     python scripts/gpu/both_broadcast_cases.py perf OUT.json   # the perf cases, benched
