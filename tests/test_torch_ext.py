@@ -271,6 +271,53 @@ def test_cuda_launch_records_pass_the_cpp_checks(a_shape, b_shape, layout):
             run(a, b, g, "mul", record, grad_a=ga, grad_b=gb)
 
 
+def test_cuda_grid_uses_the_builds_resident_blocks(monkeypatch):
+    """On CUDA the grid is sized by the driver's resident blocks per SM for the kernel the extension
+    built (nvcc gave bb_rows for add in bf16 64 registers: 4 blocks, where the planner's table says 3
+    and the grid filled 0.75 of a wave).  Here the op is stood in for: it is asked once per (device,
+    dtype, fn, kind, vectorized), and its answer is what plan_best sizes the grid with."""
+    from types import SimpleNamespace
+
+    from backends._plans import binary_backward as bcast
+    from backends._plans import binary_backward_cuda as cuda_plan
+    from backends.torch_ext import binary_backward as tbb
+
+    asked = []
+
+    def fake(like, fn, kind, vec):
+        asked.append((fn, cuda_plan.KINDS[kind], vec))
+        return 4
+
+    monkeypatch.setattr(tbb, "_OCCUPANCY", {})
+    monkeypatch.setattr(torch.ops.gradoracle, "_binary_backward_blocks_per_sm", fake, raising=False)
+    like = SimpleNamespace(device=SimpleNamespace(index=0), dtype=torch.bfloat16)
+    resident = tbb._blocks_per_sm(like, "add")
+    a_shape, b_shape = (8, 2048, 4096), (8, 2048, 1)  # bf16 add's bias row sums: bb_rows
+    plan = bcast.make_plan(a_shape, b_shape, (2048 * 4096, 4096, 1), (2048, 1, 1), (2048 * 4096, 4096, 1))
+    launch = cuda_plan.plan_best(plan, 132, (0,) * 5, 2, resident)
+    cuda_plan.plan_best(plan, 132, (0,) * 5, 2, resident)
+    assert launch.kind == "rows" and launch.grid == 4 * 132
+    assert asked == [("add", "rows", True)]  # once: the second plan reads the cache
+    assert cuda_plan.plan_best(plan, 132, (0,) * 5, 2).grid == 3 * 132  # the table's figure
+
+
+def test_cuda_occupancy_query_covers_every_launch_kind():
+    """binary_backward_cuda.cu's blocks_per_sm has a case for every kind plan_best can return, with
+    the vectorized instance where the launch has one (the same kernels `run` launches)."""
+    from pathlib import Path
+
+    from backends._plans import binary_backward_cuda as cuda_plan
+
+    src = (Path(torch_ext.__file__).parent / "binary_backward_cuda.cu").read_text()
+    body = src[src.index("int64_t blocks_per_sm("):src.index("int64_t binary_backward_blocks_per_sm_cuda(")]
+    for kind in cuda_plan.KINDS:
+        if kind in ("zero", "box"):
+            continue
+        assert f"case BB_KIND_{kind.upper()}:" in body, kind
+    for kernel in ("bb_cols", "bb_rows", "bb_batch", "bb_both"):
+        assert f"query({kernel}<T, FN, V>)" in body and f"query({kernel}<T, FN, 1>)" in body, kernel
+
+
 def test_a_plan_for_other_tensors_is_refused():
     from backends._plans import binary_backward as bcast
     from backends._plans import binary_backward_cuda as cuda_plan

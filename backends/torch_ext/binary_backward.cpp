@@ -541,15 +541,6 @@ std::vector<int64_t> broadcast_shape(c10::IntArrayRef a_shape, c10::IntArrayRef 
   return out;
 }
 
-int parse_binary_fn(c10::string_view fn) {
-  const std::string_view name_in(fn.data(), fn.size());
-  std::string names;
-  for (int i = 0; i < BB_NUM_FNS; ++i) {
-    if (name_in == bb_fn_names[i]) return i;
-    names += (i ? ", " : "") + std::string(bb_fn_names[i]);
-  }
-  TORCH_CHECK_VALUE(false, kOp, ": fn is '", std::string(fn.data(), fn.size()), "', expected one of ", names);
-}
 
 // The plan must be a BBLaunch made for these shapes, of a kind this device runs (a plan made for
 // other strides is not caught: the plan is private to backends/torch_ext).  The kind is checked
@@ -588,6 +579,16 @@ void check_plan(const BBLaunch& l, const at::Tensor& grad_out, const at::Tensor&
 }
 
 }  // namespace
+
+int parse_binary_fn(c10::string_view fn) {
+  const std::string_view name_in(fn.data(), fn.size());
+  std::string names;
+  for (int i = 0; i < BB_NUM_FNS; ++i) {
+    if (name_in == bb_fn_names[i]) return i;
+    names += (i ? ", " : "") + std::string(bb_fn_names[i]);
+  }
+  TORCH_CHECK_VALUE(false, kOp, ": fn is '", std::string(fn.data(), fn.size()), "', expected one of ", names);
+}
 
 int check_binary_backward_run(const at::Tensor& a, const at::Tensor& b, const at::Tensor& grad_out,
                               c10::string_view fn, const at::Tensor& plan, const at::Tensor& grad_a,
@@ -654,6 +655,9 @@ TORCH_LIBRARY_FRAGMENT(gradoracle, m) {
   m.def(
       "_binary_backward_run(Tensor a, Tensor b, Tensor grad_out, str fn, Tensor plan, *, Tensor(a!) grad_a, "
       "Tensor(b!) grad_b) -> ()");
+  // Resident BB_BLOCK-thread blocks per SM of the kernel a launch of `kind` runs for like's dtype and
+  // fn (the driver's figure, as cupy asks it): the Python planner sizes the grid with it.  CUDA only.
+  m.def("_binary_backward_blocks_per_sm(Tensor like, str fn, int kind, bool vectorized) -> int");
 }
 
 TORCH_LIBRARY_IMPL(gradoracle, CPU, m) {

@@ -28,6 +28,9 @@ int check_binary_backward_run(const at::Tensor& a, const at::Tensor& b, const at
                               c10::string_view fn, const at::Tensor& plan, const at::Tensor& grad_a,
                               const at::Tensor& grad_b, BBLaunch& launch);
 
+// fn's index in bb_fn_names (BB_ADD, ...); a ValueError naming the op and the fns otherwise.
+int parse_binary_fn(c10::string_view fn);
+
 // Calls f(std::integral_constant<int, FN>{}) so kernels can be templated on the fn.
 template <typename Fn>
 inline void dispatch_binary_fn(int fn, Fn&& f) {

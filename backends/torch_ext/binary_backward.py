@@ -4,14 +4,16 @@ Ops (namespace gradoracle; schemas in binary_backward.cpp):
     binary_backward(Tensor a, Tensor b, Tensor grad_out, str fn) -> (Tensor, Tensor)
     binary_backward.out(..., *, Tensor(a!) grad_a, Tensor(b!) grad_b) -> (Tensor(a!), Tensor(b!))
     _binary_backward_run(a, b, grad_out, fn, Tensor plan, *, grad_a, grad_b) -> ()   (internal)
+    _binary_backward_blocks_per_sm(Tensor like, str fn, int kind, bool vectorized) -> int   (internal, CUDA)
 
 The public ops' CPU and CUDA kernels are the Python functions here: they take the plan for the
 tensors' layout and call `_binary_backward_run`, whose C++ checks every argument (the same
 ValueError / TypeError on both devices) and runs the plan.  The plan is made once, here, from
 backends/_plans/: on the CPU the broadcast box (binary_backward.py), on CUDA the @best launch of
-binary_backward_cuda.py (`plan_best`) for the device's SM count, the plan cupy@best launches.  It
-depends on shapes, strides, the element size and (on CUDA) 16-byte alignment only, so it is
-cached per layout: a call with a layout seen before costs a dict lookup.
+binary_backward_cuda.py (`plan_best`) for the device's SM count and each kernel's resident blocks
+per SM as the driver gives them for the extension's build (`_binary_backward_blocks_per_sm`), the
+plan cupy@best launches.  It depends on shapes, strides, the element size, the fn and (on CUDA)
+16-byte alignment only, so it is cached per layout and fn: a call seen before costs a dict lookup.
 
 Both public ops also have a fake (meta) kernel that runs harness.argcheck's checks, so meta
 tensors and torch.compile's fake tensors get shapes, and bad arguments clear errors, as real
@@ -32,6 +34,7 @@ DTYPES = ("f32", "f16", "bf16", "f64")
 _RECORDS: dict = {}      # layout -> BBLaunch words (int64 CPU tensor)
 _MAX_RECORDS = 1 << 14   # a run over many shapes must not grow it without bound
 _SMS: dict = {}          # CUDA device index -> multiprocessors
+_OCCUPANCY: dict = {}    # (device index, dtype, fn, kind, vectorized) -> resident blocks per SM
 _RUN = None              # torch.ops.gradoracle._binary_backward_run.default, once loaded
 
 
@@ -45,7 +48,21 @@ def _num_sms(index: int) -> int:
     return _SMS[index]
 
 
-def _make_record(a, b, g, aligned: bool):
+def _blocks_per_sm(like, fn: str):
+    """plan_best's blocks_per_sm(kind, vectorized) for like's device and dtype and this fn: the
+    driver's figure for the kernel the extension built (as cupy asks it for NVRTC's), once each."""
+    import torch
+
+    def resident(kind: str, vec: bool) -> int:
+        key = (like.device.index, like.dtype, fn, kind, vec)
+        if key not in _OCCUPANCY:
+            _OCCUPANCY[key] = torch.ops.gradoracle._binary_backward_blocks_per_sm(
+                like, fn, cuda_plan.KINDS.index(kind), vec)
+        return _OCCUPANCY[key]
+    return resident
+
+
+def _make_record(a, b, g, fn: str, aligned: bool):
     import torch
 
     try:
@@ -58,29 +75,32 @@ def _make_record(a, b, g, aligned: bool):
     plan = bcast.make_plan(tuple(a.shape), tuple(b.shape), a.stride(), b.stride(), g.stride())
     if a.device.type == "cuda":
         sms = _num_sms(a.device.index)
-        launch = cuda_plan.plan_best(plan, sms, (0,) * 5 if aligned else (1,) * 5, a.element_size())
+        launch = cuda_plan.plan_best(plan, sms, (0,) * 5 if aligned else (1,) * 5, a.element_size(),
+                                     _blocks_per_sm(a, fn))
         words = cuda_plan.launch_record(launch, plan, sms)
     else:
         words = cuda_plan.box_record(plan)
     return torch.tensor(words, dtype=torch.int64)
 
 
-def plan_for(a, b, grad_out, grad_a, grad_b):
-    """The BBLaunch words (an int64 CPU tensor) for these tensors, made once per layout."""
+def plan_for(a, b, grad_out, fn: str, grad_a, grad_b):
+    """The BBLaunch words (an int64 CPU tensor) for these tensors and fn, made once per layout and fn
+    (the fn changes the kernel's registers, so its resident blocks and the grid)."""
     aligned = a.is_cuda and not (a.data_ptr() | b.data_ptr() | grad_out.data_ptr() | grad_a.data_ptr()
                                  | grad_b.data_ptr()) % 16
-    key = (a.device, a.dtype, a.shape, a.stride(), b.shape, b.stride(), grad_out.shape, grad_out.stride(), aligned)
+    key = (a.device, a.dtype, fn, a.shape, a.stride(), b.shape, b.stride(), grad_out.shape, grad_out.stride(),
+           aligned)
     record = _RECORDS.get(key)
     if record is None:
         if len(_RECORDS) >= _MAX_RECORDS:
             _RECORDS.clear()
-        record = _RECORDS[key] = _make_record(a, b, grad_out, aligned)
+        record = _RECORDS[key] = _make_record(a, b, grad_out, fn, aligned)
     return record
 
 
 def run(a, b, grad_out, fn: str, grad_a, grad_b) -> None:
     """Write grad_a and grad_b in place (the extension must be loaded: `require()`)."""
-    _RUN(a, b, grad_out, fn, plan_for(a, b, grad_out, grad_a, grad_b), grad_a=grad_a, grad_b=grad_b)
+    _RUN(a, b, grad_out, fn, plan_for(a, b, grad_out, fn, grad_a, grad_b), grad_a=grad_a, grad_b=grad_b)
 
 
 # ----------------------------------------------------------------------------- torch.library

@@ -136,6 +136,47 @@ void run(const BBLaunch& l, const T* a, const T* b, const T* g, T* ga, T* gb, co
     if (l.nchunks[i] > 1) finalize<T>(parts[i], l.nchunks[i], outs[i], l.numel_out[i], l.finalize_grid[i], stream);
 }
 
+// Resident blocks per SM of the kernel that a launch of `kind` runs (the vectorized instance when
+// `vec`): what nvcc made of it (registers, shared memory), not the planner's table, which assumes
+// each kernel at its __launch_bounds__ limit.  Measured: bb_rows for add in bf16 uses 64 registers,
+// so 4 blocks fit, and a grid for the table's 3 left a quarter of the SMs' slots empty (0.75 waves,
+// results/h100/s7/profile/binary_backward-torch_ext-*).
+template <typename T, int FN>
+int64_t blocks_per_sm(int64_t kind, bool vec) {
+  constexpr int V = 16 / sizeof(T);
+  int n = 0;
+  auto query = [&](auto kernel) { C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, BB_BLOCK, 0)); };
+  switch (kind) {
+    case BB_KIND_FAST: query(bb_fast<T, FN>); break;
+    case BB_KIND_EW: query(bb_ew<T, FN>); break;
+    case BB_KIND_LK1: query(bb_lk<T, FN, 1>); break;
+    case BB_KIND_LK8: query(bb_lk<T, FN, BB_J>); break;
+    case BB_KIND_LR_STREAM: query(bb_lr_stream<T, FN>); break;
+    case BB_KIND_LR_BATCHED: query(bb_lr_batched<T, FN>); break;
+    case BB_KIND_COLS: vec ? query(bb_cols<T, FN, V>) : query(bb_cols<T, FN, 1>); break;
+    case BB_KIND_ROWS: vec ? query(bb_rows<T, FN, V>) : query(bb_rows<T, FN, 1>); break;
+    case BB_KIND_BATCH: vec ? query(bb_batch<T, FN, V>) : query(bb_batch<T, FN, 1>); break;
+    case BB_KIND_BOTH: vec ? query(bb_both<T, FN, V>) : query(bb_both<T, FN, 1>); break;
+    default:
+      TORCH_CHECK_VALUE(false, "binary_backward: kind is ", kind, ", expected a CUDA launch kind (",
+                        static_cast<int>(BB_KIND_FAST), "..", BB_NUM_KINDS - 1, ", not box or zero)");
+  }
+  return n;
+}
+
+int64_t binary_backward_blocks_per_sm_cuda(const at::Tensor& like, c10::string_view fn, int64_t kind,
+                                           bool vectorized) {
+  const int fn_id = parse_binary_fn(fn);
+  TORCH_CHECK_VALUE(like.is_cuda(), "binary_backward: like is on ", like.device(), ", expected a CUDA device");
+  const c10::cuda::CUDAGuard guard(like.device());
+  int64_t n = 0;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, like.scalar_type(), "binary_backward_blocks_per_sm", [&] {
+    using T = typename CudaType<scalar_t>::type;
+    dispatch_binary_fn(fn_id, [&](auto fc) { n = blocks_per_sm<T, decltype(fc)::value>(kind, vectorized); });
+  });
+  return n;
+}
+
 void binary_backward_run_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tensor& grad_out,
                               c10::string_view fn, const at::Tensor& plan, at::Tensor& grad_a, at::Tensor& grad_b) {
   BBLaunch l;
@@ -164,4 +205,5 @@ void binary_backward_run_cuda(const at::Tensor& a, const at::Tensor& b, const at
 
 TORCH_LIBRARY_IMPL(gradoracle, CUDA, m) {
   m.impl("_binary_backward_run", TORCH_FN(gradoracle::binary_backward_run_cuda));
+  m.impl("_binary_backward_blocks_per_sm", TORCH_FN(gradoracle::binary_backward_blocks_per_sm_cuda));
 }
