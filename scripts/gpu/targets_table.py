@@ -47,7 +47,7 @@ def summary(rows: list, bar: float, dtypes: list, impls: list, bases: list) -> l
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("results")
-    ap.add_argument("--bar", type=float, required=True, help="% of the copy ceiling")
+    ap.add_argument("--bar", type=float, required=True, help="%% of the copy ceiling")
     ap.add_argument("--dtype", action="append", default=[], help="only these dtypes (the bar's)")
     ap.add_argument("--impl", action="append", default=[], help="rows for these (default: every impl)")
     ap.add_argument("--base", action="append", default=[], help="speedup columns over these")
