@@ -10,7 +10,7 @@ tensors' layout and call `_binary_backward_run`, whose C++ checks every argument
 ValueError / TypeError on both devices) and runs the plan.  The plan is made once, here, from
 backends/_plans/: on the CPU the broadcast box (binary_backward.py), on CUDA the @best launch of
 binary_backward_cuda.py (`plan_best`) for the device's SM count, the plan cupy@best launches.  It
-depends on shapes, strides, the element size and (on CUDA) 16-byte alignment only, so it is
+depends on shapes, strides, the element size and (on CUDA) pointer alignment only, so it is
 cached per layout: a call with a layout seen before costs a dict lookup.
 
 Both public ops also have a fake (meta) kernel that runs harness.argcheck's checks, so meta
@@ -45,7 +45,7 @@ def _num_sms(index: int) -> int:
     return _SMS[index]
 
 
-def _make_record(a, b, g, aligned: bool):
+def _make_record(a, b, g, align: int):
     import torch
 
     try:
@@ -58,7 +58,7 @@ def _make_record(a, b, g, aligned: bool):
     plan = bcast.make_plan(tuple(a.shape), tuple(b.shape), a.stride(), b.stride(), g.stride())
     if a.device.type == "cuda":
         sms = _num_sms(a.device.index)
-        launch = cuda_plan.plan_best(plan, sms, (0,) * 5 if aligned else (1,) * 5, a.element_size())
+        launch = cuda_plan.plan_best(plan, sms, (align,) * 5, a.element_size())
         words = cuda_plan.launch_record(launch, plan, sms)
     else:
         words = cuda_plan.box_record(plan)
@@ -67,14 +67,14 @@ def _make_record(a, b, g, aligned: bool):
 
 def plan_for(a, b, grad_out, grad_a, grad_b):
     """The BBLaunch words (an int64 CPU tensor) for these tensors, made once per layout."""
-    aligned = a.is_cuda and not (a.data_ptr() | b.data_ptr() | grad_out.data_ptr() | grad_a.data_ptr()
-                                 | grad_b.data_ptr()) % 16
-    key = (a.device, a.dtype, a.shape, a.stride(), b.shape, b.stride(), grad_out.shape, grad_out.stride(), aligned)
+    # What every pointer is aligned to (16: every pack; 8: bb_both's 8-byte packs in 16-bit types).
+    align = cuda_plan.ptr_align(x.data_ptr() for x in (a, b, grad_out, grad_a, grad_b)) if a.is_cuda else 1
+    key = (a.device, a.dtype, a.shape, a.stride(), b.shape, b.stride(), grad_out.shape, grad_out.stride(), align)
     record = _RECORDS.get(key)
     if record is None:
         if len(_RECORDS) >= _MAX_RECORDS:
             _RECORDS.clear()
-        record = _RECORDS[key] = _make_record(a, b, grad_out, aligned)
+        record = _RECORDS[key] = _make_record(a, b, grad_out, align)
     return record
 
 

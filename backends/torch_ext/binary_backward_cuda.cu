@@ -29,6 +29,7 @@ template <> struct CudaType<at::Half> { using type = __half; };
 template <> struct CudaType<at::BFloat16> { using type = __nv_bfloat16; };
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+bool aligned_to(const void* p, long long bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 template <typename T>
 void finalize(const at::Tensor& part, int64_t nchunks, T* out, int64_t n, int64_t grid, cudaStream_t stream) {
@@ -82,6 +83,7 @@ void run(const BBLaunch& l, const T* a, const T* b, const T* g, T* ga, T* gb, co
     case BB_KIND_ROWS: {
       // The @best kernels: 16-byte packs when the plan says so (it assumed aligned pointers; the
       // plan cache keys on alignment, so a view that is not gets a scalar plan of its own).
+      // bb_both: packs of BBBothPack<T>::bytes (8 for 16-bit T).
       constexpr int V = 16 / sizeof(T);
       const bool vec = l.vectorized != 0;
       TORCH_CHECK(!vec || (aligned16(a) && aligned16(b) && aligned16(g) && aligned16(ga) && aligned16(gb)),
@@ -113,10 +115,15 @@ void run(const BBLaunch& l, const T* a, const T* b, const T* g, T* ga, T* gb, co
       break;
     }
     case BB_KIND_BOTH: {
-      constexpr int V = 16 / sizeof(T);
+      // Packs of BBBothPack<T>::bytes: 8 (V = 4) for 16-bit T, 16 otherwise; the plan says which.
+      constexpr int kBytes = BBBothPack<T>::bytes;
+      constexpr int V = kBytes / sizeof(T);
       const bool vec = l.vectorized != 0;
-      TORCH_CHECK(!vec || (aligned16(a) && aligned16(b) && aligned16(g) && aligned16(ga) && aligned16(gb)),
-                  "binary_backward: a 16-byte plan for pointers that are not 16-byte aligned");
+      TORCH_CHECK(!vec || l.vectorized == kBytes, "binary_backward: a bb_both plan for ", l.vectorized,
+                  "-byte packs, expected ", kBytes);
+      TORCH_CHECK(!vec || (aligned_to(a, kBytes) && aligned_to(b, kBytes) && aligned_to(g, kBytes) &&
+                           aligned_to(ga, kBytes) && aligned_to(gb, kBytes)),
+                  "binary_backward: a ", kBytes, "-byte plan for pointers that are not ", kBytes, "-byte aligned");
       if (vec)
         bb_both<T, FN, V><<<l.grid, BB_BLOCK, 0, stream>>>(l.params, p_op, q_op, g, d_p, part_ptr[0], d_q);
       else
