@@ -44,8 +44,9 @@ RUNGS = ("naive", "opt", "opt2", "best")
 CONFIGS = {"naive": ("naive", 3, None), "opt": ("opt", 3, None), "opt2": ("opt2", 3, None),
            "best": ("best", 3, 1), "best_big": ("best", 40, 3)}
 # @best built with GRADORACLE_CUPY_BB's other unrolls (the rows of a loop step masked differently).
-DEFINES = {"best_ur1": bb.best_options("ur=1,pf=0,colsur=4,colsminblocks=1"),
-           "best_ur4": bb.best_options("ur=4,minblocks=2,pf=1,colsur=2,colsminblocks=3")}
+# yg= overrides bb_both's rows in flight for every type (BB_YG; default BBBothRows: 4, f64 1).
+DEFINES = {"best_ur1": bb.best_options("ur=1,pf=0,colsur=4,colsminblocks=1,yg=1"),
+           "best_ur4": bb.best_options("ur=4,minblocks=2,pf=1,colsur=2,colsminblocks=3,yg=2")}
 CONFIGS.update({name: ("best", 3, 1) for name in DEFINES})
 CONFIGS["best_legacy"] = ("best", 3, 1)  # GRADORACLE_CUPY_BB=legacy=1: the previous @best launches
 _ENTRIES: dict = {}

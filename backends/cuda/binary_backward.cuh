@@ -665,8 +665,9 @@ bb_opt2(const __grid_constant__ BBCollapsed c, const T* __restrict__ a, const T*
 // ============================================================================ @best
 
 // V elements of T in one access: 16 bytes for V = 16 / sizeof(T), 8 bytes for V = 8 / sizeof(T)
-// (bb_both's 16-bit packs; the address must be aligned to the pack's bytes: one ld/st.global.v4.b32
-// or .v2.b32 / .b64), a plain scalar for V = 1.
+// (bb_both's 16-bit packs), a plain scalar for V = 1.  The address must be aligned to the pack's
+// bytes: one access (sm_90 SASS: LDG.E.128 / LDG.E.64, STG likewise; the 8-byte pack of 16-bit T is
+// PTX ld.global.nc.v4.u16).
 template <typename T, int V> struct alignas(sizeof(T) * V) BBVec { T v[V]; };
 
 template <typename T, int V>
@@ -1083,8 +1084,8 @@ bb_batch(const __grid_constant__ BBParams p, const T* __restrict__ P, const T* _
 // the ny packs of g (BBBothRows<T> rows' loads before their use: 4, 1 for 8-byte T), sums dQ over
 // Y in registers and stores it final (packs of BBBothPack<T>::bytes for V > 1: 8 bytes, V = 4,
 // for 16-bit T, else 16; X's innermost dim dense in Q, g, dQ, a multiple of V long, every other
-// stride of theirs a multiple of V, the pointers aligned to the pack's bytes).  dP[z, y] is a per-thread partial per row over
-// the task's packs (a pack's V terms summed in a register first), reduced once per task: a warp
+// stride of theirs a multiple of V, the pointers aligned to the pack's bytes).  dP[z, y] is a
+// per-thread partial per row over the task's packs (a pack's V terms summed in a register first), reduced once per task: a warp
 // butterfly, then, for segments wider than a warp, one fixed-order sum over the segment's warps
 // through shared memory (one barrier per task; that buffer is double-buffered by task parity, so
 // its reuse needs no second barrier).  P's values and the row partials sit in the thread's own
@@ -1112,7 +1113,7 @@ template <typename T> struct BBBothRows { static constexpr int value = BB_YG; };
 template <typename T> struct BBBothRows { static constexpr int value = sizeof(T) == 8 ? 1 : 4; };
 #endif
 // Bytes of bb_both's packs of T (V = BBBothPack<T>::bytes / sizeof(T) when vectorized): 8 for the
-// 16-bit types (see BBBothRows), 16 otherwise.  The plan's both_pack_bytes and torch_ext's launch
+// 16-bit types (see BBBothRows), 16 otherwise.  The plan's pack_bytes and torch_ext's launch
 // use the same rule (tests/test_cuda_compile.py checks it).
 template <typename T> struct BBBothPack { static constexpr int bytes = sizeof(T) == 2 ? 8 : 16; };
 #ifndef BB_BOTH_MIN_BLOCKS

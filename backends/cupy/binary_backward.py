@@ -104,7 +104,8 @@ ENV = "GRADORACLE_CUPY_BB"
 # `legacy`: bb_batch's y-looped mode for every Y), for A/B timing against the GPU's first figures.
 # pf -> BB_BEST_PF (L2 prefetch distance in loop steps of bb_cols / bb_rows / bb_batch, 0: none);
 # colsur, colsminblocks -> BB_COLS_UR, BB_COLS_MIN_BLOCKS (bb_cols' own; the first GPU runs had 2, 3);
-# yg -> BB_YG (rows of g bb_both loads before their use); bothminblocks -> BB_BOTH_MIN_BLOCKS.
+# yg -> BB_YG (rows of g bb_both loads before their use, for every type: default 4, 1 for f64);
+# bothminblocks -> BB_BOTH_MIN_BLOCKS.
 SETTINGS = {"ur": (1, 2, 4, 8), "minblocks": (1, 2, 3, 4, 6, 8), "pf": (0, 1, 2, 4), "colsur": (1, 2, 4),
             "colsminblocks": (1, 2, 3, 4, 6, 8), "yg": (1, 2, 4, 8), "bothminblocks": (2, 3, 4), "legacy": (0, 1)}
 _MACROS = {"ur": "BB_BEST_UR", "minblocks": "BB_BEST_MIN_BLOCKS", "pf": "BB_BEST_PF", "colsur": "BB_COLS_UR",

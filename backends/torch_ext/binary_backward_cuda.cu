@@ -83,7 +83,6 @@ void run(const BBLaunch& l, const T* a, const T* b, const T* g, T* ga, T* gb, co
     case BB_KIND_ROWS: {
       // The @best kernels: 16-byte packs when the plan says so (it assumed aligned pointers; the
       // plan cache keys on alignment, so a view that is not gets a scalar plan of its own).
-      // bb_both: packs of BBBothPack<T>::bytes (8 for 16-bit T).
       constexpr int V = 16 / sizeof(T);
       const bool vec = l.vectorized != 0;
       TORCH_CHECK(!vec || (aligned16(a) && aligned16(b) && aligned16(g) && aligned16(ga) && aligned16(gb)),
