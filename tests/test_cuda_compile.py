@@ -107,21 +107,27 @@ def test_best_kernels_fit_their_launch_bounds():
 @needs_nvrtc
 def test_both_kernel_fits_four_blocks_per_sm():
     """bb_both (both operands broadcast, a short Y) is built for BB_BOTH_MIN_BLOCKS (4) resident
-    256-thread blocks per SM, 50% occupancy: at most 64 registers in every dtype, and the fns of the
-    perf cases (mul) and those without a division spill nothing.  Measured exceptions: bf16 div
-    (20 bytes) and pow (8), and the f64 div / pow builds (up to 152 bytes), whose divisions and
-    pow / log take the registers."""
+    256-thread blocks per SM, 50% occupancy: at most 64 registers in every dtype, with 4 rows of g
+    in flight (BBBothRows; 1 for f64) on 16-byte packs (8-byte in 16-bit types: V = 4), and the
+    fns of the perf cases (mul) and those without a division spill nothing.  Measured exceptions
+    (sm_90): f32 div (8 bytes) and pow (16) with packs, bf16 pow (16) with packs, and the f64 div
+    / pow builds (up to 152 bytes), whose divisions and pow / log take the registers."""
     exprs = [cupy_raw.kernel_expr("both", dt, fn, vec) for dt in cupy_raw.DTYPES for fn in FNS for vec in (False, True)]
+    assert "bb_both<__nv_bfloat16, 2, 4>" in exprs and "bb_both<__half, 2, 4>" in exprs  # 8-byte packs
+    assert "bb_both<float, 2, 4>" in exprs and "bb_both<double, 2, 2>" in exprs
     report = ptxas_report(exprs)
     assert set(report) == set(exprs)
     assert cuda_plan.BEST_BLOCKS_PER_SM["both"] == 4 and "#define BB_BOTH_MIN_BLOCKS 4" in SOURCE
+    assert "#define BB_YG" not in SOURCE  # BBBothRows' per-type rows unless a host overrides them
     for expr, (regs, spill) in report.items():
         allowed = 0
-        if expr.startswith("bb_both<__nv_bfloat16, 3,") or expr.startswith("bb_both<__nv_bfloat16, 4,"):
-            allowed = 24
+        if expr in ("bb_both<float, 3, 4>", "bb_both<float, 4, 4>", "bb_both<__nv_bfloat16, 4, 4>"):
+            allowed = 16
         if expr.startswith("bb_both<double, 3,") or expr.startswith("bb_both<double, 4,"):
             allowed = 160
         assert regs <= 64 and spill <= allowed, (expr, regs, spill)
+    for expr in ("bb_both<float, 2, 4>", "bb_both<__nv_bfloat16, 2, 4>", "bb_both<__half, 2, 4>"):
+        assert report[expr][1] == 0, (expr, report[expr])  # the perf case's fn: no spill at YG = 4
 
 
 @needs_nvrtc
@@ -153,8 +159,9 @@ def _nvcc_instantiations(dt: str) -> str:
         for v in (1, 16 // cupy_raw.ITEMSIZE[dt]):
             lines += [f"template __global__ void bb_cols<{t}, {f}, {v}>({pp}, {t}*, {a}*, {t}*);",
                       f"template __global__ void bb_rows<{t}, {f}, {v}>({pp}, {t}*, {a}*, {t}*);",
-                      f"template __global__ void bb_batch<{t}, {f}, {v}>({pp}, {t}*, {a}*, {t}*, {a}*);",
-                      f"template __global__ void bb_both<{t}, {f}, {v}>({pp}, {t}*, {a}*, {t}*);"]
+                      f"template __global__ void bb_batch<{t}, {f}, {v}>({pp}, {t}*, {a}*, {t}*, {a}*);"]
+        for v in (1, cuda_plan.pack_bytes("both", cupy_raw.ITEMSIZE[dt]) // cupy_raw.ITEMSIZE[dt]):
+            lines += [f"template __global__ void bb_both<{t}, {f}, {v}>({pp}, {t}*, {a}*, {t}*);"]
     return "\n".join(lines) + "\n"
 
 
@@ -188,12 +195,16 @@ def test_fn_list_is_the_oracles():
 def test_launch_record_layout_matches_host_packing():
     """BBLaunch, the record torch_ext's C++ op launches from, has the words and kinds the plan packs."""
     kinds = "\n".join(f'static_assert(BB_KIND_{k.upper()} == {i}, "{k}");' for i, k in enumerate(cuda_plan.KINDS))
+    # bb_both's pack width: the plan's rule is the one torch_ext instantiates (BBBothPack).
+    packs = "\n".join(f'static_assert(BBBothPack<{cupy_raw.CUDA_TYPE[dt]}>::bytes == '
+                      f'{cuda_plan.pack_bytes("both", cupy_raw.ITEMSIZE[dt])}, "{dt}");' for dt in cupy_raw.DTYPES)
     probe = SOURCE + f"""
 static_assert(sizeof(BBLaunch) == {cuda_plan.LAUNCH_WORDS} * 8, "BBLaunch size");
 static_assert(BB_LAUNCH_WORDS == {cuda_plan.LAUNCH_WORDS}, "BB_LAUNCH_WORDS");
 static_assert(BB_NUM_KINDS == {len(cuda_plan.KINDS)}, "kinds");
 static_assert(BB_NUM_FNS == {len(FNS)}, "fns");
 {kinds}
+{packs}
 """
     cubin, _ = _nvrtc.compile_cubin(probe, name_expressions=["bb_finalize<float>"])
     assert cubin

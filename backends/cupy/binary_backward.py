@@ -10,7 +10,8 @@ against the first), then the best kernel:
   @opt2   the source's next rung: a thread per element of O again, O's dims collapsed per
           tensor so each offset costs one divide per remaining dim; a broadcast operand's
           gradient by atomics (not deterministic), the other written directly.
-  @best   no atomics, deterministic: 16-byte packs of a / b / grad_out / the elementwise
+  @best   no atomics, deterministic: 16-byte packs (bb_both in 16-bit types: 8-byte, 4 rows
+          of grad_out in flight) of a / b / grad_out / the elementwise
           gradient where layout and alignment allow (scalar accesses otherwise), grids of one
           wave of resident blocks over grid-stride loops, float (double) sums in per-block
           partial rows and a fixed-order finish.  Bias-like, row-sum and both-operand broadcasts get
@@ -20,7 +21,7 @@ against the first), then the best kernel:
           GRADORACLE_CUPY_BB (best_options) tunes it, legacy=1 restores the first GPU runs' plans.
 
 Per call the Python is a dict lookup: the checks and the plan (kernel names, BBParams bytes,
-grids) are made once per layout (`_ENTRIES`: shapes, strides, dtype, fn, 16-byte alignment,
+grids) are made once per layout (`_ENTRIES`: shapes, strides, dtype, fn, pointer alignment (ptr_align),
 device), the overlap check once per set of addresses.
 
 The plan is not made here: backends/_plans/binary_backward.py splits O into the K x RA x RB
@@ -40,8 +41,8 @@ import numpy as np
 from backends._plans import binary_backward as bcast
 from backends._plans.binary_backward import Plan
 from backends._plans.binary_backward_cuda import (BLOCK, COLLAPSED_WORDS, J_BATCH, PARAMS_WORDS, Launch,
-                                                  finalize_grid, naive_grid, naive_words, opt2_words, plan_best,
-                                                  plan_launch)
+                                                  finalize_grid, naive_grid, naive_words, opt2_words, pack_bytes,
+                                                  plan_best, plan_launch, ptr_align)
 from backends.cupy import cupy_backend
 from backends.cupy.common import CUDA_TYPE, byte_span, check, element_strides, num_sms, overlap  # noqa: F401
 from backends.cupy.common import function as _compiled
@@ -103,7 +104,8 @@ ENV = "GRADORACLE_CUPY_BB"
 # `legacy`: bb_batch's y-looped mode for every Y), for A/B timing against the GPU's first figures.
 # pf -> BB_BEST_PF (L2 prefetch distance in loop steps of bb_cols / bb_rows / bb_batch, 0: none);
 # colsur, colsminblocks -> BB_COLS_UR, BB_COLS_MIN_BLOCKS (bb_cols' own; the first GPU runs had 2, 3);
-# yg -> BB_YG (rows of g bb_both loads before their use); bothminblocks -> BB_BOTH_MIN_BLOCKS.
+# yg -> BB_YG (rows of g bb_both loads before their use, for every type: default 4, 1 for f64);
+# bothminblocks -> BB_BOTH_MIN_BLOCKS.
 SETTINGS = {"ur": (1, 2, 4, 8), "minblocks": (1, 2, 3, 4, 6, 8), "pf": (0, 1, 2, 4), "colsur": (1, 2, 4),
             "colsminblocks": (1, 2, 3, 4, 6, 8), "yg": (1, 2, 4, 8), "bothminblocks": (2, 3, 4), "legacy": (0, 1)}
 _MACROS = {"ur": "BB_BEST_UR", "minblocks": "BB_BEST_MIN_BLOCKS", "pf": "BB_BEST_PF", "colsur": "BB_COLS_UR",
@@ -147,7 +149,8 @@ def _function(expr: str):
 
 def kernel_expr(kind: str, dt: str, fn: str | None = None, vectorized: bool = False) -> str:
     """Name expression of one instantiation, e.g. ('lk8', 'f16', 'mul') -> 'bb_lk<__half, 2, 8>',
-    ('cols', 'bf16', 'mul', True) -> 'bb_cols<__nv_bfloat16, 2, 8>' (16-byte packs)."""
+    ('cols', 'bf16', 'mul', True) -> 'bb_cols<__nv_bfloat16, 2, 8>' (16-byte packs),
+    ('both', 'bf16', 'mul', True) -> 'bb_both<__nv_bfloat16, 2, 4>' (8-byte packs: pack_bytes)."""
     t = CUDA_TYPE[dt]
     if kind == "finalize":
         return f"bb_finalize<{t}>"
@@ -155,7 +158,7 @@ def kernel_expr(kind: str, dt: str, fn: str | None = None, vectorized: bool = Fa
     if kind in ("lk1", "lk8"):
         return f"bb_lk<{t}, {f}, {1 if kind == 'lk1' else J_BATCH}>"
     if kind in ("cols", "rows", "batch", "both"):
-        return f"bb_{kind}<{t}, {f}, {16 // ITEMSIZE[dt] if vectorized else 1}>"
+        return f"bb_{kind}<{t}, {f}, {pack_bytes(kind, ITEMSIZE[dt]) // ITEMSIZE[dt] if vectorized else 1}>"
     return f"bb_{kind}<{t}, {f}>"
 
 
@@ -322,7 +325,7 @@ class Entry:
 def build_entry(variant: str, dt: str, fn: str, shapes_strides, ptrs, num_sms: int, blocks_per_sm=None,
                 legacy: bool | None = None) -> Entry:
     """The plan of `variant` for tensors a, b, grad_out of these (shape, element strides) and
-    16-byte alignment `ptrs` (a, b, g, ga, gb addresses).  blocks_per_sm(expr) -> resident blocks
+    the alignment of `ptrs` (a, b, g, ga, gb addresses; only their alignment matters).  blocks_per_sm(expr) -> resident blocks
     per SM of a compiled kernel (the device's figure; default: the plan's assumption).  legacy:
     @best's previous launches (default: GRADORACLE_CUPY_BB's legacy setting)."""
     (a_shape, a_str), (b_shape, b_str), (_, g_str) = shapes_strides
@@ -368,16 +371,16 @@ def call(variant: str, inputs, outs, params) -> None:
     a, b, g = inputs["a"], inputs["b"], inputs["grad_out"]
     ga, gb = outs["grad_a"], outs["grad_b"]
     ptrs = (a.data.ptr, b.data.ptr, g.data.ptr, ga.data.ptr, gb.data.ptr)
-    aligned = not (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4]) & 15
+    align = ptr_align(ptrs)  # 16: every pack width; 8: bb_both's 8-byte packs only
     fn = params.get("fn")
     key = (variant, fn, a.dtype, a.shape, a.strides, b.shape, b.strides, g.shape, g.strides, ga.shape, ga.strides,
-           ga.dtype, gb.shape, gb.strides, gb.dtype, aligned, a.device.id)
+           ga.dtype, gb.shape, gb.strides, gb.dtype, align, a.device.id)
     entry = _ENTRIES.get(key)
     if entry is None:
         dt, fn = check_args(inputs, outs, params)
         dev = _device()
         layout = tuple((x.shape, element_strides(x, n)) for x, n in ((a, "a"), (b, "b"), (g, "grad_out")))
-        entry = build_entry(variant, dt, fn, layout, (0,) * 5 if aligned else (1,) * 5, dev.num_sms(),
+        entry = build_entry(variant, dt, fn, layout, (align,) * 5, dev.num_sms(),
                             dev.blocks_per_sm)
         if len(_ENTRIES) >= _MAX_ENTRIES:
             _ENTRIES.clear()
