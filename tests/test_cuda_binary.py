@@ -44,7 +44,7 @@ RUNGS = ("naive", "opt", "opt2", "best")
 CONFIGS = {"naive": ("naive", 3, None), "opt": ("opt", 3, None), "opt2": ("opt2", 3, None),
            "best": ("best", 3, 1), "best_big": ("best", 40, 3)}
 # @best built with GRADORACLE_CUPY_BB's other unrolls (the rows of a loop step masked differently).
-# yg= overrides bb_both's rows in flight for every type (BB_YG; default BBBothRows: 4, f64 1).
+# yg= overrides bb_both's rows in flight for every type (BB_YG; default BBBothRows: 4 in f32, else 1).
 DEFINES = {"best_ur1": bb.best_options("ur=1,pf=0,colsur=4,colsminblocks=1,yg=1"),
            "best_ur4": bb.best_options("ur=4,minblocks=2,pf=1,colsur=2,colsminblocks=3,yg=2")}
 CONFIGS.update({name: ("best", 3, 1) for name in DEFINES})
@@ -140,7 +140,7 @@ PACKED = [
         ("add", (24, 64), (64,), {"g_layout": "transposed"}),
         ("mul", (96, 16), (96, 1), {"a_layout": "sliced"}),
         ("mul", (), (5, 16), {}),
-        # both broadcast with a short Y (bb_batch's stream mode): Y = 8 rows, x chunks with a
+        # both broadcast with a short Y (bb_both): Y = 8 rows, x chunks with a
         # remainder; a two-dim X (b broadcast along dims 0 and 2); fewer x packs than lanes
         ("mul", (1, 40, 96), (8, 40, 1), {}),
         ("mul", (1, 6, 1000), (8, 6, 1), {}),
@@ -313,11 +313,10 @@ def test_short_y_takes_bb_both(a_shape, b_shape, both):
 def test_both_perf_case_is_one_row_per_block(itemsize):
     """mul(A = 1x2048x4096, B = 8x2048x1) on an H100 (132 SMs, 4 blocks each): a task is a whole
     row of X owned by the whole block (dP written final: no partial rows, no bb_finalize launch),
-    16-byte packs (8-byte in 16-bit types: 4 elements a row, 4 rows in flight), b as P (swap), at
-    least 90% of the last wave busy."""
+    16-byte packs, b as P (swap), at least 90% of the last wave busy."""
     la = cuda_plan.plan_best(_plan((1, 2048, 4096), (8, 2048, 1)), 132, (0,) * 5, itemsize, lambda k, v: 4)
     assert la.kind == "both" and la.vectorized and la.swap
-    assert la.pack_bytes == (8 if itemsize == 2 else 16) == cuda_plan.pack_bytes("both", itemsize)
+    assert la.pack_bytes == 16 == cuda_plan.pack_bytes("both", itemsize)
     assert la.words[cuda_plan.GROUP_WORDS * 3 + 2] % (la.pack_bytes // itemsize) == 0  # chunk[0]: whole packs
     assert la.words[-12] == cuda_plan.BLOCK and la.nchunks == (1, 1)
     assert la.grid == 132 * 4 and cuda_plan.wave_fill(la.words[-4], la.grid) >= 0.9
@@ -335,7 +334,7 @@ BOTH = [
                  ((1, 5, 37), (7, 5, 1)),       # 37: no packs, sub-warp segments
                  ((6, 4, 1), (1, 4, 200)),      # a broadcast along X (no swap), 200 = 25 packs of 8
                  ((1, 9, 24), (3, 9, 1)),       # 3 rows of Y, narrow segments
-                 ((1, 5, 148), (7, 5, 1))]      # 37 packs of 4: 16-bit T on 8-byte packs (f32: scalar)
+                 ((1, 5, 148), (7, 5, 1))]      # 37 packs of 4: f32 on packs, 16-bit T scalar
 ]
 BOTH_CASES = [_case(fn, a, b, dt) for fn, dt, a, b in BOTH]
 
@@ -357,15 +356,15 @@ def test_both_broadcast_takes_bb_both_and_matches_the_oracle(case):
     _check("best_big", case)
 
 
-# ----------------------------------------------------------------------------- bb_both's 8-byte packs
+# ----------------------------------------------------------------------------- bb_both's packs
 
 
-@pytest.mark.parametrize("itemsize, x, pack", [(2, 4096, 8), (2, 148, 8), (2, 37, 0), (4, 148, 16), (4, 150, 0),
-                                               (8, 148, 16)])
+@pytest.mark.parametrize("itemsize, x, pack", [(2, 4096, 16), (2, 144, 16), (2, 148, 0), (2, 37, 0), (4, 148, 16),
+                                               (4, 150, 0), (8, 148, 16)])
 def test_both_pack_width_per_element_size(itemsize, x, pack):
-    """bb_both takes 8-byte packs (V = 4) in 16-bit types, 16-byte packs otherwise, whenever X's
-    length is a multiple of V (148 = 37 packs of 4: 8-byte packs only); else scalar accesses.  The
-    other @best kernels keep 16-byte packs in every type."""
+    """bb_both takes 16-byte packs in every type whenever X's length is a multiple of V (148 = 37
+    packs of 4 in f32, not a whole number of 8-element packs in 16-bit types); else scalar
+    accesses, like the other @best kernels."""
     la = cuda_plan.plan_best(_plan((1, 5, x), (7, 5, 1)), 132, (0,) * 5, itemsize, lambda k, v: 4)
     assert la.kind == "both" and la.vectorized == (pack > 0)
     if pack:
@@ -379,15 +378,14 @@ def test_both_pack_width_per_element_size(itemsize, x, pack):
     assert expr.endswith(f", {pack // itemsize if pack else 1}>"), expr
 
 
-@pytest.mark.parametrize("align, vec16, vec8", [(16, True, True), (8, False, True), (4, False, False),
-                                                (2, False, False)])
-def test_both_packs_follow_the_pointer_alignment(align, vec16, vec8):
-    """The pointers decide per pack width: 8-byte aligned pointers still take bb_both's 8-byte packs
-    (16-bit types), not the 16-byte packs of f32 or of the other kernels."""
+@pytest.mark.parametrize("align, vec16", [(16, True), (8, False), (4, False), (2, False)])
+def test_both_packs_follow_the_pointer_alignment(align, vec16):
+    """The pointers decide: only 16-byte aligned pointers take the packs, in bb_both as in the
+    other kernels, whatever the element size."""
     assert cuda_plan.ptr_align((align,) * 5) == align
     assert cuda_plan.ptr_align((0, 16, 32, align, 48)) == align
     both = _plan((1, 5, 256), (7, 5, 1))
-    assert cuda_plan.plan_best(both, 132, (align,) * 5, 2, lambda k, v: 4).vectorized == vec8
+    assert cuda_plan.plan_best(both, 132, (align,) * 5, 2, lambda k, v: 4).vectorized == vec16
     assert cuda_plan.plan_best(both, 132, (align,) * 5, 4, lambda k, v: 4).vectorized == vec16
     rows = _plan((4, 256), (4, 1))
     assert cuda_plan.plan_best(rows, 132, (align,) * 5, 2, lambda k, v: 4).vectorized == vec16
@@ -404,20 +402,20 @@ def _placed(x: np.ndarray, offset: int) -> np.ndarray:
 
 @pytest.mark.parametrize("dt", ["bf16", "f16"])
 @pytest.mark.parametrize("offset", [0, 8, 2])
-def test_emulated_both_on_8_byte_packs_and_misaligned_pointers(dt, offset):
-    """bb_both on the stand-in with X = 148 (37 packs of 4, an odd count: 16-byte packs could not
-    take it) at pointers 64-, 8- and 2-byte aligned: 8-byte packs for the first two, the scalar
-    kernel for the last, each within the tolerance of a float64 reference.  (The stand-in does not
+def test_emulated_both_packs_and_misaligned_pointers(dt, offset):
+    """bb_both on the stand-in with X = 144 (18 packs of 8) at pointers 64-, 8- and 2-byte aligned:
+    16-byte packs for the first, the scalar kernel for the others, each within the tolerance of a
+    float64 reference.  (The stand-in does not
     fault on a misaligned vector access: the plan's choice is checked instead.)"""
     npdt = dtypes.numpy_dtype(dt)
     rng = np.random.default_rng(7)
-    a_shape, b_shape, g_shape = (1, 5, 148), (7, 5, 1), (7, 5, 148)
+    a_shape, b_shape, g_shape = (1, 5, 144), (7, 5, 1), (7, 5, 144)
     src = {n: rng.uniform(0.5, 1.5, s).astype(np.float32) for n, s in (("a", a_shape), ("b", b_shape), ("grad_out", g_shape))}
     arrs = {n: _placed(v.astype(npdt), offset) for n, v in src.items()}
     outs = {"grad_a": _placed(np.zeros(a_shape, npdt), offset), "grad_b": _placed(np.zeros(b_shape, npdt), offset)}
     ptrs = tuple(cuda_host.data_address(v) for v in (*arrs.values(), *outs.values()))
     la = cuda_plan.plan_best(_plan(a_shape, b_shape), 3, ptrs, 2, lambda k, v: 1)
-    assert la.kind == "both" and la.vectorized == (offset % 8 == 0) and la.pack_bytes == 8
+    assert la.kind == "both" and la.vectorized == (offset % 16 == 0) and la.pack_bytes == 16
     _impl("best")(arrs, outs, {"fn": "mul"})
     a, b, g = (arrs[n].astype(np.float64) for n in ("a", "b", "grad_out"))
     want_a = (g * b).sum(axis=0, keepdims=True)

@@ -108,12 +108,12 @@ def test_best_kernels_fit_their_launch_bounds():
 def test_both_kernel_fits_four_blocks_per_sm():
     """bb_both (both operands broadcast, a short Y) is built for BB_BOTH_MIN_BLOCKS (4) resident
     256-thread blocks per SM, 50% occupancy: at most 64 registers in every dtype, with 4 rows of g
-    in flight (BBBothRows; 1 for f64) on 16-byte packs (8-byte in 16-bit types: V = 4), and the
-    fns of the perf cases (mul) and those without a division spill nothing.  Measured exceptions
-    (sm_90): f32 div (8 bytes) and pow (16) with packs, bf16 pow (16) with packs, and the f64 div
-    / pow builds (up to 152 bytes), whose divisions and pow / log take the registers."""
+    in flight in f32 (BBBothRows; 1 in the other types) on 16-byte packs, and the fns of the perf
+    cases (mul) and those without a division spill nothing.  Measured exceptions (sm_90): f32 div (8
+    bytes) and pow (16) with packs, bf16 div / pow (up to 24) with packs, and the f64 div / pow
+    builds (up to 152 bytes), whose divisions and pow / log take the registers."""
     exprs = [cupy_raw.kernel_expr("both", dt, fn, vec) for dt in cupy_raw.DTYPES for fn in FNS for vec in (False, True)]
-    assert "bb_both<__nv_bfloat16, 2, 4>" in exprs and "bb_both<__half, 2, 4>" in exprs  # 8-byte packs
+    assert "bb_both<__nv_bfloat16, 2, 8>" in exprs and "bb_both<__half, 2, 8>" in exprs  # 16-byte packs
     assert "bb_both<float, 2, 4>" in exprs and "bb_both<double, 2, 2>" in exprs
     report = ptxas_report(exprs)
     assert set(report) == set(exprs)
@@ -121,13 +121,15 @@ def test_both_kernel_fits_four_blocks_per_sm():
     assert "#define BB_YG" not in SOURCE  # BBBothRows' per-type rows unless a host overrides them
     for expr, (regs, spill) in report.items():
         allowed = 0
-        if expr in ("bb_both<float, 3, 4>", "bb_both<float, 4, 4>", "bb_both<__nv_bfloat16, 4, 4>"):
+        if expr in ("bb_both<float, 3, 4>", "bb_both<float, 4, 4>"):
             allowed = 16
+        if expr.startswith("bb_both<__nv_bfloat16, 3,") or expr.startswith("bb_both<__nv_bfloat16, 4,"):
+            allowed = 24
         if expr.startswith("bb_both<double, 3,") or expr.startswith("bb_both<double, 4,"):
             allowed = 160
         assert regs <= 64 and spill <= allowed, (expr, regs, spill)
-    for expr in ("bb_both<float, 2, 4>", "bb_both<__nv_bfloat16, 2, 4>", "bb_both<__half, 2, 4>"):
-        assert report[expr][1] == 0, (expr, report[expr])  # the perf case's fn: no spill at YG = 4
+    for expr in ("bb_both<float, 2, 4>", "bb_both<__nv_bfloat16, 2, 8>", "bb_both<__half, 2, 8>"):
+        assert report[expr][1] == 0, (expr, report[expr])  # the perf case's fn: no spill
 
 
 @needs_nvrtc

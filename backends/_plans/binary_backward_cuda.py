@@ -4,7 +4,7 @@ plan both of its hosts use, the cupy backend (NVRTC) and torch_ext's CUDA op (nv
 From the broadcast plan (binary_backward.py: the K x RA x RB box) `plan_launch` picks the
 kernel of the opt ladder rung, assigns the groups and operands to the kernel's roles, sizes the
 tiles and chunks, and packs BBParams; `plan_best` does the same for the @best rung (16-byte
-packs, 8-byte for bb_both in 16-bit types: `pack_bytes`, where the layout and the pointers allow,
+packs (`pack_bytes`) where the layout and the pointers allow,
 grids of one wave of resident blocks, chunk counts that fill the wave: `_fill_waves`);
 `naive_words` packs the @naive kernel's, `opt2_words` the @opt2 kernel's BBCollapsed (O's dims
 collapsed per tensor).  The contract (roles, slots, what each field means) is documented at the top of the .cuh; the structs are in
@@ -58,10 +58,10 @@ class Launch:
 
 
 def pack_bytes(kind: str, itemsize: int) -> int:
-    """Bytes of the packs of a vectorized `kind` launch for elements of `itemsize` bytes: 16, but
-    8 (4 elements) for bb_both in 16-bit types, which keeps 4 rows of g in flight per thread with
-    the registers of f32 (BBBothPack / BBBothRows in the .cuh: 16-byte packs spilled there)."""
-    return 8 if kind == "both" and itemsize == 2 else 16
+    """Bytes of the packs of a vectorized `kind` launch for elements of `itemsize` bytes: 16 for
+    every kernel and type (BBBothPack in the .cuh says the same for bb_both; its 8-byte packs in
+    16-bit types measured slower on the H100: 64-66% of copy against 71-72%, results/h100/s7/)."""
+    return 16
 
 
 def ptr_align(ptrs) -> int:
@@ -328,7 +328,7 @@ def opt2_words(a_shape, b_shape, a_strides, b_strides, g_strides) -> tuple[list[
 # for each compiled kernel's figure; torch_ext plans with these).  From ptxas -v on sm_90 (NVRTC,
 # f32 / bf16): bb_rows / bb_batch are built for 3 (__launch_bounds__: at most 80 registers; small
 # spills in the 16-bit vectorized batch kernels), bb_cols for 4 (at most 64, one row in flight
-# per thread, no spills), bb_both for 4 (at most 64, 4 rows of g in flight, 8-byte packs in 16-bit;
+# per thread, no spills), bb_both for 4 (at most 64, 4 rows of g in flight in 4-byte types;
 # add / sub / mul / maximum / minimum spill nothing but in f64), bb_fast uses
 # 30-44 registers, bb_ew 58-60, bb_lk<J = 8> and bb_lr_batched 98-116.  The grid is never more than
 # one wave.
@@ -444,7 +444,7 @@ def _plan_both(x: Group, y: Group, z: Group, swap: bool, v: int, resident, pack:
 def _plan_batch(plan: Plan, x: Group, x_is_ra: bool, align: int, itemsize: int, resident,
                 legacy: bool = False) -> Launch:
     """Both operands broadcast, lanes along X.  A short one-dim Y (numel <= BATCH_ROWS): bb_both
-    (packs of pack_bytes("both", itemsize): 8 bytes in 16-bit types); otherwise (or `legacy`)
+    (packs of pack_bytes("both", itemsize) bytes); otherwise (or `legacy`)
     bb_batch, one 16-byte pack per lane and a task per (z, XW * V x's, Y chunk).  `align`: what
     every pointer is aligned to (ptr_align)."""
     y = _sorted_group(plan.rb if x_is_ra else plan.ra)
@@ -478,8 +478,9 @@ def _plan_batch(plan: Plan, x: Group, x_is_ra: bool, align: int, itemsize: int, 
 
 def plan_best(plan: Plan, num_sms: int = DEFAULT_SMS, ptrs=(0, 0, 0, 0, 0), itemsize: int = 4,
               blocks_per_sm=None, legacy: bool = False) -> Launch:
-    """The @best rung's launch for `plan`: no atomics, 16-byte packs (bb_both in 16-bit types:
-    8-byte packs, pack_bytes) where the layout and the pointers (`ptrs`' alignment) allow, and a grid of at most one wave of resident blocks (grid-stride loops; the
+    """The @best rung's launch for `plan`: no atomics, 16-byte packs (pack_bytes) where the
+    layout and the pointers (`ptrs`' alignment) allow, and a grid of at most one wave of resident
+    blocks (grid-stride loops; the
     work is split so that the wave is as full as it can be).  blocks_per_sm(kind, vectorized) ->
     resident blocks per SM of that kernel (default: BEST_BLOCKS_PER_SM).  legacy: the launches
     of the first GPU runs' @best (bb_batch's y-looped mode for every Y), kept for A/B timing."""

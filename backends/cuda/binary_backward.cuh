@@ -67,14 +67,13 @@
 //       bb_batch: chunk[2] = 0 (Y looped per lane).  bb_both: a task per (z, X chunk) owned by a
 //       segment of `lanes` threads (a power of two up to BB_BLOCK: a whole block reduces dP with
 //       warp shuffles and one shared-memory step per task), built for BB_BOTH_MIN_BLOCKS (4).
-//       V = 1 or 16 / sizeof(T) (16-byte packs), except bb_both: V = 1 or BBBothPack<T>::bytes /
-//       sizeof(T), 8-byte packs (V = 4) for __half / __nv_bfloat16, 16-byte otherwise; every pointer
-//       aligned to the pack's bytes.  bb_both keeps BBBothRows<T> rows of g in flight per thread
-//       (4; 1 for double; BB_YG overrides): on the H100 (perf case mul A = 1x2048x4096, B =
-//       8x2048x1, cold L2) one 16-byte row in flight was latency bound (bf16: 72% of copy, DRAM 63%
-//       of peak, long scoreboard 58% of stalls; f32 84%), f32 with 4 rows reached 92%, and 16-bit
-//       T with 2 or 4 rows of 16-byte packs spilled at 64 registers (bf16 58% / 43%): 8-byte packs
-//       give a 16-bit row the registers of an f32 row, 32 bytes in flight with 4 rows.
+//       V = 1 or 16 / sizeof(T) (16-byte packs; bb_both: BBBothPack<T>::bytes / sizeof(T), 16 bytes
+//       too).  bb_both keeps BBBothRows<T> rows of g in flight per thread (4 in 4-byte T, else 1;
+//       BB_YG overrides): on the H100 (perf case mul A = 1x2048x4096, B = 8x2048x1, cold L2) one
+//       row in flight was latency bound (bf16: 72% of copy, DRAM 63% of peak, long scoreboard 58%
+//       of stalls; f32 84%), f32 with 4 rows reached 91-92%, and 16-bit T was slower with more
+//       rows: 16-byte packs spilled at 64 registers (2 / 4 rows: bf16 58% / 43%), and 8-byte packs
+//       with 4 rows (the registers of an f32 row) gave 64-66% (results/h100/s7/).
 //       See each kernel for its fields.  The @best
 //       rung launches these, bb_fast for dense no-broadcast cases, and the opt kernels for the
 //       rest (bb_ew, bb_lk<J = 8>), each with a grid of at most one wave of resident blocks.
@@ -664,10 +663,9 @@ bb_opt2(const __grid_constant__ BBCollapsed c, const T* __restrict__ a, const T*
 
 // ============================================================================ @best
 
-// V elements of T in one access: 16 bytes for V = 16 / sizeof(T), 8 bytes for V = 8 / sizeof(T)
-// (bb_both's 16-bit packs), a plain scalar for V = 1.  The address must be aligned to the pack's
-// bytes: one access (sm_90 SASS: LDG.E.128 / LDG.E.64, STG likewise; the 8-byte pack of 16-bit T is
-// PTX ld.global.nc.v4.u16).
+// V elements of T in one access: 16 bytes for V = 16 / sizeof(T) (8 bytes for V = 8 / sizeof(T)),
+// a plain scalar for V = 1.  The address must be aligned to the pack's bytes: one access (sm_90
+// SASS: LDG.E.128 / LDG.E.64, STG likewise).
 template <typename T, int V> struct alignas(sizeof(T) * V) BBVec { T v[V]; };
 
 template <typename T, int V>
@@ -1081,10 +1079,10 @@ bb_batch(const __grid_constant__ BBParams p, const T* __restrict__ P, const T* _
 // XW = lanes threads (a power of two <= BB_BLOCK: a segment wider than a warp is whole warps).
 // Per task each thread loads P[z, y] once per row y (the segment shares the addresses: one
 // request per warp and row), not once per element; per pack of V x's it loads Q's pack once and
-// the ny packs of g (BBBothRows<T> rows' loads before their use: 4, 1 for 8-byte T), sums dQ over
-// Y in registers and stores it final (packs of BBBothPack<T>::bytes for V > 1: 8 bytes, V = 4,
-// for 16-bit T, else 16; X's innermost dim dense in Q, g, dQ, a multiple of V long, every other
-// stride of theirs a multiple of V, the pointers aligned to the pack's bytes).  dP[z, y] is a
+// the ny packs of g (BBBothRows<T> rows' loads before their use: 4 for 4-byte T, else 1), sums dQ
+// over Y in registers and stores it final (packs of BBBothPack<T>::bytes = 16 for V > 1; X's
+// innermost dim dense in Q, g, dQ, a multiple of V long, every other stride of theirs a multiple
+// of V, the pointers aligned to the pack's bytes).  dP[z, y] is a
 // per-thread partial per row over the task's packs (a pack's V terms summed in a register first), reduced once per task: a warp
 // butterfly, then, for segments wider than a warp, one fixed-order sum over the segment's warps
 // through shared memory (one barrier per task; that buffer is double-buffered by task parity, so
@@ -1103,19 +1101,19 @@ bb_batch(const __grid_constant__ BBParams p, const T* __restrict__ P, const T* _
 // for every type: GRADORACLE_CUPY_BB's yg= A/B).  The H100 (cold L2, perf case mul A = 1x2048x4096,
 // B = 8x2048x1) was latency bound with one row in flight (ncu, bf16: DRAM 63% of peak, long
 // scoreboard 58% of stalls): f32 84% of copy with 1 row, 90% with 2, 92% with 4, hence 4 for
-// 4-byte types.  16-bit types on 16-byte packs (8 elements, 8 floats a row) spilled with 2 or 4
-// rows at 64 registers (bf16 58% / 43% of copy against 72% with 1), so they take 8-byte packs
-// (BBBothPack: 4 elements, the registers of an f32 row) with 4 rows in flight, 32 bytes a thread.
-// 8-byte types keep 1 row: their div / pow builds spill already.
+// 4-byte types.  16-bit types stay at 1 row: with 2 or 4 rows of 16-byte packs (8 elements, 8
+// floats a row) they spilled at 64 registers (bf16 58% / 43% of copy against 72%), and 8-byte packs
+// with 4 rows, which fit, measured 64-66% (results/h100/s7/batch_s7c).  8-byte types keep 1 row:
+// their div / pow builds spill already.
 #ifdef BB_YG
 template <typename T> struct BBBothRows { static constexpr int value = BB_YG; };
 #else
-template <typename T> struct BBBothRows { static constexpr int value = sizeof(T) == 8 ? 1 : 4; };
+template <typename T> struct BBBothRows { static constexpr int value = sizeof(T) == 4 ? 4 : 1; };
 #endif
-// Bytes of bb_both's packs of T (V = BBBothPack<T>::bytes / sizeof(T) when vectorized): 8 for the
-// 16-bit types (see BBBothRows), 16 otherwise.  The plan's pack_bytes and torch_ext's launch
-// use the same rule (tests/test_cuda_compile.py checks it).
-template <typename T> struct BBBothPack { static constexpr int bytes = sizeof(T) == 2 ? 8 : 16; };
+// Bytes of bb_both's packs of T (V = BBBothPack<T>::bytes / sizeof(T) when vectorized): 16 in every
+// type (8-byte packs for 16-bit T were slower, see BBBothRows).  The plan's pack_bytes and
+// torch_ext's launch use the same rule (tests/test_cuda_compile.py checks it).
+template <typename T> struct BBBothPack { static constexpr int bytes = 16; };
 #ifndef BB_BOTH_MIN_BLOCKS
 #define BB_BOTH_MIN_BLOCKS 4  // resident 256-thread blocks per SM bb_both is built for (<= 64 registers: 50%)
 #endif
@@ -1175,8 +1173,8 @@ bb_both(const __grid_constant__ BBParams p, const T* __restrict__ P, const T* __
         for (int j0 = 0; j0 < BB_YT; j0 += YG) {  // YG rows' loads, then their use
           Vec gv[YG];
           // The rest of the rows are past Y (ny is the same in every thread).  Only with several rows
-          // a group: without it f32 / 16-bit mul spilled 8 bytes at YG = 4; with it f64 div / pow
-          // (YG = 1) spilled more.
+          // a group: without it f32 mul spilled 8 bytes at YG = 4; with it f64 div / pow (YG = 1)
+          // spilled more.
           if (YG > 1 && j0 >= ny) break;
 #pragma unroll
           for (int j = j0; j < j0 + YG; ++j)

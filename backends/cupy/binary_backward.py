@@ -10,8 +10,8 @@ against the first), then the best kernel:
   @opt2   the source's next rung: a thread per element of O again, O's dims collapsed per
           tensor so each offset costs one divide per remaining dim; a broadcast operand's
           gradient by atomics (not deterministic), the other written directly.
-  @best   no atomics, deterministic: 16-byte packs (bb_both in 16-bit types: 8-byte, 4 rows
-          of grad_out in flight) of a / b / grad_out / the elementwise
+  @best   no atomics, deterministic: 16-byte packs (bb_both: 4 rows of grad_out in flight in
+          4-byte types) of a / b / grad_out / the elementwise
           gradient where layout and alignment allow (scalar accesses otherwise), grids of one
           wave of resident blocks over grid-stride loops, float (double) sums in per-block
           partial rows and a fixed-order finish.  Bias-like, row-sum and both-operand broadcasts get
@@ -150,7 +150,7 @@ def _function(expr: str):
 def kernel_expr(kind: str, dt: str, fn: str | None = None, vectorized: bool = False) -> str:
     """Name expression of one instantiation, e.g. ('lk8', 'f16', 'mul') -> 'bb_lk<__half, 2, 8>',
     ('cols', 'bf16', 'mul', True) -> 'bb_cols<__nv_bfloat16, 2, 8>' (16-byte packs),
-    ('both', 'bf16', 'mul', True) -> 'bb_both<__nv_bfloat16, 2, 4>' (8-byte packs: pack_bytes)."""
+    ('both', 'f32', 'mul', True) -> 'bb_both<float, 2, 4>' (packs of pack_bytes)."""
     t = CUDA_TYPE[dt]
     if kind == "finalize":
         return f"bb_finalize<{t}>"
@@ -371,7 +371,7 @@ def call(variant: str, inputs, outs, params) -> None:
     a, b, g = inputs["a"], inputs["b"], inputs["grad_out"]
     ga, gb = outs["grad_a"], outs["grad_b"]
     ptrs = (a.data.ptr, b.data.ptr, g.data.ptr, ga.data.ptr, gb.data.ptr)
-    align = ptr_align(ptrs)  # 16: every pack width; 8: bb_both's 8-byte packs only
+    align = ptr_align(ptrs)  # 16: the packs' width (pack_bytes)
     fn = params.get("fn")
     key = (variant, fn, a.dtype, a.shape, a.strides, b.shape, b.strides, g.shape, g.strides, ga.shape, ga.strides,
            ga.dtype, gb.shape, gb.strides, gb.dtype, align, a.device.id)

@@ -85,7 +85,7 @@ def _make_record(a, b, g, fn: str, align: int):
 def plan_for(a, b, grad_out, fn: str, grad_a, grad_b):
     """The BBLaunch words (an int64 CPU tensor) for these tensors and fn, made once per layout and fn
     (the fn changes the kernel's registers, so its resident blocks and the grid)."""
-    # What every pointer is aligned to (16: every pack; 8: bb_both's 8-byte packs in 16-bit types).
+    # What every pointer is aligned to (16: the packs, pack_bytes).
     align = cuda_plan.ptr_align(x.data_ptr() for x in (a, b, grad_out, grad_a, grad_b)) if a.is_cuda else 1
     key = (a.device, a.dtype, fn, a.shape, a.stride(), b.shape, b.stride(), grad_out.shape, grad_out.stride(),
            align)

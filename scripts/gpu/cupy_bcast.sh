@@ -18,7 +18,7 @@
 #            new vs old vs triton (bars 88% / 92%).
 #   tune     cupy@best on scripts/gpu/cases/cupy_bcast_tune.json (7 cases) under other settings
 #            (TUNE_SETTINGS; default pf=0: no L2 prefetch; "colsur=2,colsminblocks=3": bb_cols at 2
-#            rows / 3 blocks with the prefetch; yg=2: bb_batch's stream mode loads 2 rows of g before
+#            rows / 3 blocks with the prefetch; yg=2: bb_both (once bb_batch's stream mode) loads 2 rows of g before
 #            use; worth a later run: pf=4, "ur=1,minblocks=4")
 #            -> tune/<name>/, tune.txt (with the default and old columns from bench).
 #   profile  python -m harness profile, cupy@best, the three cases of the issue -> profile/*.txt|json

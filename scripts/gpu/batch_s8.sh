@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# The next H100 call (about 4 minutes): the full-set runs the seventh session's device budget did
+# not reach, on the current code.
+#   OUT=/some/dir bash scripts/gpu/batch_s8.sh          (from the repo root)
+# Steps (STEPS="full bench"), each under its own limit (SIGINT: the JSON checkpoint is still written):
+#   (setup)  pip install; the torch_ext build starts in the background (MAX_JOBS=16)
+#   full     harness run --cases full, 8 shards each (<= FULL_S):
+#              binary_backward through triton (issue 13: the tile path's host code was refactored by
+#              7d81a46 after its last full run; the both-broadcast 381 passed on it in s7) -> full-triton/
+#              reduce_sum through cupy@best (issue 15: 20 of its 157 cases were past s7's time limit)
+#              and binary_backward's both-broadcast cases (both_broadcast_cases.py) through cupy@best
+#              (16-bit bb_both back on 16-byte packs, 1 row, after s7's GPU runs)        -> full-cupy/
+#              the same both-broadcast cases through torch_ext, after its build         -> full-torch_ext/
+#   bench    harness bench (cold) of the three both-broadcast perf cases: cupy@best, torch_ext, triton,
+#            torch                                                                     -> bench/ (<= 60 s)
+# Files: $OUT/run.log, $OUT/summary.txt, $OUT/s8.tgz (res/: everything, re-packed after each step).
+set -uo pipefail
+export PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
+export MAX_JOBS=${MAX_JOBS:-16}
+PY=${PYTHON:-python3} STEPS=${STEPS:-full bench} FULL_S=${FULL_S:-100}
+. scripts/gpu/steps.sh
+pack() { tar czf "$OUT/s8.tgz" -C "$OUT" res; }
+shards_to() { mkdir -p "$R/$1" && mv "$R"/full-*.json "$R"/full-*.log "$R/$1/"; }
+
+stamp "== setup"
+timeout 60 $PY -m pip install -q -e . --no-deps --no-build-isolation 2>&1 | tail -2
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv 2>&1 | tail -1
+( timeout 300 $PY -c "from backends import torch_ext; print('torch_ext:', torch_ext._check('cuda') or 'available')" \
+    > "$R/build.log" 2>&1 ) &
+build=$!
+$PY scripts/gpu/both_broadcast_cases.py full "$R/both_full.json" && \
+  $PY scripts/gpu/both_broadcast_cases.py perf "$R/both_perf.json" || exit 1
+
+if has full; then
+  stamp "== full: binary_backward through triton"
+  full_shards "$FULL_S" --op binary_backward --backend triton --seed 8
+  shards_to full-triton
+  stamp "== full: reduce_sum and the both-broadcast binary cases through cupy@best"
+  full_shards "$FULL_S" --op reduce_sum --backend cupy@best --seed 8
+  shards_to full-cupy-reduce
+  full_shards "$FULL_S" --op binary_backward --backend cupy@best --cases "$R/both_full.json" --seed 8
+  shards_to full-cupy-both
+fi
+wait "$build"; stamp "build: $(tail -1 "$R/build.log")"
+if has full; then
+  stamp "== full: the both-broadcast binary cases through torch_ext"
+  full_shards "$FULL_S" --op binary_backward --backend torch_ext --cases "$R/both_full.json" --seed 8
+  shards_to full-torch_ext-both
+fi
+
+if has bench; then
+  stamp "== bench: the both-broadcast perf cases"
+  timeout -k 15 -s INT 60 $PY -m harness bench --op binary_backward --cases "$R/both_perf.json" --device cuda \
+    --mode cold --budget 0.1 --warmup-budget 0.03 --min-samples 10 --max-samples 300 --no-plots -q --time-limit 50 \
+    --backend cupy@best --backend torch_ext --backend triton --backend torch --report "$R/bench" > "$R/bench.log" 2>&1
+  echo "exit $?"; grep -E "copy" "$R/bench.log"; pack
+fi
+
+{ stamp "== done"; tail -1 "$R/build.log"
+  for f in "$R"/full-*/full-*.log; do echo "${f#$R/}: $(grep -E 'passed|failed|interrupted' "$f" | tail -1)"; done
+  failures "$R"/full-*/full-*.log 2>/dev/null; } > "$OUT/summary.txt"
+cat "$OUT/summary.txt"; pack
