@@ -26,12 +26,7 @@ PY=${PYTHON:-python3} STEPS=${STEPS:-profile full repeat bench} FULL_S=${FULL_S:
 pack() { tar czf "$OUT/s7.tgz" -C "$OUT" res; }
 LIST=scripts/gpu/cases/profile_misses_s6.txt
 
-stamp "== setup"
-timeout 60 $PY -m pip install -q -e . --no-deps --no-build-isolation 2>&1 | tail -2
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv 2>&1 | tail -1
-( timeout 420 $PY -c "from backends import torch_ext; print('torch_ext:', torch_ext._check('cuda') or 'available')" \
-    > "$R/build.log" 2>&1 ) &
-build=$!
+setup 420
 
 profile() {  # the lines of $LIST whose impl matches $1 (a grep -E pattern on the impl column)
   grep -vE '^(#|$)' "$LIST" | awk -v pat="$1" '$2 ~ pat' | while read -r op impl case; do

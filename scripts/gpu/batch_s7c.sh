@@ -21,14 +21,8 @@ export MAX_JOBS=${MAX_JOBS:-16}
 PY=${PYTHON:-python3} STEPS=${STEPS:-full bench lnab} FULL_S=${FULL_S:-110}
 . scripts/gpu/steps.sh
 pack() { tar czf "$OUT/s7c.tgz" -C "$OUT" res; }
-shards_to() { mkdir -p "$R/$1" && mv "$R"/full-*.json "$R"/full-*.log "$R/$1/"; }
 
-stamp "== setup"
-timeout 60 $PY -m pip install -q -e . --no-deps --no-build-isolation 2>&1 | tail -2
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv 2>&1 | tail -1
-( timeout 300 $PY -c "from backends import torch_ext; print('torch_ext:', torch_ext._check('cuda') or 'available')" \
-    > "$R/build.log" 2>&1 ) &
-build=$!
+setup 300
 
 if has full; then
   stamp "== full: binary_backward + reduce_sum through cupy@best (8 shards, $FULL_S s)"

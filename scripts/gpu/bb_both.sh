@@ -19,25 +19,20 @@ PY=${PYTHON:-python3} STEPS=${STEPS:-full bench profile}
 pack() { tar czf "$OUT/bb_both.tgz" -C "$OUT" res; }
 CASE='{"op":"binary_backward","dtype":"bf16","params":{"fn":"mul","a":[1,2048,4096],"b":[8,2048,1]}}'
 
-stamp "== setup"
-timeout 60 $PY -m pip install -q -e . --no-deps --no-build-isolation 2>&1 | tail -2
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv 2>&1 | tail -1
-( timeout 300 $PY -c "from backends import torch_ext; print('torch_ext:', torch_ext._check('cuda') or 'available')" \
-    > "$R/build.log" 2>&1 ) &
-build=$!
+setup 300
 $PY scripts/gpu/both_broadcast_cases.py full "$R/both_full.json" && \
   $PY scripts/gpu/both_broadcast_cases.py perf "$R/both_perf.json" || exit 1
 
 if has full; then
   stamp "== full: the both-broadcast cases through triton and cupy@best (8 shards, 110 s)"
   full_shards 110 --op binary_backward --backend triton --backend cupy@best --cases "$R/both_full.json"
-  mkdir -p "$R/full-kernels" && mv "$R"/full-*.* "$R/full-kernels/"
+  shards_to full-kernels
 fi
 wait "$build"; stamp "build: $(tail -1 "$R/build.log")"
 if has full; then
   stamp "== full: the same cases through torch_ext (8 shards, 70 s)"
   full_shards 70 --op binary_backward --backend torch_ext --cases "$R/both_full.json"
-  mkdir -p "$R/full-torch_ext" && mv "$R"/full-*.* "$R/full-torch_ext/"
+  shards_to full-torch_ext
 fi
 
 if has bench; then

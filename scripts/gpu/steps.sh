@@ -1,4 +1,4 @@
-# Steps shared by the batch scripts (scripts/gpu/batch_s5.sh, batch_s6.sh, batch_s6b.sh, batch_s7.sh): source it with OUT, PY
+# Steps shared by the batch scripts (scripts/gpu/batch_s5.sh ... batch_s8.sh, bb_both.sh): source it with OUT, PY
 # (python) and STEPS (the steps to run) set; it makes R=$OUT/res, sends the output to $OUT/run.log as
 # well, and starts the clock.  The script defines pack (re-packs $R), which the steps call.
 : "${OUT:?set OUT to a folder for the results}"
@@ -34,3 +34,20 @@ attn_repeat() {
     > "$R/repeat.log" 2>&1
   echo "exit $?"; tail -2 "$R/repeat.log"; failures "$R/repeat.log"; pack
 }
+
+# setup [BUILD_SECONDS]: pip install, the GPU's name and clocks; with BUILD_SECONDS, the torch_ext build
+# starts in the background (MAX_JOBS from the caller) and `build` holds its pid: `wait "$build"` before
+# torch_ext runs -> $R/build.log
+setup() {
+  stamp "== setup"
+  timeout 60 $PY -m pip install -q -e . --no-deps --no-build-isolation 2>&1 | tail -2
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv 2>&1 | tail -1
+  if [ -n "${1:-}" ]; then
+    ( timeout "$1" $PY -c "from backends import torch_ext; print('torch_ext:', torch_ext._check('cuda') or 'available')" \
+        > "$R/build.log" 2>&1 ) &
+    build=$!
+  fi
+}
+
+# shards_to DIR: move full_shards' files into $R/DIR (before the next full_shards call)
+shards_to() { mkdir -p "$R/$1" && mv "$R"/full-*.json "$R"/full-*.log "$R/$1/"; }
