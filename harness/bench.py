@@ -129,7 +129,7 @@ class CaseInputs:
 def case_inputs(case, seed: int, oracle: str, device: str) -> CaseInputs:
     """Both input sets (harness/prepare.py); set 0's oracle too when it runs on the host (safe in a thread)."""
     final = _prepare.prepare(case, seed, oracle, device, 0, cache=False, defer_gpu=True)
-    return CaseInputs(final, _prepare.generate(case, seed, 1))
+    return CaseInputs(final, _prepare.generate(case, seed, 1, oracle, device))
 
 
 def finish(case, inputs: CaseInputs) -> CaseInputs:

@@ -26,7 +26,7 @@ from collections import OrderedDict
 import numpy as np
 
 from harness import stress
-from harness.prepared import Prepared, choose_oracle, input_seed
+from harness.prepared import Prepared, choose_oracle, input_seed, oracle_passes
 from harness.registry import get_op
 
 CACHE_MAX = 3  # large cases hold several GB of float64; keep only the most recent
@@ -34,12 +34,15 @@ _CACHE: OrderedDict = OrderedDict()
 _LOCK = threading.Lock()
 
 
-def generate(case, run_seed: int = 0, variant: int = 0) -> dict:
-    """The case's inputs (HostTensors) for a seed variant, without an oracle."""
+def generate(case, run_seed: int = 0, variant: int = 0, oracle: str = "auto", device: str = "cpu") -> dict:
+    """The case's inputs (HostTensors) for a seed variant, without an oracle (oracle and device: where
+    the passes that make them may run, `oracle_passes`)."""
     seed = input_seed(case, run_seed, variant)
     if stress.applies(case):
         return stress.generate(case, seed)
-    return get_op(case.op).generate(case, np.random.default_rng(seed))
+    spec = get_op(case.op)
+    with oracle_passes(oracle, device, spec.cost(case).flops):
+        return spec.generate(case, np.random.default_rng(seed))
 
 
 def prepare(case, run_seed: int = 0, oracle: str = "auto", device: str = "cpu", variant: int = 0, *,
@@ -69,11 +72,13 @@ def _build(case, run_seed: int, oracle: str, device: str, variant: int, defer_gp
         return stress.build_prepared(case, seed, oracle)
     started = time.perf_counter()
     spec = get_op(case.op)
-    inputs = spec.generate(case, np.random.default_rng(seed))
-    inputs64 = {k: v.float64() for k, v in inputs.items()}
-    which, where = choose_oracle(oracle, inputs64, device, spec.cost(case).flops)
+    flops = spec.cost(case).flops
+    with oracle_passes(oracle, device, flops):  # the host's numpy, or the GPU for the large ones (opt-in)
+        inputs = spec.generate(case, np.random.default_rng(seed))
+        inputs64 = {k: v.float64() for k, v in inputs.items()}
+        which, where = choose_oracle(oracle, inputs64, device, flops)
+        scale = spec.error_scale(inputs64, case.params)
     label = which if where == "cpu" else f"{which}@{where}"
-    scale = spec.error_scale(inputs64, case.params)
     prepared = Prepared(inputs, inputs64, None, scale, label, seed, pending=(which, where))
     if not (defer_gpu and where != "cpu"):
         finish(prepared, case)

@@ -6,7 +6,9 @@ chunks); read by the runner and the bench.
 """
 from __future__ import annotations
 
+import os
 import zlib
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -23,6 +25,10 @@ NUMPY_ORACLE_MAX_BYTES = 1 << 30
 # the H100 machine's host (results/h100/s6/: 79.9 s to prepare attention bf16 B=1 S=8k GQA 32:8
 # D=128 causal, 1.4e12 flops, whose float64 inputs are 0.9 GiB), about 6 s at this bound.
 NUMPY_ORACLE_MAX_FLOPS = 1e11
+# The same cases' float64 passes that make their inputs and error scales (oracle.passes) run on the
+# GPU through cupy when this is "cuda" (opt-in until an H100 run has set them beside the host's:
+# scripts/gpu/oracle_passes.sh); "cpu" or unset: numpy on the host.
+PASSES_ENV = "GRADORACLE_ORACLE_PASSES"
 
 
 @dataclass
@@ -63,6 +69,35 @@ def choose_oracle(oracle: str, inputs64: dict, device: str, flops: float = 0.0) 
         return oracle, "cpu"
     big = sum(v.nbytes for v in inputs64.values()) > NUMPY_ORACLE_MAX_BYTES or flops > NUMPY_ORACLE_MAX_FLOPS
     return ("jax", "cuda") if big and device.startswith("cuda") else ("numpy", "cpu")
+
+
+def passes_module(oracle: str, device: str, flops: float):
+    """The array module of a case's float64 passes (oracle.passes): cupy where $GRADORACLE_ORACLE_PASSES
+    is "cuda", the run is on the default CUDA device, and 'auto' would send the case's oracle to the GPU
+    by its flops; None (numpy on the host) otherwise.  A bad setting is a ValueError naming it."""
+    mode = os.environ.get(PASSES_ENV, "")
+    if mode not in ("", "cpu", "cuda"):
+        raise ValueError(f"${PASSES_ENV} is {mode!r}, expected 'cuda' or 'cpu' (the default)")
+    if mode != "cuda" or oracle != "auto" or device not in ("cuda", "cuda:0") or flops <= NUMPY_ORACLE_MAX_FLOPS:
+        return None
+    import cupy
+
+    return cupy
+
+
+@contextmanager
+def oracle_passes(oracle: str, device: str, flops: float):
+    """Run the float64 passes entered here on passes_module's choice; a GPU's pool is emptied after,
+    so that the kernels timed next (and JAX) find the memory free."""
+    from oracle import passes  # here: importing oracle imports every op, which imports harness
+
+    xp = passes_module(oracle, device, flops)
+    with passes.on(xp):
+        try:
+            yield
+        finally:
+            if xp is not None:
+                xp.get_default_memory_pool().free_all_blocks()
 
 
 def sample_index(numel: int, size: int, seed: int) -> np.ndarray:

@@ -143,12 +143,15 @@ from harness import dtypes
 from harness.argcheck import fmt_shape
 from harness.registry import Cost, OpSpec, register_op
 from harness.tensors import from_values, nonzero_uniform
+from oracle import passes
 
 OP = "attention_backward"
 # E[x^2] of nonzero_uniform(0.25, 2.0): (2^3 - 0.25^3) / (3 * 1.75).
 _UNIFORM_VAR = (2.0**3 - 0.25**3) / (3 * 1.75)
-# Row chunks hold at most this many (query, key) pairs per float64 matrix (16 MiB).
+# Row chunks hold at most this many (query, key) pairs per float64 matrix (16 MiB); on a GPU
+# (oracle.passes) 256 MiB: a backward block holds about six such matrices at once.
 _CHUNK_PAIRS = 1 << 21
+_CHUNK_PAIRS_DEVICE = 1 << 25
 # Above this many pair-head-dims the numpy passes run one thread per (batch, head).
 _THREAD_WORK = 1 << 26
 
@@ -208,45 +211,48 @@ def pair_counts(sq: int, sk: int, causal: bool, window) -> tuple[int, int, int]:
 # ----------------------------------------------------------------------------- the spec in numpy, one block
 
 
-def _scores(q, k, scale, softcap):
+def _scores(q, k, scale, softcap, xp=np):
     """(t, tanh(s/softcap) or None): capped scaled scores of one block."""
     s = (q @ k.T) * scale
     if not softcap:
         return s, None
-    th = np.tanh(s / softcap)
+    th = xp.tanh(s / softcap)
     return softcap * th, th
 
 
-def attention_forward_block(q, k, v, allowed, scale, softcap):
+def attention_forward_block(q, k, v, allowed, scale, softcap, xp=np):
     """(o, lse) of one (batch, head) block: q (R, D) against k, v (C, D), allowed (R, C).
 
-    lse is +inf on a row with no allowed key, and o is 0 there.
+    lse is +inf on a row with no allowed key, and o is 0 there.  xp: the array module of the
+    arrays (numpy; cupy where oracle.passes puts the passes on the GPU).
     """
-    t, _ = _scores(q, k, scale, softcap)
-    t = np.where(allowed, t, -np.inf)
-    m = t.max(axis=1, initial=-np.inf)
-    live = np.isfinite(m)
-    e = np.exp(t - np.where(live, m, 0.0)[:, None])  # masked: exp(-inf) = 0
+    t, _ = _scores(q, k, scale, softcap, xp)
+    t = xp.where(allowed, t, -np.inf)
+    m = t.max(axis=1) if t.shape[1] else xp.full(t.shape[0], -np.inf)
+    live = xp.isfinite(m)
+    e = xp.exp(t - xp.where(live, m, 0.0)[:, None])  # masked: exp(-inf) = 0
     l = e.sum(axis=1)
-    o = (e @ v) / np.where(live, l, 1.0)[:, None]
+    o = (e @ v) / xp.where(live, l, 1.0)[:, None]
     with np.errstate(divide="ignore"):
-        lse = np.where(live, m + np.log(np.where(live, l, 1.0)), np.inf)
+        lse = xp.where(live, m + xp.log(xp.where(live, l, 1.0)), np.inf)
     return o, lse
 
 
-def attention_backward_block(q, k, v, o, do, lse, allowed, scale, softcap, want_ref=True, want_scale=False):
+def attention_backward_block(q, k, v, o, do, lse, allowed, scale, softcap, want_ref=True, want_scale=False,
+                             xp=np):
     """One (batch, head) block in float64 by the formulas of the docstring.
 
     q, o, do (R, D) rows of one query head; k, v (C, D) the keys they may see; lse (R,);
     allowed (R, C).  Returns {dq (R, D), dk (C, D), dv (C, D)} and, with want_scale, the
     squared error scales {dq2, dk2, dv2} of the error model (before summing over blocks).
+    xp: the arrays' module, as in attention_forward_block.
     """
-    t, th = _scores(q, k, scale, softcap)
+    t, th = _scores(q, k, scale, softcap, xp)
     live = allowed.any(axis=1)
-    p = np.exp(np.where(allowed, t - np.where(live, lse, 0.0)[:, None], -np.inf))  # masked -> 0
+    p = xp.exp(xp.where(allowed, t - xp.where(live, lse, 0.0)[:, None], -np.inf))  # masked -> 0
     del t
     dp = do @ v.T
-    di = np.einsum("id,id->i", do, o)
+    di = xp.einsum("id,id->i", do, o)
     ds = p * (dp - di[:, None])
     del dp
     if th is not None:
@@ -259,7 +265,7 @@ def attention_backward_block(q, k, v, o, do, lse, allowed, scale, softcap, want_
     if want_scale:
         do2 = do * do
         p2 = p * p
-        w = (do2 @ (v * v).T + np.einsum("id,id->i", do2, o * o)[:, None]) * p2 + ds * ds
+        w = (do2 @ (v * v).T + xp.einsum("id,id->i", do2, o * o)[:, None]) * p2 + ds * ds
         out["dq2"] = scale * scale * (w @ (k * k))
         out["dk2"] = scale * scale * (w.T @ (q * q))
         out["dv2"] = p2.T @ do2
@@ -269,10 +275,10 @@ def attention_backward_block(q, k, v, o, do, lse, allowed, scale, softcap, want_
 # ----------------------------------------------------------------------------- the driver: heads, chunks, threads
 
 
-def _row_chunks(lo, hi, sk):
+def _row_chunks(lo, hi, sk, pairs: int = _CHUNK_PAIRS):
     """(i0, i1, j0, j1): row chunks and the key range their allowed keys span; empty chunks left out."""
     sq = len(lo)
-    rows = max(1, min(sq, _CHUNK_PAIRS // max(sk, 1)))
+    rows = max(1, min(sq, pairs // max(sk, 1)))
     for i0 in range(0, sq, rows):
         i1 = min(sq, i0 + rows)
         live = hi[i0:i1] >= lo[i0:i1]
@@ -307,10 +313,11 @@ def _blas_threads(n: int):
             put(old)
 
 
-def _map_heads(fn, tasks, work: int):
-    """fn over tasks, in order; in threads (numpy and BLAS release the GIL) when the work is large."""
+def _map_heads(fn, tasks, work: int, xp=np):
+    """fn over tasks, in order; in threads (numpy and BLAS release the GIL) when the work is large
+    and the passes run on the host (a GPU's passes queue on one stream, in this thread)."""
     workers = min(len(tasks), os.cpu_count() or 1)
-    if work < _THREAD_WORK or workers < 2:
+    if work < _THREAD_WORK or workers < 2 or xp is not np:
         yield from map(fn, tasks)
         return
     with _blas_threads(1), ThreadPoolExecutor(workers) as pool:
@@ -335,25 +342,35 @@ def _check_inputs(inputs: dict, names) -> tuple[int, int, int, int, int, int]:
     return b, sq, sk, hq, hkv, d
 
 
+def _head_arrays(xp, *arrays):
+    """Contiguous copies of one head's slices, on xp's device (host numpy arrays in, for both)."""
+    return tuple(xp.asarray(np.ascontiguousarray(x)) for x in arrays)
+
+
 def attention_forward_numpy(q, k, v, params) -> tuple[np.ndarray, np.ndarray]:
-    """(o (B, Sq, Hq, D), lse (B, Hq, Sq)) in float64, per (batch, head) and row chunk."""
+    """(o (B, Sq, Hq, D), lse (B, Hq, Sq)) in float64, per (batch, head) and row chunk; on the
+    array module of oracle.passes (numpy unless the harness put the passes on a GPU)."""
     b, sq, sk, hq, hkv, d = _check_inputs({"q": q, "k": k, "v": v}, ("v",))
     scale, causal, window, softcap = _params(params, d)
     g = hq // hkv
     lo, hi = key_bounds(sq, sk, causal, window)
+    xp = passes.current()
+    pairs = _CHUNK_PAIRS if xp is np else _CHUNK_PAIRS_DEVICE
     o = np.zeros((b, sq, hq, d))
     lse = np.full((b, hq, sq), np.inf)
 
     def head(task):
         bi, h = task
-        qh, kh, vh = (np.ascontiguousarray(x) for x in (q[bi, :, h], k[bi, :, h // g], v[bi, :, h // g]))
-        for i0, i1, j0, j1 in _row_chunks(lo, hi, sk):
-            allowed = allowed_mask(sq, sk, causal, window, np.arange(i0, i1))[:, j0:j1]
-            o[bi, i0:i1, h], lse[bi, h, i0:i1] = attention_forward_block(qh[i0:i1], kh[j0:j1], vh[j0:j1],
-                                                                         allowed, scale, softcap)
+        qh, kh, vh = _head_arrays(xp, q[bi, :, h], k[bi, :, h // g], v[bi, :, h // g])
+        oh, lseh = xp.zeros((sq, d)), xp.full(sq, np.inf)
+        for i0, i1, j0, j1 in _row_chunks(lo, hi, sk, pairs):
+            allowed = allowed_mask(sq, sk, causal, window, np.arange(i0, i1), xp)[:, j0:j1]
+            oh[i0:i1], lseh[i0:i1] = attention_forward_block(qh[i0:i1], kh[j0:j1], vh[j0:j1], allowed, scale,
+                                                             softcap, xp)
+        o[bi, :, h], lse[bi, h] = passes.to_host(oh), passes.to_host(lseh)
 
     tasks = [(bi, h) for bi in range(b) for h in range(hq)]
-    for _ in _map_heads(head, tasks, b * hq * pair_counts(sq, sk, causal, window)[0] * d):
+    for _ in _map_heads(head, tasks, b * hq * pair_counts(sq, sk, causal, window)[0] * d, xp):
         pass
     return o, lse
 
@@ -367,27 +384,29 @@ def _backward_pass(inputs: dict, params: dict, want_ref: bool, want_scale: bool)
     keys = [n for n, on in (("dq", want_ref), ("dk", want_ref), ("dv", want_ref),
                             ("dq2", want_scale), ("dk2", want_scale), ("dv2", want_scale)) if on]
     q, k, v, o, do, lse = (inputs[n] for n in ("q", "k", "v", "o", "do", "lse"))
+    xp = passes.current()  # numpy, or the GPU's module where the harness put the passes there
+    pairs = _CHUNK_PAIRS if xp is np else _CHUNK_PAIRS_DEVICE
 
     def head(task):
         bi, h = task
         c = h // g
-        qh, oh, doh = (np.ascontiguousarray(x[bi, :, h]) for x in (q, o, do))
-        kh, vh = (np.ascontiguousarray(x[bi, :, c]) for x in (k, v))
-        acc = {n: np.zeros((sq if n.startswith("dq") else sk, d)) for n in keys}
-        for i0, i1, j0, j1 in _row_chunks(lo, hi, sk):
-            allowed = allowed_mask(sq, sk, causal, window, np.arange(i0, i1))[:, j0:j1]
+        qh, oh, doh, lseh, kh, vh = _head_arrays(xp, q[bi, :, h], o[bi, :, h], do[bi, :, h], lse[bi, h],
+                                                 k[bi, :, c], v[bi, :, c])
+        acc = {n: xp.zeros((sq if n.startswith("dq") else sk, d)) for n in keys}
+        for i0, i1, j0, j1 in _row_chunks(lo, hi, sk, pairs):
+            allowed = allowed_mask(sq, sk, causal, window, np.arange(i0, i1), xp)[:, j0:j1]
             part = attention_backward_block(qh[i0:i1], kh[j0:j1], vh[j0:j1], oh[i0:i1], doh[i0:i1],
-                                            lse[bi, h, i0:i1], allowed, scale, softcap, want_ref, want_scale)
+                                            lseh[i0:i1], allowed, scale, softcap, want_ref, want_scale, xp)
             for n, val in part.items():
                 if n.startswith("dq"):
                     acc[n][i0:i1] = val
                 else:
                     acc[n][j0:j1] += val
-        return bi, h, acc
+        return bi, h, {n: passes.to_host(val) for n, val in acc.items()}
 
     out = {n: np.zeros((b, sq, hq, d) if n.startswith("dq") else (b, sk, hkv, d)) for n in keys}
     tasks = [(bi, h) for bi in range(b) for h in range(hq)]
-    for bi, h, acc in _map_heads(head, tasks, b * hq * pair_counts(sq, sk, causal, window)[0] * d):
+    for bi, h, acc in _map_heads(head, tasks, b * hq * pair_counts(sq, sk, causal, window)[0] * d, xp):
         for n, val in acc.items():  # in task order: the group sums are deterministic
             if n.startswith("dq"):
                 out[n][bi, :, h] = val

@@ -2,7 +2,9 @@
 # The next H100 call (about 4 minutes): the full-set runs the seventh session's device budget did
 # not reach, on the current code.
 #   OUT=/some/dir bash scripts/gpu/batch_s8.sh          (from the repo root)
-# Steps (STEPS="full bench"), each under its own limit (SIGINT: the JSON checkpoint is still written):
+# Steps (STEPS="passes full bench"), each under its own limit (SIGINT: the JSON checkpoint is still written):
+#   passes   scripts/gpu/oracle_passes.py: two attention perf cases prepared with their float64 passes on
+#            the host and on the GPU ($GRADORACLE_ORACLE_PASSES=cuda), compared and timed  -> passes.log (<= 120 s)
 #   (setup)  pip install; the torch_ext build starts in the background (MAX_JOBS=16)
 #   full     harness run --cases full, 8 shards each (<= FULL_S):
 #              binary_backward through triton (issue 13: the tile path's host code was refactored by
@@ -17,13 +19,18 @@
 set -uo pipefail
 export PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
 export MAX_JOBS=${MAX_JOBS:-16}
-PY=${PYTHON:-python3} STEPS=${STEPS:-full bench} FULL_S=${FULL_S:-100}
+PY=${PYTHON:-python3} STEPS=${STEPS:-passes full bench} FULL_S=${FULL_S:-100}
 . scripts/gpu/steps.sh
 pack() { tar czf "$OUT/s8.tgz" -C "$OUT" res; }
 
 setup 300
 $PY scripts/gpu/both_broadcast_cases.py full "$R/both_full.json" && \
   $PY scripts/gpu/both_broadcast_cases.py perf "$R/both_perf.json" || exit 1
+
+if has passes; then
+  stamp "== passes: the attention oracle's float64 passes on the GPU beside the host"
+  timeout -s INT 120 $PY scripts/gpu/oracle_passes.py > "$R/passes.log" 2>&1; echo "exit $?"; cat "$R/passes.log"; pack
+fi
 
 if has full; then
   stamp "== full: binary_backward through triton"
