@@ -19,11 +19,9 @@
 #            (over 1e11 flops)                                          -> long/, long_table.txt (<= 200 s)
 # Files: $OUT/run.log, $OUT/summary.txt, $OUT/s7.tgz (res/: everything, re-packed after each step).
 set -uo pipefail
-export PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
-export MAX_JOBS=${MAX_JOBS:-16}
 PY=${PYTHON:-python3} STEPS=${STEPS:-profile full repeat bench} FULL_S=${FULL_S:-200}
+PACK=s7
 . scripts/gpu/steps.sh
-pack() { tar czf "$OUT/s7.tgz" -C "$OUT" res; }
 LIST=scripts/gpu/cases/profile_misses_s6.txt
 
 setup 420

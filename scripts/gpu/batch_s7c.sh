@@ -16,11 +16,9 @@
 #            call (GRADORACLE_TRITON_NORM=last_below=1073741824)                   -> lnab-*/ (<= 45 s each)
 # Files: $OUT/run.log, $OUT/summary.txt, $OUT/s7c.tgz (res/: everything, re-packed after each step).
 set -uo pipefail
-export PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
-export MAX_JOBS=${MAX_JOBS:-16}
 PY=${PYTHON:-python3} STEPS=${STEPS:-full bench lnab} FULL_S=${FULL_S:-110}
+PACK=s7c
 . scripts/gpu/steps.sh
-pack() { tar czf "$OUT/s7c.tgz" -C "$OUT" res; }
 
 setup 300
 

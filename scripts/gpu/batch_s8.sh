@@ -17,11 +17,9 @@
 #            torch                                                                     -> bench/ (<= 60 s)
 # Files: $OUT/run.log, $OUT/summary.txt, $OUT/s8.tgz (res/: everything, re-packed after each step).
 set -uo pipefail
-export PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
-export MAX_JOBS=${MAX_JOBS:-16}
 PY=${PYTHON:-python3} STEPS=${STEPS:-passes full bench} FULL_S=${FULL_S:-100}
+PACK=s8
 . scripts/gpu/steps.sh
-pack() { tar czf "$OUT/s8.tgz" -C "$OUT" res; }
 
 setup 300
 $PY scripts/gpu/both_broadcast_cases.py full "$R/both_full.json" && \

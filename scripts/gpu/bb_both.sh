@@ -12,11 +12,10 @@
 #   profile  harness profile (ncu) of the bf16 perf case through triton and cupy@best -> profile-*.{txt,json}
 # Files: $OUT/run.log, $OUT/summary.txt, $OUT/bb_both.tgz (res/: everything, re-packed after each step).
 set -uo pipefail
-export PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
-export MAX_JOBS=${MAX_JOBS:-16} GRADORACLE_TRITON_VARIANTS=no_batch,batch4  # triton@no_batch, @batch4 (PRESETS)
+export GRADORACLE_TRITON_VARIANTS=no_batch,batch4  # triton@no_batch, @batch4 (PRESETS)
 PY=${PYTHON:-python3} STEPS=${STEPS:-full bench profile}
+PACK=bb_both
 . scripts/gpu/steps.sh
-pack() { tar czf "$OUT/bb_both.tgz" -C "$OUT" res; }
 CASE='{"op":"binary_backward","dtype":"bf16","params":{"fn":"mul","a":[1,2048,4096],"b":[8,2048,1]}}'
 
 setup 300

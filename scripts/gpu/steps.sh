@@ -2,7 +2,12 @@
 # (python) and STEPS (the steps to run) set; it makes R=$OUT/res, sends the output to $OUT/run.log as
 # well, and starts the clock.  The script defines pack (re-packs $R), which the steps call.
 : "${OUT:?set OUT to a folder for the results}"
+# What a torch_ext build and the harness want on the device (a script may set its own first).
+export PYTHONUNBUFFERED=1 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
+export MAX_JOBS=${MAX_JOBS:-16}
 R=$OUT/res
+# pack: $R re-packed into $OUT/$PACK.tgz (PACK set by the script; a script may define its own pack)
+pack() { tar czf "$OUT/${PACK:-res}.tgz" -C "$OUT" res; }
 mkdir -p "$R"
 exec > >(tee "$OUT/run.log") 2>&1
 t0=$(date +%s)
