@@ -81,13 +81,13 @@ def _impl(name: str):
         a, b, g = inputs["a"], inputs["b"], inputs["grad_out"]
         ga, gb = outs["grad_a"], outs["grad_b"]
         ptrs = tuple(cuda_host.data_address(x) for x in (a, b, g, ga, gb))
-        align = cuda_plan.ptr_align(ptrs)  # as the cupy backend keys its plans
-        key = (name, params["fn"], a.dtype, a.shape, a.strides, b.shape, b.strides, g.strides, align)
+        aligned = not (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4]) & 15
+        key = (name, params["fn"], a.dtype, a.shape, a.strides, b.shape, b.strides, g.strides, aligned)
         entry = _ENTRIES.get(key)
         if entry is None:  # as the cupy backend does: checks and plan once per layout
             dt, fn_ = _check_args(inputs, outs, params)
             layout = tuple((x.shape, element_strides(x, n)) for x, n in ((a, "a"), (b, "b"), (g, "grad_out")))
-            entry = _ENTRIES[key] = bb.build_entry(variant, dt, fn_, layout, (align,) * 5,
+            entry = _ENTRIES[key] = bb.build_entry(variant, dt, fn_, layout, (0,) * 5 if aligned else (1,) * 5,
                                                    sms, dev.blocks_per_sm if bps else None,
                                                    legacy=name == "best_legacy")
         bb.run_entry(dev, entry, a, b, g, ga, gb)
@@ -287,7 +287,7 @@ def test_torch_ext_takes_the_best_records(a_shape, b_shape, kind):
     launch = cuda_plan.plan_best(plan, 132, (0,) * 5, 8)
     assert launch.kind == kind and launch.vectorized
     record = torch.tensor(cuda_plan.launch_record(launch, plan, 132), dtype=torch.int64)
-    assert cuda_plan.KINDS[int(record[0])] == kind and int(record[2]) == 16  # the pack's bytes
+    assert cuda_plan.KINDS[int(record[0])] == kind and int(record[2]) == 1
     ga, gb = torch.empty(a_shape, dtype=torch.float64), torch.empty(b_shape, dtype=torch.float64)
     with pytest.raises(ValueError, match=rf"plan has kind {cuda_plan.KINDS.index(kind)}, which cpu does not run"):
         torch.ops.gradoracle._binary_backward_run(a, b, g, "mul", record, grad_a=ga, grad_b=gb)
@@ -316,8 +316,7 @@ def test_both_perf_case_is_one_row_per_block(itemsize):
     16-byte packs, b as P (swap), at least 90% of the last wave busy."""
     la = cuda_plan.plan_best(_plan((1, 2048, 4096), (8, 2048, 1)), 132, (0,) * 5, itemsize, lambda k, v: 4)
     assert la.kind == "both" and la.vectorized and la.swap
-    assert la.pack_bytes == 16 == cuda_plan.pack_bytes("both", itemsize)
-    assert la.words[cuda_plan.GROUP_WORDS * 3 + 2] % (la.pack_bytes // itemsize) == 0  # chunk[0]: whole packs
+    assert la.words[cuda_plan.GROUP_WORDS * 3 + 2] % (16 // itemsize) == 0  # chunk[0]: whole 16-byte packs
     assert la.words[-12] == cuda_plan.BLOCK and la.nchunks == (1, 1)
     assert la.grid == 132 * 4 and cuda_plan.wave_fill(la.words[-4], la.grid) >= 0.9
 
@@ -368,12 +367,11 @@ def test_both_pack_width_per_element_size(itemsize, x, pack):
     la = cuda_plan.plan_best(_plan((1, 5, x), (7, 5, 1)), 132, (0,) * 5, itemsize, lambda k, v: 4)
     assert la.kind == "both" and la.vectorized == (pack > 0)
     if pack:
-        assert la.pack_bytes == pack and la.words[-10] % (pack // itemsize) == 0  # chunk[0]: whole packs
+        assert la.words[-10] % (pack // itemsize) == 0  # chunk[0]: whole packs
         record = cuda_plan.launch_record(la, _plan((1, 5, x), (7, 5, 1)), 132)
-        assert record[2] == pack  # torch_ext's `vectorized` word: the pack's bytes
-    rows = cuda_plan.plan_best(_plan((4, x * 2), (4, 1)), 132, (0,) * 5, itemsize, lambda k, v: 4)
-    assert rows.kind == "rows" and rows.pack_bytes == 16
+        assert record[2] == 1  # torch_ext's `vectorized` word
     dt = {2: "bf16", 4: "f32", 8: "f64"}[itemsize]
+    assert bb.kernel_expr("rows", dt, "mul", True).endswith(f", {16 // itemsize}>")  # the other kernels alike
     expr = bb.kernel_expr("both", dt, "mul", la.vectorized)
     assert expr.endswith(f", {pack // itemsize if pack else 1}>"), expr
 
@@ -382,9 +380,8 @@ def test_both_pack_width_per_element_size(itemsize, x, pack):
 def test_both_packs_follow_the_pointer_alignment(align, vec16):
     """The pointers decide: only 16-byte aligned pointers take the packs, in bb_both as in the
     other kernels, whatever the element size."""
-    assert cuda_plan.ptr_align((align,) * 5) == align
-    assert cuda_plan.ptr_align((0, 16, 32, align, 48)) == align
     both = _plan((1, 5, 256), (7, 5, 1))
+    assert cuda_plan.plan_best(both, 132, (0, 16, 32, align, 48), 2, lambda k, v: 4).vectorized == vec16
     assert cuda_plan.plan_best(both, 132, (align,) * 5, 2, lambda k, v: 4).vectorized == vec16
     assert cuda_plan.plan_best(both, 132, (align,) * 5, 4, lambda k, v: 4).vectorized == vec16
     rows = _plan((4, 256), (4, 1))
@@ -415,7 +412,7 @@ def test_emulated_both_packs_and_misaligned_pointers(dt, offset):
     outs = {"grad_a": _placed(np.zeros(a_shape, npdt), offset), "grad_b": _placed(np.zeros(b_shape, npdt), offset)}
     ptrs = tuple(cuda_host.data_address(v) for v in (*arrs.values(), *outs.values()))
     la = cuda_plan.plan_best(_plan(a_shape, b_shape), 3, ptrs, 2, lambda k, v: 1)
-    assert la.kind == "both" and la.vectorized == (offset % 16 == 0) and la.pack_bytes == 16
+    assert la.kind == "both" and la.vectorized == (offset % 16 == 0)
     _impl("best")(arrs, outs, {"fn": "mul"})
     a, b, g = (arrs[n].astype(np.float64) for n in ("a", "b", "grad_out"))
     want_a = (g * b).sum(axis=0, keepdims=True)

@@ -161,9 +161,8 @@ def _nvcc_instantiations(dt: str) -> str:
         for v in (1, 16 // cupy_raw.ITEMSIZE[dt]):
             lines += [f"template __global__ void bb_cols<{t}, {f}, {v}>({pp}, {t}*, {a}*, {t}*);",
                       f"template __global__ void bb_rows<{t}, {f}, {v}>({pp}, {t}*, {a}*, {t}*);",
-                      f"template __global__ void bb_batch<{t}, {f}, {v}>({pp}, {t}*, {a}*, {t}*, {a}*);"]
-        for v in (1, cuda_plan.pack_bytes("both", cupy_raw.ITEMSIZE[dt]) // cupy_raw.ITEMSIZE[dt]):
-            lines += [f"template __global__ void bb_both<{t}, {f}, {v}>({pp}, {t}*, {a}*, {t}*);"]
+                      f"template __global__ void bb_batch<{t}, {f}, {v}>({pp}, {t}*, {a}*, {t}*, {a}*);",
+                      f"template __global__ void bb_both<{t}, {f}, {v}>({pp}, {t}*, {a}*, {t}*);"]
     return "\n".join(lines) + "\n"
 
 
@@ -197,16 +196,12 @@ def test_fn_list_is_the_oracles():
 def test_launch_record_layout_matches_host_packing():
     """BBLaunch, the record torch_ext's C++ op launches from, has the words and kinds the plan packs."""
     kinds = "\n".join(f'static_assert(BB_KIND_{k.upper()} == {i}, "{k}");' for i, k in enumerate(cuda_plan.KINDS))
-    # bb_both's pack width: the plan's rule is the one torch_ext instantiates (BBBothPack).
-    packs = "\n".join(f'static_assert(BBBothPack<{cupy_raw.CUDA_TYPE[dt]}>::bytes == '
-                      f'{cuda_plan.pack_bytes("both", cupy_raw.ITEMSIZE[dt])}, "{dt}");' for dt in cupy_raw.DTYPES)
     probe = SOURCE + f"""
 static_assert(sizeof(BBLaunch) == {cuda_plan.LAUNCH_WORDS} * 8, "BBLaunch size");
 static_assert(BB_LAUNCH_WORDS == {cuda_plan.LAUNCH_WORDS}, "BB_LAUNCH_WORDS");
 static_assert(BB_NUM_KINDS == {len(cuda_plan.KINDS)}, "kinds");
 static_assert(BB_NUM_FNS == {len(FNS)}, "fns");
 {kinds}
-{packs}
 """
     cubin, _ = _nvrtc.compile_cubin(probe, name_expressions=["bb_finalize<float>"])
     assert cubin

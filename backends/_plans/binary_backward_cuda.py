@@ -4,10 +4,10 @@ plan both of its hosts use, the cupy backend (NVRTC) and torch_ext's CUDA op (nv
 From the broadcast plan (binary_backward.py: the K x RA x RB box) `plan_launch` picks the
 kernel of the opt ladder rung, assigns the groups and operands to the kernel's roles, sizes the
 tiles and chunks, and packs BBParams; `plan_best` does the same for the @best rung (16-byte
-packs (`pack_bytes`) where the layout and the pointers allow,
-grids of one wave of resident blocks, chunk counts that fill the wave: `_fill_waves`);
-`naive_words` packs the @naive kernel's, `opt2_words` the @opt2 kernel's BBCollapsed (O's dims
-collapsed per tensor).  The contract (roles, slots, what each field means) is documented at the top of the .cuh; the structs are in
+packs where the layout and the pointers allow, grids of one wave of resident blocks, chunk counts
+that fill the wave: `_fill_waves`); `naive_words` packs the @naive kernel's, `opt2_words` the
+@opt2 kernel's BBCollapsed (O's dims collapsed per tensor).  The contract (roles, slots, what
+each field means) is documented at the top of the .cuh; the structs are in
 backends/cuda/binary_backward_defs.h.  cupy passes the words as the kernel's by-value argument;
 torch_ext passes a whole launch record (`KINDS`, `LAUNCH_WORDS`: the BBLaunch struct) to its C++
 op, which only launches.
@@ -53,24 +53,7 @@ class Launch:
     swap: bool = False          # True: role P is b (dP = grad_b), Q is a
     nchunks: tuple[int, int] = (1, 1)  # partial rows of dP, dQ (1: written final by the kernel)
     numel_out: tuple[int, int] = (0, 0)  # numel of dP, dQ
-    vectorized: bool = False    # fast and the @best kernels: packs of pack_bytes
-    pack_bytes: int = 16        # bytes of a pack when vectorized (pack_bytes(kind, itemsize))
-
-
-def pack_bytes(kind: str, itemsize: int) -> int:
-    """Bytes of the packs of a vectorized `kind` launch for elements of `itemsize` bytes: 16 for
-    every kernel and type (BBBothPack in the .cuh says the same for bb_both; its 8-byte packs in
-    16-bit types measured slower on the H100: 64-66% of copy against 71-72%, results/h100/s7/)."""
-    return 16
-
-
-def ptr_align(ptrs) -> int:
-    """The largest power of two up to 16 that divides every address of `ptrs` (16 for none)."""
-    bits = 0
-    for p in ptrs:
-        bits |= int(p)
-    low = bits & -bits
-    return 16 if bits == 0 or low >= 16 else low
+    vectorized: bool = False    # fast and the @best kernels: 16-byte packs
 
 
 def _ceil_div(x: int, y: int) -> int:
@@ -235,7 +218,7 @@ def naive_grid(n: int) -> int:
 # BB_KIND_* in binary_backward_defs.h, in order.  zero..lr_batched are the launches above; "box"
 # is the CPU kernel's: no launch, the K, RA, RB groups as they are (naive_words).
 KINDS = ("zero", "fast", "ew", "lk1", "lk8", "lr_stream", "lr_batched", "box", "cols", "rows", "batch", "both")
-LAUNCH_HEADER_WORDS = 10  # kind, grid, vectorized (0, else pack bytes), numel, nchunks[2], numel_out[2], finalize_grid[2]
+LAUNCH_HEADER_WORDS = 10  # kind, grid, vectorized, numel, nchunks[2], numel_out[2], finalize_grid[2]
 LAUNCH_WORDS = LAUNCH_HEADER_WORDS + PARAMS_WORDS
 
 
@@ -245,8 +228,7 @@ def launch_record(launch: Launch, plan: Plan, num_sms: int = DEFAULT_SMS) -> lis
     groups as they are, so every record describes its box."""
     words = launch.words or naive_words(plan)
     stage2 = [finalize_grid(n, num_sms) if chunks > 1 else 0 for chunks, n in zip(launch.nchunks, launch.numel_out)]
-    return [KINDS.index(launch.kind), launch.grid, launch.pack_bytes if launch.vectorized else 0, plan.numel,
-            *launch.nchunks,
+    return [KINDS.index(launch.kind), launch.grid, int(launch.vectorized), plan.numel, *launch.nchunks,
             *launch.numel_out, *stage2, *words]
 
 
@@ -420,7 +402,7 @@ def _plan_rows(plan: Plan, x: Group, x_is_ra: bool, vec_ok: bool, itemsize: int,
                   (numel_p, numel_q), vectorized=v > 1)
 
 
-def _plan_both(x: Group, y: Group, z: Group, swap: bool, v: int, resident, pack: int = 16) -> Launch:
+def _plan_both(x: Group, y: Group, z: Group, swap: bool, v: int, resident) -> Launch:
     """bb_both: a task per (z, X chunk), all of the short one-dim Y in each thread.  Segments are
     as wide as the packs allow (up to the whole block, each lane at least MIN_PACKS_PER_LANE packs),
     so that a task is a whole row of X, with dP written final and no bb_finalize launch, whenever
@@ -438,27 +420,23 @@ def _plan_both(x: Group, y: Group, z: Group, swap: bool, v: int, resident, pack:
     words = pack_params([x, y, z], ROLE_SLOTS[swap], lanes=xw, chunk=(cx, 1, 0), nchunk=(n_cx, 1, z.numel),
                         ntiles=ntasks, swap=swap, numel_out=(numel_p, numel_q))
     return Launch("both", min(_ceil_div(ntasks, segs_per_block), resident), words, swap, (n_cx, 1),
-                  (numel_p, numel_q), vectorized=v > 1, pack_bytes=pack)
+                  (numel_p, numel_q), vectorized=v > 1)
 
 
-def _plan_batch(plan: Plan, x: Group, x_is_ra: bool, align: int, itemsize: int, resident,
+def _plan_batch(plan: Plan, x: Group, x_is_ra: bool, vec_ok: bool, itemsize: int, resident,
                 legacy: bool = False) -> Launch:
-    """Both operands broadcast, lanes along X.  A short one-dim Y (numel <= BATCH_ROWS): bb_both
-    (packs of pack_bytes("both", itemsize) bytes); otherwise (or `legacy`)
-    bb_batch, one 16-byte pack per lane and a task per (z, XW * V x's, Y chunk).  `align`: what
-    every pointer is aligned to (ptr_align)."""
+    """Both operands broadcast, lanes along X.  A short one-dim Y (numel <= BATCH_ROWS): bb_both;
+    otherwise (or `legacy`) bb_batch, one pack per lane and a task per (z, XW * V x's, Y chunk)."""
     y = _sorted_group(plan.rb if x_is_ra else plan.ra)
     z = _sorted_group(plan.k)
     swap = not x_is_ra  # P is the operand broadcast along X: b when X = RB
     q_name, d_q = ("a", "ga") if swap else ("b", "gb")
     names = (q_name, "g", d_q)
-    both = not legacy and y.ndim == 1 and y.numel <= BATCH_ROWS
-    pack = pack_bytes("both" if both else "batch", itemsize)
-    v = pack // itemsize
-    if not (align >= pack and _dense_packs(x, names, [y, z], names, v)):
+    v = 16 // itemsize
+    if not (vec_ok and _dense_packs(x, names, [y, z], names, v)):
         v = 1
-    if both:
-        return _plan_both(x, y, z, swap, v, resident, pack)
+    if not legacy and y.ndim == 1 and y.numel <= BATCH_ROWS:
+        return _plan_both(x, y, z, swap, v, resident)
     resident = resident("batch", v > 1)
     packs = x.numel // v
     xw = min(32, next_pow2(packs))
@@ -478,9 +456,8 @@ def _plan_batch(plan: Plan, x: Group, x_is_ra: bool, align: int, itemsize: int, 
 
 def plan_best(plan: Plan, num_sms: int = DEFAULT_SMS, ptrs=(0, 0, 0, 0, 0), itemsize: int = 4,
               blocks_per_sm=None, legacy: bool = False) -> Launch:
-    """The @best rung's launch for `plan`: no atomics, 16-byte packs (pack_bytes) where the
-    layout and the pointers (`ptrs`' alignment) allow, and a grid of at most one wave of resident
-    blocks (grid-stride loops; the
+    """The @best rung's launch for `plan`: no atomics, 16-byte packs where the layout and the
+    pointers allow, and a grid of at most one wave of resident blocks (grid-stride loops; the
     work is split so that the wave is as full as it can be).  blocks_per_sm(kind, vectorized) ->
     resident blocks per SM of that kernel (default: BEST_BLOCKS_PER_SM).  legacy: the launches
     of the first GPU runs' @best (bb_batch's y-looped mode for every Y), kept for A/B timing."""
@@ -490,8 +467,7 @@ def plan_best(plan: Plan, num_sms: int = DEFAULT_SMS, ptrs=(0, 0, 0, 0, 0), item
 
     if plan.numel == 0:
         return Launch("zero")
-    align = ptr_align(ptrs)
-    aligned = align >= 16
+    aligned = all(p % 16 == 0 for p in ptrs)
     if plan.contiguous_fast_path():
         items = plan.numel // (16 // itemsize) if aligned else plan.numel
         return Launch("fast", max(1, min(_ceil_div(max(items, 1), BLOCK), resident("fast", aligned))),
@@ -504,7 +480,7 @@ def plan_best(plan: Plan, num_sms: int = DEFAULT_SMS, ptrs=(0, 0, 0, 0, 0), item
         if lane != "k" and (plan.rb if lane == "ra" else plan.ra).numel == 1:
             return _plan_rows(plan, _sorted_group(groups[lane]), lane == "ra", aligned, itemsize, resident)
         if lane != "k":
-            return _plan_batch(plan, _sorted_group(groups[lane]), lane == "ra", align, itemsize, resident, legacy)
+            return _plan_batch(plan, _sorted_group(groups[lane]), lane == "ra", aligned, itemsize, resident, legacy)
     la = plan_launch(plan, num_sms, ptrs, itemsize)  # strided no-broadcast, both reduced: the opt kernels
     la.grid = min(la.grid, resident(la.kind, False))
     return la

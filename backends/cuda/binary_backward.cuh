@@ -67,8 +67,7 @@
 //       bb_batch: chunk[2] = 0 (Y looped per lane).  bb_both: a task per (z, X chunk) owned by a
 //       segment of `lanes` threads (a power of two up to BB_BLOCK: a whole block reduces dP with
 //       warp shuffles and one shared-memory step per task), built for BB_BOTH_MIN_BLOCKS (4).
-//       V = 1 or 16 / sizeof(T) (16-byte packs; bb_both: BBBothPack<T>::bytes / sizeof(T), 16 bytes
-//       too).  bb_both keeps BBBothRows<T> rows of g in flight per thread (4 in 4-byte T, else 1;
+//       V = 1 or 16 / sizeof(T) (16-byte packs).  bb_both keeps BBBothRows<T> rows of g in flight per thread (4 in 4-byte T, else 1;
 //       BB_YG overrides): on the H100 (perf case mul A = 1x2048x4096, B = 8x2048x1, cold L2) one
 //       row in flight was latency bound (bf16: 72% of copy, DRAM 63% of peak, long scoreboard 58%
 //       of stalls; f32 84%), f32 with 4 rows reached 91-92%, and 16-bit T was slower with more
@@ -1080,9 +1079,8 @@ bb_batch(const __grid_constant__ BBParams p, const T* __restrict__ P, const T* _
 // Per task each thread loads P[z, y] once per row y (the segment shares the addresses: one
 // request per warp and row), not once per element; per pack of V x's it loads Q's pack once and
 // the ny packs of g (BBBothRows<T> rows' loads before their use: 4 for 4-byte T, else 1), sums dQ
-// over Y in registers and stores it final (packs of BBBothPack<T>::bytes = 16 for V > 1; X's
-// innermost dim dense in Q, g, dQ, a multiple of V long, every other stride of theirs a multiple
-// of V, the pointers aligned to the pack's bytes).  dP[z, y] is a
+// over Y in registers and stores it final (16-byte packs for V > 1: X's innermost dim dense in Q,
+// g, dQ, a multiple of V long, every other stride of theirs a multiple of V).  dP[z, y] is a
 // per-thread partial per row over the task's packs (a pack's V terms summed in a register first), reduced once per task: a warp
 // butterfly, then, for segments wider than a warp, one fixed-order sum over the segment's warps
 // through shared memory (one barrier per task; that buffer is double-buffered by task parity, so
@@ -1110,10 +1108,6 @@ template <typename T> struct BBBothRows { static constexpr int value = BB_YG; };
 #else
 template <typename T> struct BBBothRows { static constexpr int value = sizeof(T) == 4 ? 4 : 1; };
 #endif
-// Bytes of bb_both's packs of T (V = BBBothPack<T>::bytes / sizeof(T) when vectorized): 16 in every
-// type (8-byte packs for 16-bit T were slower, see BBBothRows).  The plan's pack_bytes and
-// torch_ext's launch use the same rule (tests/test_cuda_compile.py checks it).
-template <typename T> struct BBBothPack { static constexpr int bytes = 16; };
 #ifndef BB_BOTH_MIN_BLOCKS
 #define BB_BOTH_MIN_BLOCKS 4  // resident 256-thread blocks per SM bb_both is built for (<= 64 registers: 50%)
 #endif

@@ -133,10 +133,10 @@ enum : int {
   BB_KIND_LR_STREAM,
   BB_KIND_LR_BATCHED,
   BB_KIND_BOX,
-  BB_KIND_COLS,       // @best: bb_cols (vectorized = 16: 16-byte packs)
-  BB_KIND_ROWS,       // @best: bb_rows (vectorized = 16: 16-byte packs)
-  BB_KIND_BATCH,      // @best: bb_batch (vectorized = 16: 16-byte packs)
-  BB_KIND_BOTH,       // @best: bb_both (vectorized = 16 or 8: packs of BBBothPack<T>::bytes)
+  BB_KIND_COLS,       // @best: bb_cols (vectorized = 1: 16-byte packs)
+  BB_KIND_ROWS,       // @best: bb_rows (vectorized = 1: 16-byte packs)
+  BB_KIND_BATCH,      // @best: bb_batch (vectorized = 1: 16-byte packs)
+  BB_KIND_BOTH,       // @best: bb_both (vectorized = 1: 16-byte packs)
   BB_NUM_KINDS
 };
 
@@ -145,8 +145,7 @@ enum : int {
 struct BBLaunch {
   long long kind;          // BB_KIND_*
   long long grid;          // blocks (CUDA kinds)
-  long long vectorized;    // 0: scalar; else the bytes of a pack (FAST, COLS, ROWS, BATCH: 16; BOTH: 16, 8 for
-                           // 16-bit T, BBBothPack); a host still checks the pointers
+  long long vectorized;    // FAST and the @best kinds: 16-byte packs (a host still checks the pointers)
   long long numel;         // numel(grad_out)
   long long nchunks[2];    // partial rows of dP, dQ (1: written final by stage 1)
   long long numel_out[2];  // numel of dP, dQ

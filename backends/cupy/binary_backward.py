@@ -21,7 +21,7 @@ against the first), then the best kernel:
           GRADORACLE_CUPY_BB (best_options) tunes it, legacy=1 restores the first GPU runs' plans.
 
 Per call the Python is a dict lookup: the checks and the plan (kernel names, BBParams bytes,
-grids) are made once per layout (`_ENTRIES`: shapes, strides, dtype, fn, pointer alignment (ptr_align),
+grids) are made once per layout (`_ENTRIES`: shapes, strides, dtype, fn, 16-byte alignment,
 device), the overlap check once per set of addresses.
 
 The plan is not made here: backends/_plans/binary_backward.py splits O into the K x RA x RB
@@ -41,8 +41,8 @@ import numpy as np
 from backends._plans import binary_backward as bcast
 from backends._plans.binary_backward import Plan
 from backends._plans.binary_backward_cuda import (BLOCK, COLLAPSED_WORDS, J_BATCH, PARAMS_WORDS, Launch,
-                                                  finalize_grid, naive_grid, naive_words, opt2_words, pack_bytes,
-                                                  plan_best, plan_launch, ptr_align)
+                                                  finalize_grid, naive_grid, naive_words, opt2_words, plan_best,
+                                                  plan_launch)
 from backends.cupy import cupy_backend
 from backends.cupy.common import CUDA_TYPE, byte_span, check, element_strides, num_sms, overlap  # noqa: F401
 from backends.cupy.common import function as _compiled
@@ -150,7 +150,7 @@ def _function(expr: str):
 def kernel_expr(kind: str, dt: str, fn: str | None = None, vectorized: bool = False) -> str:
     """Name expression of one instantiation, e.g. ('lk8', 'f16', 'mul') -> 'bb_lk<__half, 2, 8>',
     ('cols', 'bf16', 'mul', True) -> 'bb_cols<__nv_bfloat16, 2, 8>' (16-byte packs),
-    ('both', 'f32', 'mul', True) -> 'bb_both<float, 2, 4>' (packs of pack_bytes)."""
+    ('both', 'f32', 'mul', True) -> 'bb_both<float, 2, 4>'."""
     t = CUDA_TYPE[dt]
     if kind == "finalize":
         return f"bb_finalize<{t}>"
@@ -158,7 +158,7 @@ def kernel_expr(kind: str, dt: str, fn: str | None = None, vectorized: bool = Fa
     if kind in ("lk1", "lk8"):
         return f"bb_lk<{t}, {f}, {1 if kind == 'lk1' else J_BATCH}>"
     if kind in ("cols", "rows", "batch", "both"):
-        return f"bb_{kind}<{t}, {f}, {pack_bytes(kind, ITEMSIZE[dt]) // ITEMSIZE[dt] if vectorized else 1}>"
+        return f"bb_{kind}<{t}, {f}, {16 // ITEMSIZE[dt] if vectorized else 1}>"
     return f"bb_{kind}<{t}, {f}>"
 
 
@@ -371,16 +371,16 @@ def call(variant: str, inputs, outs, params) -> None:
     a, b, g = inputs["a"], inputs["b"], inputs["grad_out"]
     ga, gb = outs["grad_a"], outs["grad_b"]
     ptrs = (a.data.ptr, b.data.ptr, g.data.ptr, ga.data.ptr, gb.data.ptr)
-    align = ptr_align(ptrs)  # 16: the packs' width (pack_bytes)
+    aligned = not (ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4]) & 15
     fn = params.get("fn")
     key = (variant, fn, a.dtype, a.shape, a.strides, b.shape, b.strides, g.shape, g.strides, ga.shape, ga.strides,
-           ga.dtype, gb.shape, gb.strides, gb.dtype, align, a.device.id)
+           ga.dtype, gb.shape, gb.strides, gb.dtype, aligned, a.device.id)
     entry = _ENTRIES.get(key)
     if entry is None:
         dt, fn = check_args(inputs, outs, params)
         dev = _device()
         layout = tuple((x.shape, element_strides(x, n)) for x, n in ((a, "a"), (b, "b"), (g, "grad_out")))
-        entry = build_entry(variant, dt, fn, layout, (align,) * 5, dev.num_sms(),
+        entry = build_entry(variant, dt, fn, layout, (0,) * 5 if aligned else (1,) * 5, dev.num_sms(),
                             dev.blocks_per_sm)
         if len(_ENTRIES) >= _MAX_ENTRIES:
             _ENTRIES.clear()

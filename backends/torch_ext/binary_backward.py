@@ -13,7 +13,7 @@ backends/_plans/: on the CPU the broadcast box (binary_backward.py), on CUDA the
 binary_backward_cuda.py (`plan_best`) for the device's SM count and each kernel's resident blocks
 per SM as the driver gives them for the extension's build (`_binary_backward_blocks_per_sm`), the
 plan cupy@best launches.  It depends on shapes, strides, the element size, the fn and (on CUDA)
-pointer alignment only, so it is cached per layout and fn: a call seen before costs a dict lookup.
+16-byte alignment only, so it is cached per layout and fn: a call seen before costs a dict lookup.
 
 Both public ops also have a fake (meta) kernel that runs harness.argcheck's checks, so meta
 tensors and torch.compile's fake tensors get shapes, and bad arguments clear errors, as real
@@ -62,7 +62,7 @@ def _blocks_per_sm(like, fn: str):
     return resident
 
 
-def _make_record(a, b, g, fn: str, align: int):
+def _make_record(a, b, g, fn: str, aligned: bool):
     import torch
 
     try:
@@ -75,7 +75,8 @@ def _make_record(a, b, g, fn: str, align: int):
     plan = bcast.make_plan(tuple(a.shape), tuple(b.shape), a.stride(), b.stride(), g.stride())
     if a.device.type == "cuda":
         sms = _num_sms(a.device.index)
-        launch = cuda_plan.plan_best(plan, sms, (align,) * 5, a.element_size(), _blocks_per_sm(a, fn))
+        launch = cuda_plan.plan_best(plan, sms, (0,) * 5 if aligned else (1,) * 5, a.element_size(),
+                                     _blocks_per_sm(a, fn))
         words = cuda_plan.launch_record(launch, plan, sms)
     else:
         words = cuda_plan.box_record(plan)
@@ -85,15 +86,15 @@ def _make_record(a, b, g, fn: str, align: int):
 def plan_for(a, b, grad_out, fn: str, grad_a, grad_b):
     """The BBLaunch words (an int64 CPU tensor) for these tensors and fn, made once per layout and fn
     (the fn changes the kernel's registers, so its resident blocks and the grid)."""
-    # What every pointer is aligned to (16: the packs, pack_bytes).
-    align = cuda_plan.ptr_align(x.data_ptr() for x in (a, b, grad_out, grad_a, grad_b)) if a.is_cuda else 1
+    aligned = a.is_cuda and not (a.data_ptr() | b.data_ptr() | grad_out.data_ptr() | grad_a.data_ptr()
+                                 | grad_b.data_ptr()) % 16
     key = (a.device, a.dtype, fn, a.shape, a.stride(), b.shape, b.stride(), grad_out.shape, grad_out.stride(),
-           align)
+           aligned)
     record = _RECORDS.get(key)
     if record is None:
         if len(_RECORDS) >= _MAX_RECORDS:
             _RECORDS.clear()
-        record = _RECORDS[key] = _make_record(a, b, grad_out, fn, align)
+        record = _RECORDS[key] = _make_record(a, b, grad_out, fn, aligned)
     return record
 
 

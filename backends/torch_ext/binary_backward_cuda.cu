@@ -29,7 +29,6 @@ template <> struct CudaType<at::Half> { using type = __half; };
 template <> struct CudaType<at::BFloat16> { using type = __nv_bfloat16; };
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-bool aligned_to(const void* p, long long bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 template <typename T>
 void finalize(const at::Tensor& part, int64_t nchunks, T* out, int64_t n, int64_t grid, cudaStream_t stream) {
@@ -80,8 +79,9 @@ void run(const BBLaunch& l, const T* a, const T* b, const T* g, T* ga, T* gb, co
       bb_lr_stream<T, FN><<<l.grid, BB_BLOCK, 0, stream>>>(l.params, p_op, q_op, g, d_p, part_ptr[0], d_q);
       break;
     case BB_KIND_COLS:
-    case BB_KIND_ROWS: {
-      // The @best kernels: 16-byte packs when the plan says so (it assumed aligned pointers; the
+    case BB_KIND_ROWS:
+    case BB_KIND_BOTH: {
+      // The @best kernels that write dQ final: 16-byte packs when the plan says so (it assumed aligned pointers; the
       // plan cache keys on alignment, so a view that is not gets a scalar plan of its own).
       constexpr int V = 16 / sizeof(T);
       const bool vec = l.vectorized != 0;
@@ -92,11 +92,16 @@ void run(const BBLaunch& l, const T* a, const T* b, const T* g, T* ga, T* gb, co
           bb_cols<T, FN, V><<<l.grid, BB_BLOCK, 0, stream>>>(l.params, p_op, q_op, g, d_p, part_ptr[0], d_q);
         else
           bb_cols<T, FN, 1><<<l.grid, BB_BLOCK, 0, stream>>>(l.params, p_op, q_op, g, d_p, part_ptr[0], d_q);
-      } else {
+      } else if (l.kind == BB_KIND_ROWS) {
         if (vec)
           bb_rows<T, FN, V><<<l.grid, BB_BLOCK, 0, stream>>>(l.params, p_op, q_op, g, d_p, part_ptr[0], d_q);
         else
           bb_rows<T, FN, 1><<<l.grid, BB_BLOCK, 0, stream>>>(l.params, p_op, q_op, g, d_p, part_ptr[0], d_q);
+      } else {
+        if (vec)
+          bb_both<T, FN, V><<<l.grid, BB_BLOCK, 0, stream>>>(l.params, p_op, q_op, g, d_p, part_ptr[0], d_q);
+        else
+          bb_both<T, FN, 1><<<l.grid, BB_BLOCK, 0, stream>>>(l.params, p_op, q_op, g, d_p, part_ptr[0], d_q);
       }
       break;
     }
@@ -111,22 +116,6 @@ void run(const BBLaunch& l, const T* a, const T* b, const T* g, T* ga, T* gb, co
       else
         bb_batch<T, FN, 1><<<l.grid, BB_BLOCK, 0, stream>>>(l.params, p_op, q_op, g, d_p, part_ptr[0], d_q,
                                                              part_ptr[1]);
-      break;
-    }
-    case BB_KIND_BOTH: {
-      // Packs of BBBothPack<T>::bytes: 8 (V = 4) for 16-bit T, 16 otherwise; the plan says which.
-      constexpr int kBytes = BBBothPack<T>::bytes;
-      constexpr int V = kBytes / sizeof(T);
-      const bool vec = l.vectorized != 0;
-      TORCH_CHECK(!vec || l.vectorized == kBytes, "binary_backward: a bb_both plan for ", l.vectorized,
-                  "-byte packs, expected ", kBytes);
-      TORCH_CHECK(!vec || (aligned_to(a, kBytes) && aligned_to(b, kBytes) && aligned_to(g, kBytes) &&
-                           aligned_to(ga, kBytes) && aligned_to(gb, kBytes)),
-                  "binary_backward: a ", kBytes, "-byte plan for pointers that are not ", kBytes, "-byte aligned");
-      if (vec)
-        bb_both<T, FN, V><<<l.grid, BB_BLOCK, 0, stream>>>(l.params, p_op, q_op, g, d_p, part_ptr[0], d_q);
-      else
-        bb_both<T, FN, 1><<<l.grid, BB_BLOCK, 0, stream>>>(l.params, p_op, q_op, g, d_p, part_ptr[0], d_q);
       break;
     }
     case BB_KIND_LR_BATCHED:
@@ -162,11 +151,7 @@ int64_t blocks_per_sm(int64_t kind, bool vec) {
     case BB_KIND_COLS: vec ? query(bb_cols<T, FN, V>) : query(bb_cols<T, FN, 1>); break;
     case BB_KIND_ROWS: vec ? query(bb_rows<T, FN, V>) : query(bb_rows<T, FN, 1>); break;
     case BB_KIND_BATCH: vec ? query(bb_batch<T, FN, V>) : query(bb_batch<T, FN, 1>); break;
-    case BB_KIND_BOTH: {  // its packs are BBBothPack<T>::bytes wide (8 in 16-bit types), as `run` launches it
-      constexpr int VB = BBBothPack<T>::bytes / sizeof(T);
-      vec ? query(bb_both<T, FN, VB>) : query(bb_both<T, FN, 1>);
-      break;
-    }
+    case BB_KIND_BOTH: vec ? query(bb_both<T, FN, V>) : query(bb_both<T, FN, 1>); break;
     default:
       TORCH_CHECK_VALUE(false, "binary_backward: kind is ", kind, ", expected a CUDA launch kind (",
                         static_cast<int>(BB_KIND_FAST), "..", BB_NUM_KINDS - 1, ", not box or zero)");
