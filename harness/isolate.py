@@ -295,12 +295,18 @@ class IsolatedRunner:
             self.worker = None
 
     def close(self) -> None:
+        """End the workers.  Never raises KeyboardInterrupt: a run's results are in hand when this runs,
+        and a signal (`timeout -s INT`) landing while a worker exits must not cost them; the worker is
+        killed instead."""
         if self.worker is not None:
             try:
                 self.worker.proc.stdin.close()  # end of jobs: the worker exits on EOF
             except OSError:
                 pass
-            if self.worker.wait(5) is None:
+            try:
+                if self.worker.wait(5) is None:
+                    self.worker.kill()
+            except KeyboardInterrupt:
                 self.worker.kill()
             self.worker = None
         if self.first is not None:

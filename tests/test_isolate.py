@@ -169,6 +169,26 @@ def test_isolated_runner_replaces_a_dead_worker():
     assert first.repro.startswith("GRADORACLE_BACKENDS=planted_crash ")  # hand-registered: the repro names it
 
 
+def test_a_signal_while_the_runner_closes_kills_the_worker_and_loses_nothing():
+    """`timeout -s INT` can land while close() waits for the worker to exit, after the run's results
+    are in hand (an H100 bench lost its rows that way): close() kills the worker and returns."""
+    runner = IsolatedRunner("cpu", 3, case_timeout=30)
+    ok = runner.run(planted_crash.planted_crash.impls[("binary_backward", "correct")], _case())
+    worker = runner.worker
+    real_wait, calls = worker.wait, []
+
+    def interrupted_wait(timeout=10.0):
+        calls.append(timeout)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        return real_wait(timeout)
+
+    worker.wait = interrupted_wait
+    runner.close()  # no KeyboardInterrupt out of it
+    assert ok.status == "PASS" and runner.worker is None
+    assert len(calls) == 2 and worker.proc.poll() is not None  # the second wait: kill()'s, after SIGKILL
+
+
 def test_in_process_runner_turns_a_sticky_error_into_a_crash_row():
     runner = InProcessRunner("cpu", 3)
     ok = runner.run(planted_crash.planted_crash.impls[("binary_backward", "correct")], _case())

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The eighth session's second and third H100 calls: what batch_s8.sh left, and issue 17's perf cases.
 #   OUT=/some/dir bash scripts/gpu/batch_s8b.sh          (from the repo root)
+# (A record of what ran on 2026-12-06: its triton step reads the s8 shards' JSONs, since packed into
+# results/h100/s8/full.tar.gz; batch_s9.sh carries on from it.)
 # Steps (STEPS="triton attn ext"):
 #   triton  the 8 triton binary_backward full cases batch_s8.sh's shards did not reach before their time
 #           limit: `harness run --resume` of each shard's JSON (results/h100/s8/full-triton/)  -> full-triton/
