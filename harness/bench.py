@@ -38,7 +38,7 @@ from harness import runner, status, timing
 from harness.registry import Impl, baseline_for, get_op, is_baseline
 from harness.report.figures import add_figures
 from harness.report.files import SCHEMA
-from harness.results import CaseResult
+from harness.results import CHECKPOINT_S, CaseResult
 from harness.selection import select
 
 
@@ -411,12 +411,16 @@ def left_to_run(pairs: list, earlier: dict) -> list:
     return out
 
 
-def run(pairs: list, opts: BenchOptions, ceilings: dict | None, command: str = "", runner=None) -> dict:
+def run(pairs: list, opts: BenchOptions, ceilings: dict | None, command: str = "", runner=None,
+        checkpoint=None) -> dict:
     """Measure every (case, impl) of `pairs`; the results document (see harness/report/files.py).
 
     runner: an isolate.IsolatedRunner: each pair is timed in its worker process (`isolated_pair`), which
     prepares the inputs itself; a crash costs that pair (a CRASH row) and the next starts a fresh worker.
-    None: every pair in this process, with `opts.prefetch` threads preparing later cases."""
+    None: every pair in this process, with `opts.prefetch` threads preparing later cases.
+    checkpoint: called with the document of the rows so far every CHECKPOINT_S seconds between pairs
+    (`interrupted` says it is one), so that a run killed outright (SIGKILL, a lost machine) leaves
+    what it measured for `bench --resume`."""
     clock = timing.ClockMonitor.for_device(opts.device)
     total = sum(len(impls) for _, impls in pairs)
     progress = Progress(total, enabled=opts.progress)
@@ -431,6 +435,10 @@ def run(pairs: list, opts: BenchOptions, ceilings: dict | None, command: str = "
                 progress.update()
     interrupted = ""
     limit = opts.time_limit_s
+    saved = started
+
+    def document(rows: list, interrupted: str) -> dict:
+        return _document(rows, pairs, opts, ceilings, command, clock, started, interrupted)
 
     def over_time() -> bool:
         return limit is not None and time.monotonic() - started > limit
@@ -480,6 +488,10 @@ def run(pairs: list, opts: BenchOptions, ceilings: dict | None, command: str = "
                 rows.append(row)
                 t = row["timing"]["median"] if row.get("timing") else None
                 progress.update(f"{row['status']} {row['impl']} {row['case']}" + (f" {t:.4g} ms" if t else ""))
+                if checkpoint is not None and time.monotonic() - saved > CHECKPOINT_S:
+                    checkpoint(document([dict(r) for r in rows],
+                                        f"checkpoint after {len(rows)} rows (the run did not finish)"))
+                    saved = time.monotonic()
             del uploads, prepared
             if runner is None:
                 _release(opts.device)
@@ -498,6 +510,12 @@ def run(pairs: list, opts: BenchOptions, ceilings: dict | None, command: str = "
                     row = base_row(impl, case, opts)
                     row.reason = skips[(id(case), impl.id)] or f"not run: {interrupted}"
                     rows.append(row.to_json())
+    return document(rows, interrupted)
+
+
+def _document(rows: list, pairs: list, opts: BenchOptions, ceilings: dict | None, command: str, clock,
+              started: float, interrupted: str) -> dict:
+    """The results document of `rows` (in `pairs`' order), with figures: run's return and its checkpoints."""
     position = {(c.op, c.id, i.id): k for k, (c, i) in enumerate((c, i) for c, impls in pairs for i in impls)}
     rows.sort(key=lambda r: position.get((r["op"], r["case"], r["impl"]), len(position)))
     results = {

@@ -147,18 +147,25 @@ def cmd_bench(args, argv=None) -> int:
         print(f"bench: device={device} ({ceil['device']['name']}) cases={args.cases} mode={args.mode} "
               f"pairs={sum(len(i) for _, i in pairs)} seed={args.seed}"
               + (" isolate=worker process" if args.isolate else ""), file=sys.stderr)
+        def with_earlier(fresh: dict) -> dict:  # the earlier rows first: its header leads, as in `merge`
+            if earlier is None:
+                return fresh
+            from harness.merge import merge_bench
+
+            joined = merge_bench([earlier, fresh], [args.resume, "this run"])
+            joined["interrupted"] = fresh.get("interrupted") or ""  # the earlier run's gaps are this run's pairs
+            return joined
+
+        def checkpoint(fresh: dict) -> None:  # DIR/results.json alone: a killed run leaves it for --resume
+            files.write_json(with_earlier(fresh), args.report)
+
         runner = isolate.make_runner(args, device) if args.isolate else None
         try:
-            results = bench.run(pairs, opts, ceil, _command(argv), runner)
+            results = bench.run(pairs, opts, ceil, _command(argv), runner, checkpoint if args.report else None)
         finally:
             if runner is not None:
                 runner.close()
-        if earlier is not None:  # the earlier rows first: its header (command, ceilings) leads, as in `merge`
-            from harness.merge import merge_bench
-
-            fresh = results
-            results = merge_bench([earlier, fresh], [args.resume, "this run"])
-            results["interrupted"] = fresh.get("interrupted") or ""  # the earlier run's gaps are this run's pairs
+        results = with_earlier(results)
     written = []
     if args.report:
         out = files.write(results, args.report, plots=not args.no_plots)

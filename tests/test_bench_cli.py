@@ -210,3 +210,40 @@ def test_bench_resume_measures_only_what_the_earlier_run_left(tmp_path, cache, c
     assert "pairs=0 " in capsys.readouterr().err
     assert len(json.loads((tmp_path / "three" / "results.json").read_text())["rows"]) == 4
 
+
+
+def test_bench_checkpoints_leave_a_document_to_resume_from(tmp_path, cache, monkeypatch, capsys):
+    """Between pairs, every CHECKPOINT_S seconds, DIR/results.json holds the rows so far (with the earlier
+    run's under --resume): a bench killed outright (SIGKILL, a machine taken back) leaves what it
+    measured, and --resume from that file measures only the rest."""
+    from harness import bench
+    from harness.report import files
+
+    monkeypatch.setattr(bench, "CHECKPOINT_S", -1.0)  # after every pair
+    seen, real = [], files.write_json
+
+    def spy(results, outdir):
+        seen.append(json.loads(json.dumps(results, default=str)))
+        return real(results, outdir)
+
+    monkeypatch.setattr(files, "write_json", spy)
+    case_file = tmp_path / "cases.json"
+    case_file.write_text(json.dumps(CASES))
+    args = ["bench", "--cases", str(case_file), "--device", "cpu", "--backend", "torch", "--mode", "hot",
+            "--budget", "0.03", "--min-samples", "5", "--max-samples", "60", "--warmup-budget", "0.03", "-q",
+            "--no-plots"]
+    assert main([*args, "--report", str(tmp_path / "one")]) == 0
+    checkpoints = [d for d in seen if d["interrupted"].startswith("checkpoint after")]
+    assert [len(d["rows"]) for d in checkpoints] == [1, 2]
+    assert all(r["status"] == "PASS" and r["timing"] for d in checkpoints for r in d["rows"])
+    assert seen[-1]["interrupted"] == "" and len(seen[-1]["rows"]) == 2  # the final document
+    (tmp_path / "killed.json").write_text(json.dumps(checkpoints[0]))  # as a run killed after one pair left it
+    seen.clear()
+    capsys.readouterr()
+    assert main([*args, "--report", str(tmp_path / "two"), "--resume", str(tmp_path / "killed.json")]) == 0
+    assert "pairs=1 " in capsys.readouterr().err
+    resumed = [d for d in seen if d["interrupted"].startswith("checkpoint after")]
+    assert [len(d["rows"]) for d in resumed] == [2]  # the earlier row and this run's
+    res = json.loads((tmp_path / "two" / "results.json").read_text())
+    assert [(r["case"], r["status"]) for r in res["rows"]] == [(r["case"], "PASS") for r in checkpoints[-1]["rows"]]
+    assert res["rows"][0]["timing"] == checkpoints[0]["rows"][0]["timing"]  # kept, not measured again

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 from pathlib import Path
 
 from harness.report.markdown import markdown
@@ -23,11 +24,21 @@ SCHEMA = "gradoracle-bench/1"
 def write(results: dict, outdir, plots: bool = True) -> dict:
     """DIR/results.json, DIR/report.md and DIR/plots/*.png; returns their paths."""
     outdir = Path(outdir)
-    outdir.mkdir(parents=True, exist_ok=True)
-    (outdir / "results.json").write_text(json.dumps(results, indent=1, default=str))
+    write_json(results, outdir)
     pngs = plot(results, outdir / "plots") if plots else []
     (outdir / "report.md").write_text(markdown(results, pngs))
     return {"results": outdir / "results.json", "report": outdir / "report.md", "plots": pngs}
+
+
+def write_json(results: dict, outdir) -> Path:
+    """DIR/results.json alone (a bench's checkpoints), written whole through a temporary file, so a
+    run killed while writing leaves the previous checkpoint."""
+    outdir = Path(outdir)
+    outdir.mkdir(parents=True, exist_ok=True)
+    tmp = outdir / "results.json.tmp"
+    tmp.write_text(json.dumps(results, indent=1, default=str))
+    os.replace(tmp, outdir / "results.json")
+    return outdir / "results.json"
 
 
 def load(path) -> dict:
