@@ -26,22 +26,12 @@ LIST=scripts/gpu/cases/profile_misses_s6.txt
 
 setup 420
 
-profile() {  # the lines of $LIST whose impl matches $1 (a grep -E pattern on the impl column)
-  grep -vE '^(#|$)' "$LIST" | awk -v pat="$1" '$2 ~ pat' | while read -r op impl case; do
-    name=$(echo "$op-${impl//@/-}-$case" | md5sum | cut -c1-8)
-    stamp "profile $op $impl $case"
-    timeout -s INT 150 $PY -m harness profile --op "$op" --backend "$impl" --case "$case" \
-      --json "$R/profile/$op-${impl//@/-}-$name.json" > "$R/profile/$op-${impl//@/-}-$name.txt" 2>&1
-    tail -12 "$R/profile/$op-${impl//@/-}-$name.txt"
-  done
-}
-
 if has profile; then
   mkdir -p "$R/profile"
-  profile '^(triton|cupy)'; pack
+  profile "$LIST" '^(triton|cupy)'; pack
 fi
 wait "$build"; stamp "build: $(tail -1 "$R/build.log")"
-if has profile; then profile '^torch_ext'; pack; fi
+if has profile; then profile "$LIST" '^torch_ext'; pack; fi
 
 if has full; then
   stamp "== full: attention through torch_ext and torch_ext@det (8 shards, $FULL_S s)"

@@ -1,4 +1,4 @@
-# Steps shared by the batch scripts (scripts/gpu/batch_s5.sh ... batch_s8.sh, bb_both.sh): source it with OUT, PY
+# Steps shared by the batch scripts (scripts/gpu/batch_s5.sh ... batch_s9b.sh, bb_both.sh): source it with OUT, PY
 # (python) and STEPS (the steps to run) set; it makes R=$OUT/res, sends the output to $OUT/run.log as
 # well, and starts the clock.  The script defines pack (re-packs $R), which the steps call.
 : "${OUT:?set OUT to a folder for the results}"
@@ -56,3 +56,16 @@ setup() {
 
 # shards_to DIR: move full_shards' files into $R/DIR (before the next full_shards call)
 shards_to() { mkdir -p "$R/$1" && mv "$R"/full-*.json "$R"/full-*.log "$R/$1/"; }
+
+# profile LIST PATTERN: harness profile (ncu) of each line "op impl case-json" of LIST whose impl matches
+# PATTERN (grep -E), each under 150 s -> $R/profile/OP-IMPL-HASH.{txt,json}
+profile() {
+  mkdir -p "$R/profile"
+  grep -vE '^(#|$)' "$1" | awk -v pat="$2" '$2 ~ pat' | while read -r op impl case; do
+    name=$(echo "$op-${impl//@/-}-$case" | md5sum | cut -c1-8)
+    stamp "profile $op $impl $case"
+    timeout -s INT 150 $PY -m harness profile --op "$op" --backend "$impl" --case "$case" \
+      --json "$R/profile/$op-${impl//@/-}-$name.json" > "$R/profile/$op-${impl//@/-}-$name.txt" 2>&1
+    tail -12 "$R/profile/$op-${impl//@/-}-$name.txt"
+  done
+}
