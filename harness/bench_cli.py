@@ -147,6 +147,7 @@ def cmd_bench(args, argv=None) -> int:
         print(f"bench: device={device} ({ceil['device']['name']}) cases={args.cases} mode={args.mode} "
               f"pairs={sum(len(i) for _, i in pairs)} seed={args.seed}"
               + (" isolate=worker process" if args.isolate else ""), file=sys.stderr)
+
         def with_earlier(fresh: dict) -> dict:  # the earlier rows first: its header leads, as in `merge`
             if earlier is None:
                 return fresh
