@@ -37,6 +37,8 @@ from nvrtc_mark import needs_nvrtc
 
 OPS = ("conv_backward_data", "conv_backward_weight")
 DGRAD_VARIANTS = ("div", "fastdiv_load", "fastdiv")
+DGRAD_KERNELS = ("cv_dgrad", "cv_dgrad_vec", "cv_dgrad_dw")  # (params, dy, w, dx, table)
+WGRAD_KERNELS = ("cv_wgrad", "cv_wgrad_vec", "cv_wgrad_dw", "cv_wgrad_taps")  # (params, dy, x, dw, ws)
 
 
 WHY = cuda_host.available()
@@ -72,9 +74,9 @@ def _declare(expr: str) -> str:
     name, targs = expr.split("<", 1)
     t = targs.split(",")[0].rstrip(">").strip()
     acc = f"typename CvType<{t}>::Acc"
-    if name in ("cv_dgrad", "cv_dgrad_vec", "cv_dgrad_dw"):
+    if name in DGRAD_KERNELS:
         return f"{expr}(const ConvParams, const {t}*, const {t}*, {t}*, const int*)"
-    if name in ("cv_wgrad", "cv_wgrad_vec", "cv_wgrad_dw"):
+    if name in WGRAD_KERNELS:
         return f"{expr}(const ConvParams, const {t}*, const {t}*, {t}*, {acc}*)"
     return f"{expr}(const ConvParams, const {acc}*, {t}*)"
 
@@ -181,9 +183,9 @@ def _signature(expr: str) -> list[str]:
     name, targs = expr.split("<", 1)
     t = targs.split(",")[0].rstrip(">").strip()
     acc = "double" if t == "double" else "float"
-    if name in ("cv_dgrad", "cv_dgrad_vec", "cv_dgrad_dw"):
+    if name in DGRAD_KERNELS:
         return ["ConvParams", f"const {t}*", f"const {t}*", f"{t}*", "const int*"]
-    if name in ("cv_wgrad", "cv_wgrad_vec", "cv_wgrad_dw"):
+    if name in WGRAD_KERNELS:
         return ["ConvParams", f"const {t}*", f"const {t}*", f"{t}*", f"{acc}*"]
     return ["ConvParams", f"const {acc}*", f"{t}*"]
 
@@ -254,6 +256,7 @@ def _impl(op: str, variant: str, sms: int, aligned: bool = False, gemm: bool = F
             kind = entry.launch.expr.split("<")[0]
             assert kind.endswith("_vec") == (aligned and _vec_case(op, params, a)), entry.launch.expr
             assert kind.endswith("_dw") == (not gemm and _direct_case(op, params)), entry.launch.expr
+            assert (kind == "cv_wgrad_taps") == (variant == "taps" and _taps_case(op, params, gemm)), entry.launch.expr
         _conv.run(op, entry, dev, a, b, out)
     return fn
 
@@ -275,6 +278,12 @@ convhost.impl("conv_backward_weight", variant="best", dtypes=_conv.DTYPES, deter
     _impl("conv_backward_weight", "best", 3))
 convhost.impl("conv_backward_weight", variant="one_split", dtypes=_conv.DTYPES, deterministic=True)(
     _impl("conv_backward_weight", "best", 0))  # 0 SMs: one chunk, the block writes dw itself
+convhost.impl("conv_backward_weight", variant="taps", dtypes=_conv.DTYPES, deterministic=True)(
+    _impl("conv_backward_weight", "taps", 3))
+convhost.impl("conv_backward_weight", variant="taps_gemm", dtypes=_conv.DTYPES, deterministic=True)(
+    _impl("conv_backward_weight", "taps", 3, gemm=True))
+convhost.impl("conv_backward_weight", variant="taps_one_split", dtypes=_conv.DTYPES, deterministic=True)(
+    _impl("conv_backward_weight", "taps", 0))
 
 
 def _vec_case(op, params, a) -> bool:
@@ -289,6 +298,14 @@ def _vec_case(op, params, a) -> bool:
 def _direct_case(op, params) -> bool:
     g = cc.geometry(params, op)
     return (g.cin // g.groups) * (g.cout // g.groups) < plan.DIRECT_MAX
+
+
+def _taps_case(op, params, gemm=False) -> bool:
+    """What wgrad_plan decides for merge_taps, restated: groups 1, Cin below MERGE_CIG_MAX, more than one
+    tap, not a direct case (unless gemm)."""
+    g = cc.geometry(params, op)
+    return (op == "conv_backward_weight" and g.groups == 1 and g.cin < plan.MERGE_CIG_MAX and prod(g.kernel) > 1
+            and (gemm or not _direct_case(op, params)))
 
 
 def _check(op, variant, case):
@@ -329,6 +346,10 @@ def test_wgrad_smoke(case):
         _check("conv_backward_weight", "best_gemm", case)
     if _small(case):
         _check("conv_backward_weight", "one_split", case)
+    if _taps_case(case.op, case.params):
+        _check("conv_backward_weight", "taps", case)
+    elif _taps_case(case.op, case.params, gemm=True):  # a direct case: the merged GEMM still checked on it
+        _check("conv_backward_weight", "taps_gemm", case)
 
 
 # Channels-last cases for the 16-byte fast path (16-bit, channels per group multiples of 8): stride,
