@@ -148,7 +148,6 @@ __global__ void __launch_bounds__(CV_THREADS)
     cv_wgrad_taps(const ConvParams p, const T* __restrict__ dy, const T* __restrict__ x, T* __restrict__ dw,
                   typename CvType<T>::Acc* __restrict__ ws) {
   typedef typename CvType<T>::Acc Acc;
-  constexpr int LDS = CV_LDS(T);
   const int tid = threadIdx.x, split = blockIdx.y;
   const int mb = blockIdx.x / (int)p.cblocks, cb = blockIdx.x % (int)p.cblocks;
   const long long r_begin = split * p.chunk;
@@ -156,8 +155,8 @@ __global__ void __launch_bounds__(CV_THREADS)
   const int cout = (int)p.cout, cin = (int)p.cin, cols = (int)p.taps * cin;
   const int co0 = mb * BM, j0 = cb * CV_BN;
 
-  CV_SHARED16 T As[BM * LDS];
-  CV_SHARED16 T Bs[CV_BN * LDS];
+  CV_SHARED16 T As[BM * CV_LDS(T)];  // K-major tiles, as cv_wgrad's
+  CV_SHARED16 T Bs[CV_BN * CV_LDS(T)];
   __shared__ long long ry[CV_BK], rx[CV_BK];  // per pair: dy's offset, n's in x; -1: past the chunk
   __shared__ int ro[3][CV_BK];                // per pair: o * s - p per spatial dim
   __shared__ long long cx[CV_BN];             // per column: x's channel offset; -1: past the columns
