@@ -37,6 +37,8 @@ from nvrtc_mark import needs_nvrtc
 
 OPS = ("conv_backward_data", "conv_backward_weight")
 DGRAD_VARIANTS = ("div", "fastdiv_load", "fastdiv")
+DGRAD_KERNELS = ("cv_dgrad", "cv_dgrad_vec", "cv_dgrad_dw")  # (params, dy, w, dx, table)
+WGRAD_KERNELS = ("cv_wgrad", "cv_wgrad_vec", "cv_wgrad_dw", "cv_wgrad_taps")  # (params, dy, x, dw, ws)
 
 
 WHY = cuda_host.available()
@@ -72,9 +74,9 @@ def _declare(expr: str) -> str:
     name, targs = expr.split("<", 1)
     t = targs.split(",")[0].rstrip(">").strip()
     acc = f"typename CvType<{t}>::Acc"
-    if name in ("cv_dgrad", "cv_dgrad_vec", "cv_dgrad_dw"):
+    if name in DGRAD_KERNELS:
         return f"{expr}(const ConvParams, const {t}*, const {t}*, {t}*, const int*)"
-    if name in ("cv_wgrad", "cv_wgrad_vec", "cv_wgrad_dw"):
+    if name in WGRAD_KERNELS:
         return f"{expr}(const ConvParams, const {t}*, const {t}*, {t}*, {acc}*)"
     return f"{expr}(const ConvParams, const {acc}*, {t}*)"
 
@@ -174,6 +176,40 @@ def test_wgrad_splits_fill_the_gpu_and_stay_in_grid_limits():
     assert la.grid[1] <= plan.GRID_Y_MAX
 
 
+def _nhwc(n, c, h, w):
+    """Contiguous channels-last element strides in (n, h, w, c) order."""
+    return (h * w * c, w * c, c, 1)
+
+
+def _wgrad_stem(cin=3, cout=64, groups=1, merge_taps=True, dt="bf16"):
+    """The ResNet stem's wgrad (N=32, 224x224, 7x7, stride 2, pad 3) planned for an H100 (132 SMs)."""
+    params = dict(n=32, cin=cin, cout=cout, spatial=[224, 224], kernel=[7, 7], padding=[3, 3], stride=[2, 2],
+                  dilation=[1, 1], groups=groups, layout="channels_last")
+    return plan.wgrad_plan(params, dt, _nhwc(32, cout, 112, 112), _nhwc(32, cin, 224, 224),
+                           (49 * cin // groups, 7 * cin // groups, cin // groups, 1), 132, aligned=True,
+                           merge_taps=merge_taps)
+
+
+def test_wgrad_stem_plans_the_merged_taps():
+    la = _wgrad_stem()
+    cblocks, splits, chunk, taps = la.words[41], la.words[42], la.words[43], la.words[44]
+    assert la.expr == "cv_wgrad_taps<__nv_bfloat16, 64>"
+    assert taps == 49 and cblocks == _cdiv(49 * 3, plan.BN) == 3  # the 147 (tap, ci) columns
+    assert la.grid == (cblocks, splits)  # one output-channel block, no taps in y
+    assert la.grid[0] * la.grid[1] >= 4 * 132 - cblocks and chunk >= 8 * plan.BK
+    assert splits * chunk >= 32 * 112 * 112 > (splits - 1) * chunk
+    assert la.finish is not None and la.ws_elems == splits * 64 * 49 * 3
+    assert _wgrad_stem(dt="f32").expr == "cv_wgrad_taps<float, 64>"
+
+
+def test_wgrad_merged_taps_only_where_the_tile_is_mostly_padding():
+    assert _wgrad_stem(merge_taps=False).expr == "cv_wgrad<__nv_bfloat16, 64>"  # @best: unchanged
+    assert _wgrad_stem(cin=64).expr == "cv_wgrad_vec<__nv_bfloat16, 64>"
+    assert _wgrad_stem(cin=plan.MERGE_CIG_MAX).expr.startswith("cv_wgrad_vec<")
+    assert _wgrad_stem(cin=6, groups=2).expr == "cv_wgrad<__nv_bfloat16, 64>"  # Cin/g 3, but grouped
+    assert _wgrad_stem(cin=1, cout=8).expr == "cv_wgrad_dw<__nv_bfloat16>"      # direct keeps priority
+
+
 # ============================================================================= stand-in
 
 
@@ -181,9 +217,9 @@ def _signature(expr: str) -> list[str]:
     name, targs = expr.split("<", 1)
     t = targs.split(",")[0].rstrip(">").strip()
     acc = "double" if t == "double" else "float"
-    if name in ("cv_dgrad", "cv_dgrad_vec", "cv_dgrad_dw"):
+    if name in DGRAD_KERNELS:
         return ["ConvParams", f"const {t}*", f"const {t}*", f"{t}*", "const int*"]
-    if name in ("cv_wgrad", "cv_wgrad_vec", "cv_wgrad_dw"):
+    if name in WGRAD_KERNELS:
         return ["ConvParams", f"const {t}*", f"const {t}*", f"{t}*", f"{acc}*"]
     return ["ConvParams", f"const {acc}*", f"{t}*"]
 
@@ -254,6 +290,7 @@ def _impl(op: str, variant: str, sms: int, aligned: bool = False, gemm: bool = F
             kind = entry.launch.expr.split("<")[0]
             assert kind.endswith("_vec") == (aligned and _vec_case(op, params, a)), entry.launch.expr
             assert kind.endswith("_dw") == (not gemm and _direct_case(op, params)), entry.launch.expr
+            assert (kind == "cv_wgrad_taps") == (variant == "taps" and _taps_case(op, params, gemm)), entry.launch.expr
         _conv.run(op, entry, dev, a, b, out)
     return fn
 
@@ -275,6 +312,12 @@ convhost.impl("conv_backward_weight", variant="best", dtypes=_conv.DTYPES, deter
     _impl("conv_backward_weight", "best", 3))
 convhost.impl("conv_backward_weight", variant="one_split", dtypes=_conv.DTYPES, deterministic=True)(
     _impl("conv_backward_weight", "best", 0))  # 0 SMs: one chunk, the block writes dw itself
+convhost.impl("conv_backward_weight", variant="taps", dtypes=_conv.DTYPES, deterministic=True)(
+    _impl("conv_backward_weight", "taps", 3))
+convhost.impl("conv_backward_weight", variant="taps_gemm", dtypes=_conv.DTYPES, deterministic=True)(
+    _impl("conv_backward_weight", "taps", 3, gemm=True))
+convhost.impl("conv_backward_weight", variant="taps_one_split", dtypes=_conv.DTYPES, deterministic=True)(
+    _impl("conv_backward_weight", "taps", 0))
 
 
 def _vec_case(op, params, a) -> bool:
@@ -289,6 +332,14 @@ def _vec_case(op, params, a) -> bool:
 def _direct_case(op, params) -> bool:
     g = cc.geometry(params, op)
     return (g.cin // g.groups) * (g.cout // g.groups) < plan.DIRECT_MAX
+
+
+def _taps_case(op, params, gemm=False) -> bool:
+    """What wgrad_plan decides for merge_taps, restated: groups 1, Cin below MERGE_CIG_MAX, more than one
+    tap, not a direct case (unless gemm)."""
+    g = cc.geometry(params, op)
+    return (op == "conv_backward_weight" and g.groups == 1 and g.cin < plan.MERGE_CIG_MAX and prod(g.kernel) > 1
+            and (gemm or not _direct_case(op, params)))
 
 
 def _check(op, variant, case):
@@ -329,6 +380,10 @@ def test_wgrad_smoke(case):
         _check("conv_backward_weight", "best_gemm", case)
     if _small(case):
         _check("conv_backward_weight", "one_split", case)
+    if _taps_case(case.op, case.params):
+        _check("conv_backward_weight", "taps", case)
+    elif _taps_case(case.op, case.params, gemm=True):  # a direct case: the merged GEMM still checked on it
+        _check("conv_backward_weight", "taps_gemm", case)
 
 
 # Channels-last cases for the 16-byte fast path (16-bit, channels per group multiples of 8): stride,
@@ -369,3 +424,26 @@ def test_channels_last_fast_path(case):
                 _check(case.op, v, case)
     else:
         _check(case.op, "best_vec", case)
+
+
+# Cases for the merged-tap path (cv_wgrad_taps): Cin 1-5, stride, padding, dilation, 1D / 2D / 3D,
+# both layouts, Cout over one 64-row tile, 147 columns (3 column blocks); at the stand-in's 3 SMs the
+# N=4 case splits its 1600 pairs in 7 chunks, and taps_one_split writes dw from the block itself.
+TAPS_GEOS = [
+    dict(n=3, cin=1, cout=70, spatial=[40], kernel=[5], stride=3, padding=2, dilation=2),
+    dict(n=2, cin=3, cout=24, spatial=[9, 9], kernel=[3, 3], stride=2, padding=1),
+    dict(n=2, cin=3, cout=16, spatial=[15, 15], kernel=[7, 7], stride=2, padding=3),
+    dict(n=4, cin=5, cout=16, spatial=[20, 20], kernel=[3, 3], padding=1),
+    dict(n=1, cin=2, cout=40, spatial=[4, 5, 6], kernel=[3, 2, 3], stride=[2, 1, 1], padding=[1, 0, 1],
+         dilation=[1, 2, 1]),
+]
+TAPS_CASES = [_vcase("conv_backward_weight", dt, layout=lay, **geo) for geo in TAPS_GEOS for dt in ("f32", "bf16")
+              for lay in ("channels_last", "channels_first")]
+
+
+@needs_host
+@pytest.mark.parametrize("case", TAPS_CASES, ids=[c.id for c in TAPS_CASES])
+def test_wgrad_merged_taps(case):
+    _check(case.op, "taps", case)  # its plan asserts cv_wgrad_taps (_impl)
+    if case.params["n"] == 2:
+        _check(case.op, "taps_one_split", case)

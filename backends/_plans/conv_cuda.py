@@ -34,6 +34,12 @@ GRID_Y_MAX = 65535
 MODES = {"div": 0, "fastdiv_load": 1, "fastdiv": 2}
 DIRECT_MAX = 64       # Cin/g * Cout/g below this: the direct kernels (cv_*_dw), not a GEMM tile
 DIRECT_THREADS = 256
+# wgrad with groups == 1 and Cin below this (and more than one tap): every tap in one GEMM (cv_wgrad_taps).
+# A tap's own GEMM fills Cin of the tile's 64 columns: below 16 that is under a quarter, and dy is
+# re-read once per tap.  16 and up stay per tap (multiples of 8 there take the 16-byte channels-last path).
+MERGE_CIG_MAX = 16
+# Kernels only a cupy variant plans (torch_ext launches the default plan only): name -> variant.
+VARIANT_ONLY = {"cv_wgrad_taps": "taps"}
 
 
 def magic(d: int) -> tuple[int, int]:
@@ -178,8 +184,10 @@ def dgrad_plan(params: dict, dt: str, dy_strides, w_strides, dx_strides, mode: s
 CUDA_TYPE = {"f32": "float", "f64": "double", "f16": "__half", "bf16": "__nv_bfloat16"}
 
 
-def wgrad_plan(params: dict, dt: str, dy_strides, x_strides, dw_strides, num_sms: int, aligned: bool = False) -> Launch:
-    """The cv_wgrad launch (and its finish) for these tensors on a GPU of num_sms SMs."""
+def wgrad_plan(params: dict, dt: str, dy_strides, x_strides, dw_strides, num_sms: int, aligned: bool = False,
+               merge_taps: bool = False) -> Launch:
+    """The cv_wgrad launch (and its finish) for these tensors on a GPU of num_sms SMs; merge_taps: the
+    merged-tap GEMM (cv_wgrad_taps) where it applies (cupy@taps)."""
     g = geo3(params, "conv_backward_weight")
     sa = data_strides(dy_strides, g.channels_last)
     sb = data_strides(x_strides, g.channels_last)
@@ -190,8 +198,11 @@ def wgrad_plan(params: dict, dt: str, dy_strides, x_strides, dw_strides, num_sms
     rows_tile = wgrad_bm(dt, g.cog)
     mblocks, cblocks, taps = _cdiv(g.cog, rows_tile), _cdiv(g.cig, BN), prod(g.k)
     direct = g.cig * g.cog < DIRECT_MAX
-    tiles = _cdiv(g.cout * g.cig, 32) * taps if direct else mblocks * cblocks * taps * g.groups
-    ylanes = taps if direct else taps * g.groups
+    merged = merge_taps and not direct and g.groups == 1 and g.cig < MERGE_CIG_MAX and taps > 1
+    if merged:
+        cblocks = _cdiv(taps * g.cig, BN)  # the (tap, ci) columns
+    ylanes = 1 if merged else taps if direct else taps * g.groups
+    tiles = _cdiv(g.cout * g.cig, 32) * taps if direct else mblocks * cblocks * ylanes
     # Split the reduction until about 4 blocks per SM are busy, each chunk at least 8 K-steps long
     # (direct: 8 steps of its 8 reduction lanes).
     splits = max(1, min(_cdiv(4 * num_sms, tiles), _cdiv(rows, 8 * (64 if direct else BK)), GRID_Y_MAX // ylanes))
@@ -211,9 +222,9 @@ def wgrad_plan(params: dict, dt: str, dy_strides, x_strides, dw_strides, num_sms
     if direct:
         return Launch(f"cv_wgrad_dw<{t}>", (_cdiv(g.cout * g.cig, 32), taps * splits), DIRECT_THREADS, words,
                       finish=finish, ws_elems=ws_elems)
-    name = "cv_wgrad_vec" if vec_ok(dt, aligned, g, sa, sb) else "cv_wgrad"
-    return Launch(f"{name}<{t}, {rows_tile}>", (mblocks * cblocks, taps * g.groups * splits), THREADS, words,
-                  finish=finish, ws_elems=splits * total if splits > 1 else 0)
+    name = "cv_wgrad_taps" if merged else "cv_wgrad_vec" if vec_ok(dt, aligned, g, sa, sb) else "cv_wgrad"
+    return Launch(f"{name}<{t}, {rows_tile}>", (mblocks * cblocks, ylanes * splits), THREADS, words,
+                  finish=finish, ws_elems=ws_elems)
 
 
 def all_exprs(op: str, dt: str) -> list[str]:
@@ -225,4 +236,4 @@ def all_exprs(op: str, dt: str) -> list[str]:
         return [f"{k}<{t}, {m}>" for k in kinds for m in MODES.values()]
     rows = (BM, BM_TC) if vec else (BM,)
     return [f"cv_wgrad<{t}, {r}>" for r in rows] + [f"cv_wgrad_dw<{t}>", f"cv_wgrad_finish<{t}>"] + \
-        [f"cv_wgrad_vec<{t}, {r}>" for r in rows if vec]
+        [f"cv_wgrad_vec<{t}, {r}>" for r in rows if vec] + [f"cv_wgrad_taps<{t}, {r}>" for r in rows]

@@ -12,11 +12,72 @@
 //   cv_wgrad<T, BM>     grid (mblocks * cblocks, taps * groups * splits), CV_THREADS threads, tiles of
 //                       BM output channels (64 or 128 on tensor cores, 64 SIMT) x CV_BN input channels;
 //                       ws: the workspace [splits][Cout][taps][Cin/g] (null when splits == 1).
+//   cv_wgrad_taps<T, BM> (small Cin, groups == 1: every tap in one GEMM) grid (mblocks * cblocks, splits),
+//                       the columns (tap, ci) pairs: see the kernel.
 //   cv_wgrad_finish<T>  grid-stride over the Cout * taps * Cin/g elements: the chunks' sum, cast, stored.
 //   The pair index r -> (n, od, oh, ow) is a fast divmod by O (ConvParams.magic).
 #pragma once
 
 #include "conv_common.cuh"
+
+// Pair r (an index into the N * prod(O) reduction) -> (n, od, oh, ow), by the fast divmod by O.
+__device__ __forceinline__ void cv_wgrad_pair(const ConvParams& p, long long r, int& n, int& od, int& oh, int& ow) {
+  int q;
+  cv_divmod<true>((int)r, (int)p.out[2], (unsigned)p.magic[0], (unsigned)p.magic[1], q, ow);
+  cv_divmod<true>(q, (int)p.out[1], (unsigned)p.magic[2], (unsigned)p.magic[3], q, oh);
+  cv_divmod<true>(q, (int)p.out[0], (unsigned)p.magic[4], (unsigned)p.magic[5], n, od);
+}
+
+// Filter tap t (row-major over the kernel's (kd, kh, kw)) -> its coordinates.
+__device__ __forceinline__ void cv_tap(const ConvParams& p, int t, int& kd, int& kh, int& kw) {
+  kw = t % (int)p.k[2];
+  kh = (t / (int)p.k[2]) % (int)p.k[1];
+  kd = t / (int)(p.k[2] * p.k[1]);
+}
+
+// dw's element (co, ci, tap), through its strides.
+__device__ __forceinline__ long long cv_dw_offset(const ConvParams& p, long long co, long long ci, int tap) {
+  int kd, kh, kw;
+  cv_tap(p, tap, kd, kh, kw);
+  return co * p.sc[0] + ci * p.sc[1] + kd * p.sc[2] + kh * p.sc[3] + kw * p.sc[4];
+}
+
+// A block's result for dw[co, ci, tap]: its chunk's partial into the workspace [splits][Cout][taps][Cin/g]
+// (cv_wgrad_finish adds them), or with no workspace (one chunk) dw itself.
+template <typename T>
+__device__ __forceinline__ void cv_wgrad_store(const ConvParams& p, T* dw, typename CvType<T>::Acc* ws, int split,
+                                               long long co, long long ci, int tap, typename CvType<T>::Acc v) {
+  if (ws != nullptr)
+    ws[split * (p.cout * p.taps * p.cig) + (co * p.taps + tap) * p.cig + ci] = v;
+  else
+    dw[cv_dw_offset(p, co, ci, tap)] = CvType<T>::from(v);
+}
+
+// One step's K-major tiles (cv_wgrad, cv_wgrad_taps): As[m][kk] = dy at pair kk (offset ry[kk], -1:
+// none) and output channel co_first + m, zero from row `rows` on; Bs[c][kk] = b(c, kk).  Channels-last:
+// channels fastest across the threads; channels-first: pairs fastest (thread tid keeps pair tid % BK).
+template <typename T, int BM, typename B>
+__device__ __forceinline__ void cv_wgrad_load(const ConvParams& p, const T* __restrict__ dy, const long long* ry,
+                                              long long co_first, int rows, T* As, T* Bs, B b) {
+  constexpr int LDS = CV_LDS(T);
+  const int tid = threadIdx.x;
+  if (p.cfast) {
+    for (int e = tid; e < BM * CV_BK; e += CV_THREADS) {
+      const int c = e % BM, kk = e / BM;
+      As[c * LDS + kk] = ry[kk] >= 0 && c < rows ? dy[ry[kk] + (co_first + c) * p.sa[1]] : cv_zero<T>();
+    }
+    for (int e = tid; e < CV_BN * CV_BK; e += CV_THREADS) {
+      const int c = e % CV_BN, kk = e / CV_BN;
+      Bs[c * LDS + kk] = b(c, kk);
+    }
+  } else {
+    const int kk = tid % CV_BK, c0 = tid / CV_BK;
+    const long long oy = ry[kk];
+    for (int c = c0; c < BM; c += CV_THREADS / CV_BK)
+      As[c * LDS + kk] = oy >= 0 && c < rows ? dy[oy + (co_first + c) * p.sa[1]] : cv_zero<T>();
+    for (int c = c0; c < CV_BN; c += CV_THREADS / CV_BK) Bs[c * LDS + kk] = b(c, kk);
+  }
+}
 
 template <typename T, int BM>
 __global__ void __launch_bounds__(CV_THREADS)
@@ -29,7 +90,8 @@ __global__ void __launch_bounds__(CV_THREADS)
   const int split = blockIdx.y % splits, rest = blockIdx.y / splits;
   const int g = rest % groups, tap = rest / groups;
   const int mb = blockIdx.x / (int)p.cblocks, cb = blockIdx.x % (int)p.cblocks;
-  const int kw = tap % (int)p.k[2], kh = (tap / (int)p.k[2]) % (int)p.k[1], kd = tap / (int)(p.k[2] * p.k[1]);
+  int kd, kh, kw;
+  cv_tap(p, tap, kd, kh, kw);
   const long long r_begin = split * p.chunk;
   const long long r_end = r_begin + p.chunk < p.rows ? r_begin + p.chunk : p.rows;
   const int cog = (int)p.cog, cig = (int)p.cig;
@@ -47,10 +109,8 @@ __global__ void __launch_bounds__(CV_THREADS)
       const long long r = r0 + tid;
       long long oy = -1, ox = -1;
       if (r < r_end) {
-        int q, ow, oh, od, n;
-        cv_divmod<true>((int)r, (int)p.out[2], (unsigned)p.magic[0], (unsigned)p.magic[1], q, ow);
-        cv_divmod<true>(q, (int)p.out[1], (unsigned)p.magic[2], (unsigned)p.magic[3], q, oh);
-        cv_divmod<true>(q, (int)p.out[0], (unsigned)p.magic[4], (unsigned)p.magic[5], n, od);
+        int n, od, oh, ow;
+        cv_wgrad_pair(p, r, n, od, oh, ow);
         oy = n * p.sa[0] + od * p.sa[2] + oh * p.sa[3] + ow * p.sa[4];
         const long long id = od * p.s[0] + kd * p.d[0] - p.p[0];
         const long long ih = oh * p.s[1] + kh * p.d[1] - p.p[1];
@@ -63,38 +123,82 @@ __global__ void __launch_bounds__(CV_THREADS)
     }
     __syncthreads();
     // A: As[co][pair] from dy; B: Bs[ci][pair] from x; zero-filled past the tile's channels and pairs.
-    if (p.cfast) {  // channels-last: channels fastest
-      for (int e = tid; e < BM * CV_BK; e += CV_THREADS) {
-        const int c = e % BM, kk = e / BM;
-        As[c * LDS + kk] = ry[kk] >= 0 && co0 + c < cog ? dy[ry[kk] + (co_first + c) * p.sa[1]] : cv_zero<T>();
-      }
-      for (int e = tid; e < CV_BN * CV_BK; e += CV_THREADS) {
-        const int c = e % CV_BN, kk = e / CV_BN;
-        Bs[c * LDS + kk] = rx[kk] >= 0 && ci0 + c < cig ? x[rx[kk] + (ci_first + c) * p.sb[1]] : cv_zero<T>();
-      }
-    } else {  // channels-first: pairs fastest; thread tid keeps one pair, kk = tid % BK
-      const int kk = tid % CV_BK, c0 = tid / CV_BK;
-      const long long oy = ry[kk], ox = rx[kk];
-      for (int c = c0; c < BM; c += CV_THREADS / CV_BK)
-        As[c * LDS + kk] = oy >= 0 && co0 + c < cog ? dy[oy + (co_first + c) * p.sa[1]] : cv_zero<T>();
-      for (int c = c0; c < CV_BN; c += CV_THREADS / CV_BK)
-        Bs[c * LDS + kk] = ox >= 0 && ci0 + c < cig ? x[ox + (ci_first + c) * p.sb[1]] : cv_zero<T>();
-    }
+    cv_wgrad_load<T, BM>(p, dy, ry, co_first, cog - co0, As, Bs, [&](int c, int kk) {
+      return rx[kk] >= 0 && ci0 + c < cig ? x[rx[kk] + (ci_first + c) * p.sb[1]] : cv_zero<T>();
+    });
     __syncthreads();
     tile.step(As, Bs);
     __syncthreads();
   }
 
-  const long long taps = p.taps, total = p.cout * taps * p.cig;
   tile.for_each([&](int r, int c, Acc v) {
-    if (co0 + r < cog && ci0 + c < cig) {
-      if (ws != nullptr) {
-        ws[split * total + ((co_first + r) * taps + tap) * p.cig + ci0 + c] = v;
-      } else {
-        dw[(co_first + r) * p.sc[0] + (ci0 + c) * p.sc[1] + kd * p.sc[2] + kh * p.sc[3] + kw * p.sc[4]] =
-            CvType<T>::from(v);
-      }
+    if (co0 + r < cog && ci0 + c < cig) cv_wgrad_store<T>(p, dw, ws, split, co_first + r, ci0 + c, tap, v);
+  });
+}
+
+// Small Cin (groups == 1; the plan: Cin below MERGE_CIG_MAX, more than one tap): one GEMM for every
+// tap, its columns the (tap, ci) pairs j = tap * Cin + ci, so the 64-wide column tile is not mostly
+// padding and dy is read once per pair for all taps rather than once per tap.  Per block the
+// columns' decoding (x's channel offset, the tap's offsets k * d) and per step the pairs' (dy's offset,
+// n's offset in x, the window's origin o * s - p) sit in shared memory; a B element adds the two and
+// reads x, or zero where the tap reads the padding.  Partials and finish as cv_wgrad.
+//   cv_wgrad_taps<T, BM>  grid (mblocks * cblocks, splits), cblocks = ceil(taps * Cin / CV_BN).
+template <typename T, int BM>
+__global__ void __launch_bounds__(CV_THREADS)
+    cv_wgrad_taps(const ConvParams p, const T* __restrict__ dy, const T* __restrict__ x, T* __restrict__ dw,
+                  typename CvType<T>::Acc* __restrict__ ws) {
+  typedef typename CvType<T>::Acc Acc;
+  const int tid = threadIdx.x, split = blockIdx.y;
+  const int mb = blockIdx.x / (int)p.cblocks, cb = blockIdx.x % (int)p.cblocks;
+  const long long r_begin = split * p.chunk;
+  const long long r_end = r_begin + p.chunk < p.rows ? r_begin + p.chunk : p.rows;
+  const int cout = (int)p.cout, cin = (int)p.cin, cols = (int)p.taps * cin;
+  const int co0 = mb * BM, j0 = cb * CV_BN;
+
+  CV_SHARED16 T As[BM * CV_LDS(T)];  // K-major tiles, as cv_wgrad's
+  CV_SHARED16 T Bs[CV_BN * CV_LDS(T)];
+  __shared__ long long ry[CV_BK], rx[CV_BK];  // per pair: dy's offset, n's in x; -1: past the chunk
+  __shared__ int ro[3][CV_BK];                // per pair: o * s - p per spatial dim
+  __shared__ long long cx[CV_BN];             // per column: x's channel offset; -1: past the columns
+  __shared__ int ck[3][CV_BN];                // per column: its tap's k * d per spatial dim
+  if (tid < CV_BN) {
+    const int j = j0 + tid;
+    int kd = 0, kh = 0, kw = 0;
+    if (j < cols) cv_tap(p, j / cin, kd, kh, kw);
+    cx[tid] = j < cols ? (j % cin) * p.sb[1] : -1;
+    ck[0][tid] = kd * (int)p.d[0];
+    ck[1][tid] = kh * (int)p.d[1];
+    ck[2][tid] = kw * (int)p.d[2];
+  }
+
+  CvTile<T, BM> tile;
+  tile.clear();
+  for (long long r0 = r_begin; r0 < r_end; r0 += CV_BK) {
+    if (tid < CV_BK) {
+      const long long r = r0 + tid;
+      int n = 0, od = 0, oh = 0, ow = 0;
+      if (r < r_end) cv_wgrad_pair(p, r, n, od, oh, ow);
+      ry[tid] = r < r_end ? n * p.sa[0] + od * p.sa[2] + oh * p.sa[3] + ow * p.sa[4] : -1;
+      rx[tid] = r < r_end ? n * p.sb[0] : -1;
+      ro[0][tid] = od * (int)p.s[0] - (int)p.p[0];
+      ro[1][tid] = oh * (int)p.s[1] - (int)p.p[1];
+      ro[2][tid] = ow * (int)p.s[2] - (int)p.p[2];
     }
+    __syncthreads();
+    cv_wgrad_load<T, BM>(p, dy, ry, co0, cout - co0, As, Bs, [&](int c, int kk) {
+      const int id = ro[0][kk] + ck[0][c], ih = ro[1][kk] + ck[1][c], iw = ro[2][kk] + ck[2][c];
+      const bool in = id >= 0 && id < p.in[0] && ih >= 0 && ih < p.in[1] && iw >= 0 && iw < p.in[2];
+      return rx[kk] >= 0 && cx[c] >= 0 && in ? x[rx[kk] + cx[c] + id * p.sb[2] + ih * p.sb[3] + iw * p.sb[4]]
+                                             : cv_zero<T>();
+    });
+    __syncthreads();
+    tile.step(As, Bs);
+    __syncthreads();
+  }
+
+  tile.for_each([&](int r, int c, Acc v) {
+    const int j = j0 + c;
+    if (co0 + r < cout && j < cols) cv_wgrad_store<T>(p, dw, ws, split, co0 + r, j % cin, j / cin, v);
   });
 }
 
@@ -113,7 +217,8 @@ __global__ void __launch_bounds__(CV_THREADS)
   const int split = blockIdx.y % splits, rest = blockIdx.y / splits;
   const int g = rest % groups, tap = rest / groups;
   const int mb = blockIdx.x / (int)p.cblocks, cb = blockIdx.x % (int)p.cblocks;
-  const int kw = tap % (int)p.k[2], kh = (tap / (int)p.k[2]) % (int)p.k[1], kd = tap / (int)(p.k[2] * p.k[1]);
+  int kd, kh, kw;
+  cv_tap(p, tap, kd, kh, kw);
   const long long r_begin = split * p.chunk;
   const long long r_end = r_begin + p.chunk < p.rows ? r_begin + p.chunk : p.rows;
   const int cog = (int)p.cog, cig = (int)p.cig;
@@ -135,10 +240,8 @@ __global__ void __launch_bounds__(CV_THREADS)
       const long long r = r_begin + (long long)s * CV_BK + tid;
       long long oy = -1, ox = -1;
       if (r < r_end) {
-        int q, ow, oh, od, n;
-        cv_divmod<true>((int)r, (int)p.out[2], (unsigned)p.magic[0], (unsigned)p.magic[1], q, ow);
-        cv_divmod<true>(q, (int)p.out[1], (unsigned)p.magic[2], (unsigned)p.magic[3], q, oh);
-        cv_divmod<true>(q, (int)p.out[0], (unsigned)p.magic[4], (unsigned)p.magic[5], n, od);
+        int n, od, oh, ow;
+        cv_wgrad_pair(p, r, n, od, oh, ow);
         oy = n * p.sa[0] + od * p.sa[2] + oh * p.sa[3] + ow * p.sa[4];
         const long long id = od * p.s[0] + kd * p.d[0] - p.p[0];
         const long long ih = oh * p.s[1] + kh * p.d[1] - p.p[1];
@@ -200,16 +303,8 @@ __global__ void __launch_bounds__(CV_THREADS)
   }
   tc_cp_wait<0>();
 
-  const long long taps = p.taps, total = p.cout * taps * p.cig;
   tile.for_each([&](int r, int c, Acc v) {
-    if (co0 + r < cog && ci0 + c < cig) {
-      if (ws != nullptr) {
-        ws[split * total + ((co_first + r) * taps + tap) * p.cig + ci0 + c] = v;
-      } else {
-        dw[(co_first + r) * p.sc[0] + (ci0 + c) * p.sc[1] + kd * p.sc[2] + kh * p.sc[3] + kw * p.sc[4]] =
-            CvType<T>::from(v);
-      }
-    }
+    if (co0 + r < cog && ci0 + c < cig) cv_wgrad_store<T>(p, dw, ws, split, co_first + r, ci0 + c, tap, v);
   });
 }
 
@@ -227,7 +322,8 @@ __global__ void __launch_bounds__(256)
   const int lane = threadIdx.x & 31, rl = threadIdx.x >> 5;
   const int splits = (int)p.splits;
   const int split = blockIdx.y % splits, tap = blockIdx.y / splits;
-  const int kw = tap % (int)p.k[2], kh = (tap / (int)p.k[2]) % (int)p.k[1], kd = tap / (int)(p.k[2] * p.k[1]);
+  int kd, kh, kw;
+  cv_tap(p, tap, kd, kh, kw);
   const int cig = (int)p.cig, cog = (int)p.cog;
   const long long j = (long long)blockIdx.x * 32 + lane;
   const bool live = j < p.cout * cig;
@@ -238,10 +334,8 @@ __global__ void __launch_bounds__(256)
   Acc acc = Acc(0);
   if (live) {
     for (long long r = r_begin + rl; r < r_end; r += 8) {
-      int q, ow, oh, od, n;
-      cv_divmod<true>((int)r, (int)p.out[2], (unsigned)p.magic[0], (unsigned)p.magic[1], q, ow);
-      cv_divmod<true>(q, (int)p.out[1], (unsigned)p.magic[2], (unsigned)p.magic[3], q, oh);
-      cv_divmod<true>(q, (int)p.out[0], (unsigned)p.magic[4], (unsigned)p.magic[5], n, od);
+      int n, od, oh, ow;
+      cv_wgrad_pair(p, r, n, od, oh, ow);
       const long long id = od * p.s[0] + kd * p.d[0] - p.p[0];
       const long long ih = oh * p.s[1] + kh * p.d[1] - p.p[1];
       const long long iw = ow * p.s[2] + kw * p.d[2] - p.p[2];
@@ -257,12 +351,7 @@ __global__ void __launch_bounds__(256)
     Acc s = part[0][lane];
 #pragma unroll
     for (int k = 1; k < 8; ++k) s += part[k][lane];  // fixed order: deterministic
-    const long long taps = p.taps, total = p.cout * taps * p.cig;
-    if (ws != nullptr) {
-      ws[split * total + ((long long)co * taps + tap) * cig + ci] = s;
-    } else {
-      dw[co * p.sc[0] + ci * p.sc[1] + kd * p.sc[2] + kh * p.sc[3] + kw * p.sc[4]] = CvType<T>::from(s);
-    }
+    cv_wgrad_store<T>(p, dw, ws, split, co, ci, tap, s);
   }
 }
 
@@ -275,8 +364,7 @@ __global__ void __launch_bounds__(256)
   for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += step) {
     Acc s = ws[e];
     for (long long sp = 1; sp < p.splits; ++sp) s += ws[sp * total + e];  // chunk order: deterministic
-    const long long ci = e % p.cig, q = e / p.cig, tap = q % taps, co = q / taps;
-    const long long kw = tap % p.k[2], kh = (tap / p.k[2]) % p.k[1], kd = tap / (p.k[2] * p.k[1]);
-    dw[co * p.sc[0] + ci * p.sc[1] + kd * p.sc[2] + kh * p.sc[3] + kw * p.sc[4]] = CvType<T>::from(s);
+    const long long ci = e % p.cig, q = e / p.cig;
+    dw[cv_dw_offset(p, q / taps, ci, (int)(q % taps))] = CvType<T>::from(s);
   }
 }
