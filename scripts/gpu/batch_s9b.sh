@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Issue 16 on the H100: the profiles its misses lack, the matmul ladder on the perf cases, and the conv
-# full sets through cupy@best and torch_ext. Two calls of under 10 minutes each (from the repo root):
+# full sets through cupy@best, cupy@taps and torch_ext. Three calls of under 10 minutes each (repo root):
 #   STEPS=profile OUT=/some/dir bash scripts/gpu/batch_s9b.sh
-#   STEPS="ladder full" OUT=/some/dir bash scripts/gpu/batch_s9b.sh
+#   STEPS="taps ladder" OUT=/some/dir bash scripts/gpu/batch_s9b.sh
+#   STEPS=full OUT=/some/dir bash scripts/gpu/batch_s9b.sh
 # Steps:
 #   (setup)  the torch_ext build starts in the background (MAX_JOBS=8: the steps keep half the cores)
 #   profile  harness profile (ncu) of each line of scripts/gpu/cases/profile_tc_s9.txt: the mma.sync matmul,
@@ -10,7 +11,10 @@
 #   ladder   harness bench (cold) of matmul_backward's perf cases: cupy@naive, @regtile, @smem, @best,
 #            torch (cuBLAS), triton; then torch_ext after the build, resumed into the same document
 #            (LADDER_S each)                                                            -> ladder/
-#   full     conv_backward_data + conv_backward_weight --cases full, 8 shards, through cupy@best, then
+#   taps     harness bench (cold) of the six Cin=3 stem wgrad perf cases (wgrad_stem_s9.json): cupy@taps
+#            (every tap in one GEMM, not yet run on a GPU) beside cupy@best and torch (cuDNN)  -> taps/
+#   full     conv_backward_data + conv_backward_weight --cases full, 8 shards, through cupy@best and
+#            cupy@taps (the wgrad kernels' shared helpers are new since the last GPU run), then
 #            torch_ext after the build (FULL_S each); matmul_backward full through torch_ext  -> full-*/
 # Files: $OUT/run.log, $OUT/summary.txt, $OUT/s9b.tgz (res/), $OUT/ladder.json (the ladder's results).
 set -uo pipefail
@@ -19,8 +23,15 @@ PY=${PYTHON:-python3} STEPS=${STEPS:-profile ladder full} LADDER_S=${LADDER_S:-1
 PACK=s9b
 . scripts/gpu/steps.sh
 
-if has ladder || has full; then setup 450; else setup; build=; fi
+if has ladder || has full || has taps; then setup 450; else setup; build=; fi
 if has profile; then profile scripts/gpu/cases/profile_tc_s9.txt '^cupy'; pack; fi
+if has taps; then
+  stamp "== taps: the stem wgrad cases, cupy@taps beside cupy@best and cuDNN"
+  timeout -k 20 -s INT 150 $PY -m harness bench --op conv_backward_weight --cases scripts/gpu/cases/wgrad_stem_s9.json \
+    --device cuda --mode cold --budget 0.1 --warmup-budget 0.03 --min-samples 10 --max-samples 300 --no-plots -q \
+    --time-limit 120 --backend cupy@taps --backend cupy@best --backend torch --report "$R/taps" > "$R/taps.log" 2>&1
+  echo "exit $?"; grep -E "cupy|torch" "$R/taps.log" | head -20; pack
+fi
 
 ladder() {  # ladder IMPL... [-- --resume FILE]: the matmul perf bench of those implementations
   timeout -k 20 -s INT $((LADDER_S + 90)) $PY -m harness bench --op matmul_backward --cases perf --device cuda \
@@ -35,8 +46,9 @@ if has ladder; then
   pack
 fi
 if has full; then
-  stamp "== full: conv dgrad + wgrad through cupy@best"
-  full_shards "$FULL_S" --op conv_backward_data --op conv_backward_weight --backend cupy@best --seed 9
+  stamp "== full: conv dgrad + wgrad through cupy@best and cupy@taps"
+  full_shards "$FULL_S" --op conv_backward_data --op conv_backward_weight --backend cupy@best --backend cupy@taps \
+    --seed 9
   shards_to full-cupy
 fi
 
