@@ -14,7 +14,7 @@
 #           $RESUME (default: results/h100/s8b/attn/results.json, s8b's 9 cases) has no verdict for, through
 #           cupy@best, triton (and triton@det: the backend's name selects both), SDPA flash and SDPA
 #           cuDNN (a case $RESUME's limit cut part-way is timed whole again: its ratios from one run);
-#           cuDNN; float64 passes on the GPU, no prefetch; ATTN_S the time limit. A pair can take a
+#           float64 passes on the GPU, no prefetch; ATTN_S the time limit. A pair can take a
 #           minute on the S=16k cases (preparation, cupy's tuning, triton's autotuning), so the kill
 #           comes 150 s after the limit                                               -> attn/
 #   ext     after the build: the two rmsnorm cases through torch_ext                   -> left/
