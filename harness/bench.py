@@ -400,9 +400,13 @@ def plan(cases, ops=None, wanted=None, dtypes=None, per_op: int | None = None, i
 
 def left_to_run(pairs: list, earlier: dict) -> list:
     """`pairs` without those an earlier results document (`bench --resume`) has a verdict for: every row
-    but the SKIPs its time limit or stop left ("not run: ..."), which run now."""
-    done = {(r["op"], r["case"], r["impl"]) for r in earlier.get("rows", [])
-            if not (r["status"] == status.SKIP and str(r.get("reason") or "").startswith("not run"))}
+    but the SKIPs its time limit or stop left ("not run: ..."), which run now.  A case that limit cut
+    part-way runs whole again, so that its ratios to the baselines come from one run (its fresh rows
+    replace the earlier ones when the two documents are merged)."""
+    rows = earlier.get("rows", [])
+    cut = [r for r in rows if r["status"] == status.SKIP and str(r.get("reason") or "").startswith("not run")]
+    partial = {(r["op"], r["case"]) for r in cut}
+    done = {(r["op"], r["case"], r["impl"]) for r in rows if (r["op"], r["case"]) not in partial}
     out = []
     for case, impls in pairs:
         left = [i for i in impls if (case.op, case.id, i.id) not in done]

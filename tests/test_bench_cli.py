@@ -247,3 +247,26 @@ def test_bench_checkpoints_leave_a_document_to_resume_from(tmp_path, cache, monk
     res = json.loads((tmp_path / "two" / "results.json").read_text())
     assert [(r["case"], r["status"]) for r in res["rows"]] == [(r["case"], "PASS") for r in checkpoints[-1]["rows"]]
     assert res["rows"][0]["timing"] == checkpoints[0]["rows"][0]["timing"]  # kept, not measured again
+
+
+def test_resume_runs_a_case_cut_part_way_whole_again():
+    """A case whose earlier rows stop part-way (a time limit between its implementations) runs with every
+    implementation again, so its ratios to the baselines come from one run; whole cases stay done."""
+    from cases import select
+    from harness import bench
+    from harness.registry import discover
+
+    discover()
+    pairs = bench.plan(select("smoke"), ["binary_backward"], ["torch", "jax"], ["f32"], per_op=2)
+    (c1, i1), (c2, i2) = pairs
+    assert len(i1) == len(i2) == 2
+
+    def row(case, impl, status, reason=None):
+        return {"op": case.op, "case": case.id, "impl": impl.id, "status": status, "reason": reason}
+
+    earlier = {"rows": [row(c1, i1[0], "PASS"), row(c1, i1[1], "PASS"),
+                        row(c2, i2[0], "PASS"), row(c2, i2[1], "SKIP", "not run: time limit of 1 s reached")]}
+    left = bench.left_to_run(pairs, earlier)
+    assert [(c.id, [i.id for i in impls]) for c, impls in left] == [(c2.id, [i.id for i in i2])]
+    earlier["rows"][3] = row(c2, i2[1], "SKIP", "jax: no GPU backend")  # a skip with a reason is a verdict
+    assert bench.left_to_run(pairs, earlier) == []

@@ -13,7 +13,7 @@
 #   attn    harness bench (cold) of the attention perf cases (attn_rest_s8.json) that
 #           $RESUME (default: results/h100/s8b/attn/results.json, s8b's 9 cases) has no verdict for, through
 #           cupy@best, triton (and triton@det: the backend's name selects both), SDPA flash and SDPA
-#           cuDNN (a case $RESUME's limit cut part-way is timed whole again: its ratios from one run);
+#           cuDNN (a case $RESUME's limit cut part-way runs whole again: bench.left_to_run);
 #           float64 passes on the GPU, no prefetch; ATTN_S the time limit. A pair can take a
 #           minute on the S=16k cases (preparation, cupy's tuning, triton's autotuning), so the kill
 #           comes 150 s after the limit                                               -> attn/
@@ -43,18 +43,10 @@ fi
 
 if has attn; then
   stamp "== attn: the attention perf cases $RESUME has no verdict for (limit $ATTN_S s)"
-  # A case the earlier run's limit cut part-way is timed whole again: its ratios come from one run.
-  $PY -c "import gzip, json, sys
-src = sys.argv[1]
-d = json.load(gzip.open(src, 'rt') if src.endswith('.gz') else open(src))
-cut = lambda r: r['status'] == 'SKIP' and str(r.get('reason') or '').startswith('not run')
-part = {r['case'] for r in d['rows'] if cut(r)}
-d['rows'] = [r for r in d['rows'] if r['case'] not in part or cut(r)]
-json.dump(d, open(sys.argv[2], 'w'))" "$RESUME" "$R/resume.json" || exit 1
   GRADORACLE_ORACLE_PASSES=cuda timeout -k 20 -s INT $((ATTN_S + 150)) $PY -m harness bench \
     --op attention_backward --cases scripts/gpu/cases/attn_rest_s8.json --device cuda --mode cold \
     --budget 0.2 --warmup-budget 0.05 --min-samples 10 --max-samples 300 --no-plots --prefetch 0 \
-    --time-limit "$ATTN_S" --resume "$R/resume.json" \
+    --time-limit "$ATTN_S" --resume "$RESUME" \
     --backend cupy@best --backend triton --backend sdpa_flash --backend sdpa_cudnn \
     --report "$R/attn" > "$R/attn.log" 2>&1
   echo "exit $?"; tail -3 "$R/attn.log"
