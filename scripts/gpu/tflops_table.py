@@ -1,9 +1,10 @@
 """A TFLOP/s table of a `harness bench` results.json, one row per case, for the GPU scripts' summaries.
 
-    python scripts/gpu/tflops_table.py RESULTS --impl A --impl B ... [--ratio A/B ...] [--host IMPL]
+    python scripts/gpu/tflops_table.py RESULTS --impl A --impl B ... [--ratio A/B ...] [--host IMPL] [--markdown]
 
 Columns: each --impl's TFLOP/s (its status where it has no figure), then each --ratio A/B (TFLOP/s of
 A over B); --host IMPL flags rows where that implementation's host time per call exceeds its device time.
+--markdown: the same table as a BENCHMARKS.md table (a "host > device" column with --host).
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import gzip
 import json
 
 
-def table(results: str, impls: list, ratios: list, host: str | None = None) -> list[str]:
+def table(results: str, impls: list, ratios: list, host: str | None = None, markdown: bool = False) -> list[str]:
     opener = gzip.open if results.endswith(".gz") else open
     with opener(results, "rt") as f:
         rows = json.load(f)["rows"]
@@ -20,6 +21,8 @@ def table(results: str, impls: list, ratios: list, host: str | None = None) -> l
     for r in rows:
         t, f = r.get("timing") or {}, r.get("figures") or {}
         by.setdefault(r["case"], {})[r["impl"]] = (r["status"], t.get("median"), f.get("tflops"), t.get("host_ms"))
+    if markdown:
+        return _markdown(by, impls, ratios, host)
     width = max([12] + [len(i) + 1 for i in impls])
     lines = [f"{'case':64s} " + " ".join(f"{i:>{width}s}" for i in impls) + "  "
              + " ".join(f"{r:>12s}" for r in ratios) + "  (TFLOP/s)"]
@@ -38,17 +41,34 @@ def table(results: str, impls: list, ratios: list, host: str | None = None) -> l
     return lines
 
 
+def _markdown(by: dict, impls: list, ratios: list, host: str | None) -> list[str]:
+    head = ["case", *impls, *ratios] + (["host > device"] if host else [])
+    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    for case, d in by.items():
+        tf = {i: (d.get(i) or (None,) * 4)[2] for i in impls}
+        cells = [f"{tf[i]:.1f}" if tf[i] else (d.get(i) or ("-",))[0] for i in impls]
+        for spec in ratios:
+            a, b = spec.split("/")
+            cells.append(f"{tf[a] / tf[b]:.2f}" if tf.get(a) and tf.get(b) else "-")
+        if host:
+            _, dev, _, h = d.get(host, (None,) * 4)
+            cells.append("yes" if h and dev and h > dev else "no" if h and dev else "-")
+        lines.append(f"| {case} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("results")
     ap.add_argument("--impl", action="append", required=True)
     ap.add_argument("--ratio", action="append", default=[], help="A/B: TFLOP/s of impl A over impl B")
     ap.add_argument("--host", help="flag rows where this impl's host time exceeds its device time")
+    ap.add_argument("--markdown", action="store_true", help="a BENCHMARKS.md table")
     args = ap.parse_args(argv)
     for spec in args.ratio:
         if spec.count("/") != 1 or any(x not in args.impl for x in spec.split("/")):
             ap.error(f"--ratio {spec!r}: expected A/B with both among --impl")
-    print("\n".join(table(args.results, args.impl, args.ratio, args.host)))
+    print("\n".join(table(args.results, args.impl, args.ratio, args.host, args.markdown)))
 
 
 if __name__ == "__main__":
