@@ -181,13 +181,13 @@ def _nhwc(n, c, h, w):
     return (h * w * c, w * c, c, 1)
 
 
-def _wgrad_stem(cin=3, cout=64, groups=1, merge_taps=True, dt="bf16"):
+def _wgrad_stem(cin=3, cout=64, groups=1, per_tap=False, dt="bf16"):
     """The ResNet stem's wgrad (N=32, 224x224, 7x7, stride 2, pad 3) planned for an H100 (132 SMs)."""
     params = dict(n=32, cin=cin, cout=cout, spatial=[224, 224], kernel=[7, 7], padding=[3, 3], stride=[2, 2],
                   dilation=[1, 1], groups=groups, layout="channels_last")
     return plan.wgrad_plan(params, dt, _nhwc(32, cout, 112, 112), _nhwc(32, cin, 224, 224),
                            (49 * cin // groups, 7 * cin // groups, cin // groups, 1), 132, aligned=True,
-                           merge_taps=merge_taps)
+                           per_tap=per_tap)
 
 
 def test_wgrad_stem_plans_the_merged_taps():
@@ -203,7 +203,7 @@ def test_wgrad_stem_plans_the_merged_taps():
 
 
 def test_wgrad_merged_taps_only_where_the_tile_is_mostly_padding():
-    assert _wgrad_stem(merge_taps=False).expr == "cv_wgrad<__nv_bfloat16, 64>"  # @best: unchanged
+    assert _wgrad_stem(per_tap=True).expr == "cv_wgrad<__nv_bfloat16, 64>"  # @pertap: a GEMM per tap
     assert _wgrad_stem(cin=64).expr == "cv_wgrad_vec<__nv_bfloat16, 64>"
     assert _wgrad_stem(cin=plan.MERGE_CIG_MAX).expr.startswith("cv_wgrad_vec<")
     assert _wgrad_stem(cin=6, groups=2).expr == "cv_wgrad<__nv_bfloat16, 64>"  # Cin/g 3, but grouped
@@ -288,9 +288,10 @@ def _impl(op: str, variant: str, sms: int, aligned: bool = False, gemm: bool = F
             finally:
                 plan.DIRECT_MAX = saved
             kind = entry.launch.expr.split("<")[0]
-            assert kind.endswith("_vec") == (aligned and _vec_case(op, params, a)), entry.launch.expr
+            merged = variant != "pertap" and _taps_case(op, params, gemm)
+            assert kind.endswith("_vec") == (aligned and _vec_case(op, params, a) and not merged), entry.launch.expr
             assert kind.endswith("_dw") == (not gemm and _direct_case(op, params)), entry.launch.expr
-            assert (kind == "cv_wgrad_taps") == (variant == "taps" and _taps_case(op, params, gemm)), entry.launch.expr
+            assert (kind == "cv_wgrad_taps") == merged, entry.launch.expr
         _conv.run(op, entry, dev, a, b, out)
     return fn
 
@@ -312,12 +313,8 @@ convhost.impl("conv_backward_weight", variant="best", dtypes=_conv.DTYPES, deter
     _impl("conv_backward_weight", "best", 3))
 convhost.impl("conv_backward_weight", variant="one_split", dtypes=_conv.DTYPES, deterministic=True)(
     _impl("conv_backward_weight", "best", 0))  # 0 SMs: one chunk, the block writes dw itself
-convhost.impl("conv_backward_weight", variant="taps", dtypes=_conv.DTYPES, deterministic=True)(
-    _impl("conv_backward_weight", "taps", 3))
-convhost.impl("conv_backward_weight", variant="taps_gemm", dtypes=_conv.DTYPES, deterministic=True)(
-    _impl("conv_backward_weight", "taps", 3, gemm=True))
-convhost.impl("conv_backward_weight", variant="taps_one_split", dtypes=_conv.DTYPES, deterministic=True)(
-    _impl("conv_backward_weight", "taps", 0))
+convhost.impl("conv_backward_weight", variant="pertap", dtypes=_conv.DTYPES, deterministic=True)(
+    _impl("conv_backward_weight", "pertap", 3))
 
 
 def _vec_case(op, params, a) -> bool:
@@ -335,8 +332,8 @@ def _direct_case(op, params) -> bool:
 
 
 def _taps_case(op, params, gemm=False) -> bool:
-    """What wgrad_plan decides for merge_taps, restated: groups 1, Cin below MERGE_CIG_MAX, more than one
-    tap, not a direct case (unless gemm)."""
+    """Where wgrad_plan merges the taps (unless per_tap), restated: groups 1, Cin below MERGE_CIG_MAX,
+    more than one tap, not a direct case (unless gemm)."""
     g = cc.geometry(params, op)
     return (op == "conv_backward_weight" and g.groups == 1 and g.cin < plan.MERGE_CIG_MAX and prod(g.kernel) > 1
             and (gemm or not _direct_case(op, params)))
@@ -380,10 +377,8 @@ def test_wgrad_smoke(case):
         _check("conv_backward_weight", "best_gemm", case)
     if _small(case):
         _check("conv_backward_weight", "one_split", case)
-    if _taps_case(case.op, case.params):
-        _check("conv_backward_weight", "taps", case)
-    elif _taps_case(case.op, case.params, gemm=True):  # a direct case: the merged GEMM still checked on it
-        _check("conv_backward_weight", "taps_gemm", case)
+    if _taps_case(case.op, case.params):  # best took the merged GEMM: the per-tap GEMM checked too
+        _check("conv_backward_weight", "pertap", case)
 
 
 # Channels-last cases for the 16-byte fast path (16-bit, channels per group multiples of 8): stride,
@@ -428,12 +423,14 @@ def test_channels_last_fast_path(case):
 
 # Cases for the merged-tap path (cv_wgrad_taps): Cin 1-5, stride, padding, dilation, 1D / 2D / 3D,
 # both layouts, Cout over one 64-row tile, 147 columns (3 column blocks); at the stand-in's 3 SMs the
-# N=4 case splits its 1600 pairs in 7 chunks, and taps_one_split writes dw from the block itself.
+# N=4 case splits its 1600 pairs in 7 chunks, and one_split writes dw from the block itself; Cin=8
+# channels-last bf16 takes the merged GEMM, not the 16-byte path (best_vec).
 TAPS_GEOS = [
     dict(n=3, cin=1, cout=70, spatial=[40], kernel=[5], stride=3, padding=2, dilation=2),
     dict(n=2, cin=3, cout=24, spatial=[9, 9], kernel=[3, 3], stride=2, padding=1),
     dict(n=2, cin=3, cout=16, spatial=[15, 15], kernel=[7, 7], stride=2, padding=3),
     dict(n=4, cin=5, cout=16, spatial=[20, 20], kernel=[3, 3], padding=1),
+    dict(n=2, cin=8, cout=16, spatial=[10, 10], kernel=[3, 3], padding=1),
     dict(n=1, cin=2, cout=40, spatial=[4, 5, 6], kernel=[3, 2, 3], stride=[2, 1, 1], padding=[1, 0, 1],
          dilation=[1, 2, 1]),
 ]
@@ -444,6 +441,9 @@ TAPS_CASES = [_vcase("conv_backward_weight", dt, layout=lay, **geo) for geo in T
 @needs_host
 @pytest.mark.parametrize("case", TAPS_CASES, ids=[c.id for c in TAPS_CASES])
 def test_wgrad_merged_taps(case):
-    _check(case.op, "taps", case)  # its plan asserts cv_wgrad_taps (_impl)
+    _check(case.op, "best", case)  # its plan asserts cv_wgrad_taps (_impl)
+    _check(case.op, "pertap", case)
     if case.params["n"] == 2:
-        _check(case.op, "taps_one_split", case)
+        _check(case.op, "one_split", case)
+    if case.dtype == "bf16" and case.params["layout"] == "channels_last":  # aligned: merged ahead of the 16-byte path
+        _check(case.op, "best_vec", case)

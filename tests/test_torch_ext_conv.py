@@ -115,8 +115,6 @@ def test_every_planned_kernel_is_launched_by_the_extension():
         for dt in plan.CUDA_TYPE:
             for expr in plan.all_exprs(op, dt):
                 name = expr.split("<")[0]
-                if name in plan.VARIANT_ONLY:  # planned by a cupy variant only, never by the default plan
-                    continue
                 assert name in tcb.KINDS or name == "cv_wgrad_finish", expr
                 assert f"{name}<T" in source, f"{name} is never launched by conv_backward_cuda.cu"
                 if name.startswith("cv_wgrad") and "," in expr:
@@ -172,11 +170,14 @@ def test_cuda_records(monkeypatch, case):
     words = record.tolist()
     assert len(words) == tcb.HEADER + plan.WORDS
     op, kind, gx, gy, block, finish, ws, tlen, rows = words[:tcb.HEADER]
-    assert op == tcb.OPS.index(case.op) and kind in (1, 2, 3)
+    assert op == tcb.OPS.index(case.op) and kind in (1, 2, 3, 4)
     assert 1 <= gx < 2 ** 31 and 1 <= gy <= 65535 and block in (plan.THREADS, plan.DIRECT_THREADS)
+    direct = (geo.cin // geo.groups) * (geo.cout // geo.groups) < plan.DIRECT_MAX
+    merged = case.op == tcb.OPS[1] and geo.groups == 1 and geo.cin < plan.MERGE_CIG_MAX and \
+        np.prod(geo.kernel) > 1 and not direct  # every tap in one GEMM (the ResNet stem)
     vec = case.dtype == "bf16" and geo.channels_last and (geo.cin // geo.groups) % 8 == 0 and \
-        (geo.cout // geo.groups) % 8 == 0 and (geo.cin // geo.groups) * (geo.cout // geo.groups) >= plan.DIRECT_MAX
-    assert (kind == 2) == vec, (kind, case.id)
+        (geo.cout // geo.groups) % 8 == 0 and not direct and not merged
+    assert (kind == 2) == vec and (kind == 4) == merged, (kind, case.id)
     if case.op == tcb.OPS[0]:
         assert table is not None and tlen == table.numel() and finish == 0 and ws == 0
     else:

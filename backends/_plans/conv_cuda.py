@@ -38,8 +38,6 @@ DIRECT_THREADS = 256
 # A tap's own GEMM fills Cin of the tile's 64 columns: below 16 that is under a quarter, and dy is
 # re-read once per tap.  16 and up stay per tap (multiples of 8 there take the 16-byte channels-last path).
 MERGE_CIG_MAX = 16
-# Kernels only a cupy variant plans (torch_ext launches the default plan only): name -> variant.
-VARIANT_ONLY = {"cv_wgrad_taps": "taps"}
 
 
 def magic(d: int) -> tuple[int, int]:
@@ -185,9 +183,10 @@ CUDA_TYPE = {"f32": "float", "f64": "double", "f16": "__half", "bf16": "__nv_bfl
 
 
 def wgrad_plan(params: dict, dt: str, dy_strides, x_strides, dw_strides, num_sms: int, aligned: bool = False,
-               merge_taps: bool = False) -> Launch:
-    """The cv_wgrad launch (and its finish) for these tensors on a GPU of num_sms SMs; merge_taps: the
-    merged-tap GEMM (cv_wgrad_taps) where it applies (cupy@taps)."""
+               per_tap: bool = False) -> Launch:
+    """The cv_wgrad launch (and its finish) for these tensors on a GPU of num_sms SMs.  The merged-tap
+    GEMM (cv_wgrad_taps) where it applies, unless per_tap (cupy@pertap: a GEMM per tap everywhere, the
+    A/B's other side; on the ResNet stem the merged GEMM measured 8-29x faster, BENCHMARKS.md)."""
     g = geo3(params, "conv_backward_weight")
     sa = data_strides(dy_strides, g.channels_last)
     sb = data_strides(x_strides, g.channels_last)
@@ -198,7 +197,7 @@ def wgrad_plan(params: dict, dt: str, dy_strides, x_strides, dw_strides, num_sms
     rows_tile = wgrad_bm(dt, g.cog)
     mblocks, cblocks, taps = _cdiv(g.cog, rows_tile), _cdiv(g.cig, BN), prod(g.k)
     direct = g.cig * g.cog < DIRECT_MAX
-    merged = merge_taps and not direct and g.groups == 1 and g.cig < MERGE_CIG_MAX and taps > 1
+    merged = not per_tap and not direct and g.groups == 1 and g.cig < MERGE_CIG_MAX and taps > 1
     if merged:
         cblocks = _cdiv(taps * g.cig, BN)  # the (tap, ci) columns
     ylanes = 1 if merged else taps if direct else taps * g.groups

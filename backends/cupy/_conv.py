@@ -103,7 +103,7 @@ def make_entry(op: str, variant: str, a, b, out, params: dict, dev, aligned: boo
     if op == OP_D:
         launch = plan.dgrad_plan(params, dt, sa, sb, sc, "fastdiv" if variant == "best" else variant, aligned)
     else:
-        launch = plan.wgrad_plan(params, dt, sa, sb, sc, dev.num_sms(), aligned, merge_taps=variant == "taps")
+        launch = plan.wgrad_plan(params, dt, sa, sb, sc, dev.num_sms(), aligned, per_tap=variant == "pertap")
     return Entry(launch, dev)
 
 

@@ -5,10 +5,11 @@ reduction is split over blocks into fp32 (fp64) partial tiles, summed in a fixed
 finishing kernel: deterministic, no atomics.
 
 Variants:
-  @best  the GEMM per tap (direct kernels for small channel groups);
-  @taps  = best, except groups == 1 with small Cin (plan.MERGE_CIG_MAX) and more than one tap: one
-         GEMM over every (tap, ci) column (cv_wgrad_taps), dy read once for all taps.  On trial
-         against @best (the ResNet stem) before it becomes the default.
+  @best    a GEMM per tap (direct kernels for small channel groups), except groups == 1 with small
+           Cin (plan.MERGE_CIG_MAX) and more than one tap: one GEMM over every (tap, ci) column
+           (cv_wgrad_taps), dy read once for all taps;
+  @pertap  a GEMM per tap there too: @best before the merged GEMM, kept for the A/B (the ResNet
+           stem: 7.6-26 ms against 0.45-1.07 ms merged, BENCHMARKS.md).
 Host side (plans cached per layout): backends/cupy/_conv.py, backends/_plans/conv_cuda.py.
 """
 from __future__ import annotations
@@ -26,5 +27,5 @@ def _impl(variant: str):
     return fn
 
 
-for _variant in ("best", "taps"):
+for _variant in ("best", "pertap"):
     argcheck.register(cupy_backend, OP, variant=_variant, dtypes=_conv.DTYPES, deterministic=True)(_impl(_variant))

@@ -23,7 +23,7 @@ struct ConvParamsH {
 };
 
 // Kernel kinds of a record (the plan's expression, conv_backward.py KINDS).
-enum ConvKind : int64_t { CONV_CPU = 0, CONV_GEMM = 1, CONV_VEC = 2, CONV_DIRECT = 3 };
+enum ConvKind : int64_t { CONV_CPU = 0, CONV_GEMM = 1, CONV_VEC = 2, CONV_DIRECT = 3, CONV_TAPS = 4 };
 
 struct ConvRecordH {
   int64_t op;         // 0 dgrad, 1 wgrad

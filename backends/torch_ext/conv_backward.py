@@ -24,7 +24,8 @@ from oracle import conv_common as cc
 OPS = ("conv_backward_data", "conv_backward_weight")
 DTYPES = ("f32", "f16", "bf16", "f64")
 HEADER = 9  # ConvRecordH words before its ConvParamsH
-KINDS = {"cv_dgrad": 1, "cv_wgrad": 1, "cv_dgrad_vec": 2, "cv_wgrad_vec": 2, "cv_dgrad_dw": 3, "cv_wgrad_dw": 3}
+KINDS = {"cv_dgrad": 1, "cv_wgrad": 1, "cv_dgrad_vec": 2, "cv_wgrad_vec": 2, "cv_dgrad_dw": 3, "cv_wgrad_dw": 3,
+         "cv_wgrad_taps": 4}
 _RECORDS: dict = {}
 _MAX_RECORDS = 1 << 12
 _SMS: dict = {}

@@ -94,7 +94,16 @@ void wgrad_run_cuda(const at::Tensor& dy, const at::Tensor& x, const at::Tensor&
     } else {
       TORCH_CHECK_VALUE(r.bm == 64 || (r.bm == 128 && CvType<T>::kTC), "conv_backward_weight: plan has tile rows ",
                         r.bm);
-      if (r.kind == CONV_VEC) {
+      if (r.kind == CONV_TAPS) {
+        if constexpr (CvType<T>::kTC) {
+          if (r.bm == 128)
+            cv_wgrad_taps<T, 128><<<grid, CV_THREADS, 0, stream>>>(p, a, b, o, part);
+          else
+            cv_wgrad_taps<T, 64><<<grid, CV_THREADS, 0, stream>>>(p, a, b, o, part);
+        } else {
+          cv_wgrad_taps<T, 64><<<grid, CV_THREADS, 0, stream>>>(p, a, b, o, part);
+        }
+      } else if (r.kind == CONV_VEC) {
         if constexpr (CvType<T>::kTC) {
           TORCH_CHECK_VALUE(!(reinterpret_cast<uintptr_t>(a) % 16) && !(reinterpret_cast<uintptr_t>(b) % 16),
                             "conv_backward_weight: plan copies 16-byte vectors but dy or x is not 16-byte aligned");
