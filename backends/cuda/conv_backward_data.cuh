@@ -41,6 +41,12 @@ __global__ void __launch_bounds__(CV_THREADS)
              const int* __restrict__ table) {
   typedef typename CvType<T>::Acc Acc;
   constexpr int LDS = CV_LDS(T), BM = CvTile<T>::BM;
+  // On tensor cores the tiles a thread-fastest index writes along are MN-major (B always, A when
+  // channels-first), read by ldmatrix.trans: K-major stores there were LDS elements apart, a 4-way
+  // bank conflict on each (59M on the Cin=3 stem, 8M on a channels-first 3x3 layer: `harness profile`).
+  constexpr bool TC = CvType<T>::kTC;
+  constexpr int LDTA = CvTile<T>::LDTA, LDTB = CvTile<T>::LDTB;
+  static_assert(!TC || (CV_BK * LDTA <= BM * LDS && CV_BK * LDTB <= CV_BN * LDS), "MN-major tiles fit the arrays");
   const int tid = threadIdx.x;
   const int per_phase = (int)(p.groups * p.cblocks);
   const int phase = blockIdx.y / per_phase, rest = blockIdx.y % per_phase;
@@ -94,7 +100,7 @@ __global__ void __launch_bounds__(CV_THREADS)
       if (!p.cfast) {
         for (int kk = kr; kk < CV_BK; kk += CV_THREADS / BM) {
           const int co = co0 + kk;
-          As[mr * LDS + kk] = yoff >= 0 && co < cog ? dy[yoff + co * p.sa[1]] : cv_zero<T>();
+          As[TC ? kk * LDTA + mr : mr * LDS + kk] = yoff >= 0 && co < cog ? dy[yoff + co * p.sa[1]] : cv_zero<T>();
         }
       } else {
         // Channels-last (channels fastest), where the 16-byte path does not apply.
@@ -117,10 +123,17 @@ __global__ void __launch_bounds__(CV_THREADS)
         const int ci = ci0 + c, co = co0 + kk;
         T v = cv_zero<T>();
         if (ci < cig && co < cog) v = w[(co_first + co) * p.sb[0] + ci * p.sb[1] + woff];
-        Bs[c * LDS + kk] = v;
+        Bs[TC ? kk * LDTB + c : c * LDS + kk] = v;
       }
       __syncthreads();
-      tile.step(As, Bs);
+      if constexpr (TC) {
+        if (p.cfast)
+          tile.template step<false, true>(As, Bs);
+        else
+          tile.template step<true, true>(As, Bs);
+      } else {
+        tile.step(As, Bs);
+      }
       __syncthreads();
     }
   }

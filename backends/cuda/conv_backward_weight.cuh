@@ -53,14 +53,33 @@ __device__ __forceinline__ void cv_wgrad_store(const ConvParams& p, T* dw, typen
     dw[cv_dw_offset(p, co, ci, tap)] = CvType<T>::from(v);
 }
 
-// One step's K-major tiles (cv_wgrad, cv_wgrad_taps): As[m][kk] = dy at pair kk (offset ry[kk], -1:
-// none) and output channel co_first + m, zero from row `rows` on; Bs[c][kk] = b(c, kk).  Channels-last:
-// channels fastest across the threads; channels-first: pairs fastest (thread tid keeps pair tid % BK).
+// One step's tiles (cv_wgrad, cv_wgrad_taps): A(m, kk) = dy at pair kk (offset ry[kk], -1: none) and
+// output channel co_first + m, zero from row `rows` on; B(c, kk) = b(c, kk).  Channels-first: pairs
+// fastest across the threads (thread tid keeps pair tid % BK), K-major tiles As[m][kk], Bs[c][kk].
+// Channels-last: channels fastest, so on tensor cores the tiles are MN-major (As[kk][m], Bs[kk][c]:
+// consecutive threads store consecutive elements; K-major stores there were a row of LDS apart, a
+// 4-way bank conflict on every store: 237M on the Cin=3 stem, `harness profile`); cv_wgrad_step
+// reads them with ldmatrix.trans.  SIMT types keep K-major (the SIMT step reads no other layout).
 template <typename T, int BM, typename B>
 __device__ __forceinline__ void cv_wgrad_load(const ConvParams& p, const T* __restrict__ dy, const long long* ry,
                                               long long co_first, int rows, T* As, T* Bs, B b) {
   constexpr int LDS = CV_LDS(T);
   const int tid = threadIdx.x;
+  if constexpr (CvType<T>::kTC) {
+    constexpr int LDTA = CvTile<T, BM>::LDTA, LDTB = CvTile<T, BM>::LDTB;
+    static_assert(CV_BK * LDTA <= BM * LDS && CV_BK * LDTB <= CV_BN * LDS, "MN-major tiles fit the arrays");
+    if (p.cfast) {
+      for (int e = tid; e < BM * CV_BK; e += CV_THREADS) {
+        const int c = e % BM, kk = e / BM;
+        As[kk * LDTA + c] = ry[kk] >= 0 && c < rows ? dy[ry[kk] + (co_first + c) * p.sa[1]] : cv_zero<T>();
+      }
+      for (int e = tid; e < CV_BN * CV_BK; e += CV_THREADS) {
+        const int c = e % CV_BN, kk = e / CV_BN;
+        Bs[kk * LDTB + c] = b(c, kk);
+      }
+      return;
+    }
+  }
   if (p.cfast) {
     for (int e = tid; e < BM * CV_BK; e += CV_THREADS) {
       const int c = e % BM, kk = e / BM;
@@ -77,6 +96,18 @@ __device__ __forceinline__ void cv_wgrad_load(const ConvParams& p, const T* __re
       As[c * LDS + kk] = oy >= 0 && c < rows ? dy[oy + (co_first + c) * p.sa[1]] : cv_zero<T>();
     for (int c = c0; c < CV_BN; c += CV_THREADS / CV_BK) Bs[c * LDS + kk] = b(c, kk);
   }
+}
+
+// acc += A * B^T of the tiles cv_wgrad_load stored (MN-major on tensor cores when channels-last).
+template <typename T, int BM>
+__device__ __forceinline__ void cv_wgrad_step(const ConvParams& p, CvTile<T, BM>& tile, const T* As, const T* Bs) {
+  if constexpr (CvType<T>::kTC) {
+    if (p.cfast) {
+      tile.template step<true, true>(As, Bs);
+      return;
+    }
+  }
+  tile.step(As, Bs);
 }
 
 template <typename T, int BM>
@@ -127,7 +158,7 @@ __global__ void __launch_bounds__(CV_THREADS)
       return rx[kk] >= 0 && ci0 + c < cig ? x[rx[kk] + (ci_first + c) * p.sb[1]] : cv_zero<T>();
     });
     __syncthreads();
-    tile.step(As, Bs);
+    cv_wgrad_step<T, BM>(p, tile, As, Bs);
     __syncthreads();
   }
 
@@ -192,7 +223,7 @@ __global__ void __launch_bounds__(CV_THREADS)
                                              : cv_zero<T>();
     });
     __syncthreads();
-    tile.step(As, Bs);
+    cv_wgrad_step<T, BM>(p, tile, As, Bs);
     __syncthreads();
   }
 
