@@ -37,7 +37,7 @@ from nvrtc_mark import needs_nvrtc
 
 OPS = ("conv_backward_data", "conv_backward_weight")
 DGRAD_VARIANTS = ("div", "fastdiv_load", "fastdiv")
-DGRAD_KERNELS = ("cv_dgrad", "cv_dgrad_vec", "cv_dgrad_dw")  # (params, dy, w, dx, table)
+DGRAD_KERNELS = ("cv_dgrad", "cv_dgrad_vec", "cv_dgrad_dw", "cv_dgrad_smallc")  # (params, dy, w, dx, table)
 WGRAD_KERNELS = ("cv_wgrad", "cv_wgrad_vec", "cv_wgrad_dw", "cv_wgrad_taps")  # (params, dy, x, dw, ws)
 
 
@@ -289,9 +289,12 @@ def _impl(op: str, variant: str, sms: int, aligned: bool = False, gemm: bool = F
                 plan.DIRECT_MAX = saved
             kind = entry.launch.expr.split("<")[0]
             merged = variant != "pertap" and _taps_case(op, params, gemm)
-            assert kind.endswith("_vec") == (aligned and _vec_case(op, params, a) and not merged), entry.launch.expr
+            small = variant == "smallc" and _smallc_case(op, params, gemm)
+            assert kind.endswith("_vec") == (aligned and _vec_case(op, params, a) and not merged and not small), \
+                entry.launch.expr
             assert kind.endswith("_dw") == (not gemm and _direct_case(op, params)), entry.launch.expr
             assert (kind == "cv_wgrad_taps") == merged, entry.launch.expr
+            assert (kind == "cv_dgrad_smallc") == small, entry.launch.expr
         _conv.run(op, entry, dev, a, b, out)
     return fn
 
@@ -315,6 +318,12 @@ convhost.impl("conv_backward_weight", variant="one_split", dtypes=_conv.DTYPES, 
     _impl("conv_backward_weight", "best", 0))  # 0 SMs: one chunk, the block writes dw itself
 convhost.impl("conv_backward_weight", variant="pertap", dtypes=_conv.DTYPES, deterministic=True)(
     _impl("conv_backward_weight", "pertap", 3))
+convhost.impl("conv_backward_data", variant="smallc", dtypes=_conv.DTYPES, deterministic=True)(
+    _impl("conv_backward_data", "smallc", 3))
+convhost.impl("conv_backward_data", variant="smallc_vec", dtypes=_conv.DTYPES, deterministic=True)(
+    _impl("conv_backward_data", "smallc", 3, aligned=True))
+convhost.impl("conv_backward_data", variant="smallc_gemm", dtypes=_conv.DTYPES, deterministic=True)(
+    _impl("conv_backward_data", "smallc", 3, gemm=True))
 
 
 def _vec_case(op, params, a) -> bool:
@@ -339,6 +348,14 @@ def _taps_case(op, params, gemm=False) -> bool:
             and (gemm or not _direct_case(op, params)))
 
 
+def _smallc_case(op, params, gemm=False) -> bool:
+    """Where dgrad_plan takes cv_dgrad_smallc for small_cin, restated: groups 1, Cin up to SMALLC_MAX,
+    not a direct case (unless gemm)."""
+    g = cc.geometry(params, op)
+    return (op == "conv_backward_data" and g.groups == 1 and g.cin <= plan.SMALLC_MAX
+            and (gemm or not _direct_case(op, params)))
+
+
 def _check(op, variant, case):
     result = run_case(convhost.impls[(op, variant)], case, "cpu", run_seed=0, repeats=1)
     assert result.status == "PASS", f"{variant} {case.id}: {result.status} {result.reason}\n" + \
@@ -359,6 +376,10 @@ WSMOKE = select("smoke", op="conv_backward_weight")
 @pytest.mark.parametrize("case", DSMOKE, ids=[c.id for c in DSMOKE])
 def test_dgrad_smoke(case):
     _check("conv_backward_data", "fastdiv", case)
+    if _smallc_case(case.op, case.params):
+        _check("conv_backward_data", "smallc", case)
+    elif _smallc_case(case.op, case.params, gemm=True):  # a direct case: the small-Cin kernel still checked
+        _check("conv_backward_data", "smallc_gemm", case)
     g = cc.geometry(case.params, case.op)
     if _direct_case(case.op, case.params):
         _check("conv_backward_data", "fastdiv_gemm", case)
@@ -447,3 +468,38 @@ def test_wgrad_merged_taps(case):
         _check(case.op, "one_split", case)
     if case.dtype == "bf16" and case.params["layout"] == "channels_last":  # aligned: merged ahead of the 16-byte path
         _check(case.op, "best_vec", case)
+
+
+# Cases for the small-Cin dgrad (cv_dgrad_smallc, cupy@smallc): the merged-tap geometries as dgrad, plus
+# Cin 6 (8 register slots, 2 past Cin), a phase with no taps (stride 2, a 1x1 kernel: those positions 0),
+# Cout over one 32-channel chunk and not a multiple of it, more than 4 taps a phase (the 7x7 stem).
+SMALLC_GEOS = TAPS_GEOS + [
+    dict(n=2, cin=6, cout=40, spatial=[8, 9], kernel=[3, 3], stride=2, padding=1),
+    dict(n=2, cin=3, cout=16, spatial=[9, 9], kernel=[1, 1], stride=2),
+]
+SMALLC_CASES = [_vcase("conv_backward_data", dt, layout=lay, **geo) for geo in SMALLC_GEOS
+                for dt in ("f32", "bf16") for lay in ("channels_last", "channels_first")]
+
+
+@needs_host
+@pytest.mark.parametrize("case", SMALLC_CASES, ids=[c.id for c in SMALLC_CASES])
+def test_dgrad_small_cin(case):
+    _check(case.op, "smallc", case)  # its plan asserts cv_dgrad_smallc (_impl)
+    if case.params["layout"] == "channels_last":  # aligned: dy as 16-byte words where Cout allows
+        _check(case.op, "smallc_vec", case)
+
+
+def test_dgrad_small_cin_plans():
+    def launch(cin, cout, dt="bf16", aligned=True):
+        params = dict(n=32, cin=cin, cout=cout, spatial=[224, 224], kernel=[7, 7], padding=[3, 3], stride=[2, 2],
+                      dilation=[1, 1], groups=1, layout="channels_last")
+        return plan.dgrad_plan(params, dt, _nhwc(32, cout, 112, 112), (49 * cin, 7 * cin, cin, 1),
+                               _nhwc(32, cin, 224, 224), "fastdiv", aligned, small_cin=True)
+
+    la = launch(3, 64)
+    assert la.expr == "cv_dgrad_smallc<__nv_bfloat16, 3, true>"
+    assert la.grid == (_cdiv(32 * 112 * 112, plan.SMALLC_THREADS), 4) and la.block == plan.SMALLC_THREADS
+    assert launch(3, 64, aligned=False).expr.endswith(", 3, false>")
+    assert launch(3, 60).expr.endswith(", 3, false>")  # Cout not whole 16-byte words
+    assert launch(6, 64, dt="f32").expr == "cv_dgrad_smallc<float, 8, true>"
+    assert launch(16, 64).expr.startswith("cv_dgrad_vec<")  # above SMALLC_MAX: the GEMM

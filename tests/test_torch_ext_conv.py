@@ -115,6 +115,8 @@ def test_every_planned_kernel_is_launched_by_the_extension():
         for dt in plan.CUDA_TYPE:
             for expr in plan.all_exprs(op, dt):
                 name = expr.split("<")[0]
+                if name in plan.VARIANT_ONLY:  # planned by a cupy variant only, never by the default plan
+                    continue
                 assert name in tcb.KINDS or name == "cv_wgrad_finish", expr
                 assert f"{name}<T" in source, f"{name} is never launched by conv_backward_cuda.cu"
                 if name.startswith("cv_wgrad") and "," in expr:

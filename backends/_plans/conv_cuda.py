@@ -38,6 +38,14 @@ DIRECT_THREADS = 256
 # A tap's own GEMM fills Cin of the tile's 64 columns: below 16 that is under a quarter, and dy is
 # re-read once per tap.  16 and up stay per tap (multiples of 8 there take the 16-byte channels-last path).
 MERGE_CIG_MAX = 16
+# dgrad with groups == 1 and Cin up to this (not a direct case): cupy@smallc's cv_dgrad_smallc, a thread per
+# dx row with every input channel in registers, in place of a 64-column GEMM tile Cin of whose columns
+# are used (on trial against @best on the stem before it becomes the default).
+SMALLC_MAX = 8
+SMALLC_THREADS = 256
+# Kernels only a cupy variant plans (torch_ext launches the default plan only): name -> variant.
+VARIANT_ONLY = {"cv_dgrad_smallc": "smallc"}
+ITEMSIZE = {"f16": 2, "bf16": 2, "f32": 4, "f64": 8}
 
 
 def magic(d: int) -> tuple[int, int]:
@@ -135,9 +143,10 @@ def vec_ok(dt: str, aligned: bool, g: Geo3, *strides) -> bool:
     return all(st[1] == 1 and all(v % VEC == 0 for i, v in enumerate(st) if i != 1) for st in strides)
 
 
-def dgrad_plan(params: dict, dt: str, dy_strides, w_strides, dx_strides, mode: str, aligned: bool = False) -> Launch:
+def dgrad_plan(params: dict, dt: str, dy_strides, w_strides, dx_strides, mode: str, aligned: bool = False,
+               small_cin: bool = False) -> Launch:
     """The cv_dgrad launch for these tensors (element strides in their case layout); `aligned`: every
-    pointer is 16-byte aligned."""
+    pointer is 16-byte aligned; small_cin (cupy@smallc): cv_dgrad_smallc where it applies."""
     g = geo3(params, "conv_backward_data")
     sa = data_strides(dy_strides, g.channels_last)
     sb = weight_strides(w_strides, g.channels_last)
@@ -175,6 +184,12 @@ def dgrad_plan(params: dict, dt: str, dy_strides, w_strides, dx_strides, mode: s
     if g.cig * g.cog < DIRECT_MAX and elems < INDEX_LIMIT - DIRECT_THREADS:
         words[-6:-4] = list(magic(g.cin))  # the direct kernel's element -> (row, channel) split
         return Launch("cv_dgrad_dw" + expr, (_cdiv(elems, DIRECT_THREADS), len(ph)), DIRECT_THREADS, words, table32)
+    if small_cin and g.groups == 1 and g.cin <= SMALLC_MAX:
+        v = 16 // ITEMSIZE[dt]  # dy as 16-byte words: channels-last, aligned, every other stride and Cout whole words
+        vec = aligned and sa[1] == 1 and g.cog % v == 0 and all(x % v == 0 for i, x in enumerate(sa) if i != 1)
+        rows = max(g.n * prod(T) for T, _, _ in ph)
+        return Launch(f"cv_dgrad_smallc<{CUDA_TYPE[dt]}, {g.cin if g.cin <= 4 else 8}, {str(vec).lower()}>",
+                      (_cdiv(rows, SMALLC_THREADS), len(ph)), SMALLC_THREADS, words, table32)
     name = "cv_dgrad_vec" if vec_ok(dt, aligned, g, sa, sb) else "cv_dgrad"
     return Launch(name + expr, (mblocks, gy), THREADS, words, table32)
 
@@ -232,7 +247,8 @@ def all_exprs(op: str, dt: str) -> list[str]:
     vec = dt in ("f16", "bf16")
     if op == "conv_backward_data":
         kinds = ("cv_dgrad", "cv_dgrad_dw", "cv_dgrad_vec")[:2 + vec]
-        return [f"{k}<{t}, {m}>" for k in kinds for m in MODES.values()]
+        return [f"{k}<{t}, {m}>" for k in kinds for m in MODES.values()] + \
+            [f"cv_dgrad_smallc<{t}, {cp}, {v}>" for cp in (1, 2, 3, 4, 8) for v in ("false", "true")]
     rows = (BM, BM_TC) if vec else (BM,)
     return [f"cv_wgrad<{t}, {r}>" for r in rows] + [f"cv_wgrad_dw<{t}>", f"cv_wgrad_finish<{t}>"] + \
         [f"cv_wgrad_vec<{t}, {r}>" for r in rows if vec] + [f"cv_wgrad_taps<{t}, {r}>" for r in rows]

@@ -296,3 +296,86 @@ __global__ void __launch_bounds__(256)
   const long long id = i0[0] + p.s[0] * td, ih = i0[1] + p.s[1] * th, iw = i0[2] + p.s[2] * tw;
   dx[n * p.sc[0] + c * p.sc[1] + id * p.sc[2] + ih * p.sc[3] + iw * p.sc[4]] = CvType<T>::from(acc);
 }
+
+// Small Cin (groups 1, Cin <= 8, not a direct case; cupy@smallc): the GEMM's columns are the Cin input
+// channels, so a 64-wide tile is mostly padding (3 of 64 on the RGB stem: tensor pipe 4%, `harness
+// profile`).  Here each thread owns one row m of a phase and all Cin channels in registers, summing
+// dy[row at the tap, co] * w[co, c, tap] over the phase's taps and Cout on the FMA pipe.  The weights of
+// a chunk of taps and output channels sit in shared memory as [tap][co][CW] (channels contiguous and
+// padded to CW, so a thread reads a (tap, co)'s channels as whole 16-byte words, the same address across
+// the warp: a broadcast).  VEC (the plan: dy channels-last, 16-byte aligned, Cout and dy's other strides
+// multiples of 16 bytes' elements): dy read as 16-byte words, else element by element.  The sum's order
+// is fixed (tap, then co): deterministic, no atomics; every dx element written once.
+//   cv_dgrad_smallc<T, CP, VEC>  grid (ceil(max M_phase / 256), phases), 256 threads; CP = Cin for Cin
+//   <= 4, else 8 (channel slots in registers; slots past Cin stay 0 and are never stored).  At most 128
+//   registers (2 blocks an SM): with the bound at 256 threads alone ptxas (CUDA 13.0) gave the 16-bit VEC
+//   kernels 40 registers and a spill; at 64 or 80, some instantiations spill 12-20 bytes; at 128 none
+//   does (80-128 used, the weights' 16-byte loads hoisted ahead of their FMAs).
+template <typename T, int CP, bool VEC>
+__global__ void __launch_bounds__(256, 2)
+    cv_dgrad_smallc(const ConvParams p, const T* __restrict__ dy, const T* __restrict__ w, T* __restrict__ dx,
+                    const int* __restrict__ table) {
+  typedef typename CvType<T>::Acc Acc;
+  constexpr int PER16 = 16 / (int)sizeof(Acc);            // accumulator-type values per 16-byte word
+  constexpr int CW = (CP + PER16 - 1) / PER16 * PER16;    // channel slots per (tap, co) in shared memory
+  constexpr int TCH = 4, KC = 32;                         // taps and output channels per chunk
+  constexpr int V = 16 / (int)sizeof(T);                  // dy elements per 16-byte word
+  static_assert(KC % V == 0, "a chunk holds whole 16-byte words of dy");
+  __shared__ CvWord16 wsw[TCH * KC * CW / PER16];
+  Acc* ws = reinterpret_cast<Acc*>(wsw);
+  const int* row = table + blockIdx.y * p.trow;
+  const int mp = row[12], ntaps = row[13];
+  if ((int)blockIdx.x * 256 >= mp) return;  // the phase has fewer rows than the largest: the whole block leaves
+  const int m = blockIdx.x * 256 + threadIdx.x;
+  const bool live = m < mp;  // threads past the rows still load weights and meet every barrier
+  int n = 0, td = 0, th = 0, tw = 0;
+  if (live) cvd_coords<true>(m, row, n, td, th, tw);
+  const int cin = (int)p.cin, cog = (int)p.cog;
+  Acc acc[CP];
+#pragma unroll
+  for (int c = 0; c < CP; ++c) acc[c] = Acc(0);
+
+  for (int t0 = 0; t0 < ntaps; t0 += TCH) {
+    const int nt = ntaps - t0 < TCH ? ntaps - t0 : TCH;
+    for (int co0 = 0; co0 < cog; co0 += KC) {
+      const int nk = cog - co0 < KC ? cog - co0 : KC;
+      __syncthreads();  // the previous chunk's reads are done
+      for (int e = threadIdx.x; e < TCH * KC * CW; e += 256) {
+        const int c = e % CW, j = (e / CW) % KC, t = e / (CW * KC);
+        Acc v = Acc(0);
+        if (t < nt && j < nk && c < cin)
+          v = (Acc)cv_f(w[(co0 + j) * p.sb[0] + c * p.sb[1] + row[CVD_HEAD + 4 * (t0 + t) + 3]]);
+        ws[e] = v;
+      }
+      __syncthreads();
+      if (!live) continue;
+      for (int t = 0; t < nt; ++t) {
+        const int* tp = row + CVD_HEAD + 4 * (t0 + t);
+        const int od = td + tp[0], oh = th + tp[1], ow = tw + tp[2];
+        if (od < 0 || od >= p.out[0] || oh < 0 || oh >= p.out[1] || ow < 0 || ow >= p.out[2]) continue;
+        const T* yp = dy + n * p.sa[0] + od * p.sa[2] + oh * p.sa[3] + ow * p.sa[4] + co0 * p.sa[1];
+        const Acc* wt = ws + t * KC * CW;
+        auto fma = [&](Acc y, int j) {  // acc[c] += y * w[co0 + j, c]
+#pragma unroll
+          for (int c = 0; c < CP; ++c) acc[c] += y * wt[j * CW + c];
+        };
+        if constexpr (VEC) {
+          for (int j = 0; j < nk; j += V) {
+            const CvWord16 word = *reinterpret_cast<const CvWord16*>(yp + j);
+#pragma unroll
+            for (int i = 0; i < V; ++i) fma(cv_word_elem<T>(word, i), j + i);
+          }
+        } else {
+          for (int j = 0; j < nk; ++j) fma((Acc)cv_f(yp[j * p.sa[1]]), j);
+        }
+      }
+    }
+  }
+  if (!live) return;
+  const int* i0 = row + 3;
+  const long long id = i0[0] + p.s[0] * td, ih = i0[1] + p.s[1] * th, iw = i0[2] + p.s[2] * tw;
+  T* xp = dx + n * p.sc[0] + id * p.sc[2] + ih * p.sc[3] + iw * p.sc[4];
+#pragma unroll
+  for (int c = 0; c < CP; ++c)
+    if (c < cin) xp[c * p.sc[1]] = CvType<T>::from(acc[c]);
+}

@@ -64,12 +64,29 @@ template <> struct CvType<__half> {
   typedef float Acc;
   static constexpr bool kTC = true;
   __device__ static __half from(float v) { return __float2half_rn(v); }
+  __device__ static float of_bits(unsigned b) { return __half2float(__ushort_as_half((unsigned short)b)); }
 };
 template <> struct CvType<__nv_bfloat16> {
   typedef float Acc;
   static constexpr bool kTC = true;
   __device__ static __nv_bfloat16 from(float v) { return __float2bfloat16_rn(v); }
+  __device__ static float of_bits(unsigned b) { return __uint_as_float(b << 16); }
 };
+
+// A 16-byte word (one vector load or store) and its element i in the accumulator type.  16-bit
+// elements come out by shifts: taking the word's address to read them would put it in local memory.
+struct alignas(16) CvWord16 {
+  unsigned w[4];
+};
+
+template <typename T>
+__device__ __forceinline__ typename CvType<T>::Acc cv_word_elem(const CvWord16& word, int i) {
+  if constexpr (sizeof(T) == 2) {
+    return CvType<T>::of_bits((word.w[i >> 1] >> ((i & 1) * 16)) & 0xffffu);
+  } else {
+    return reinterpret_cast<const T*>(&word)[i];
+  }
+}
 
 template <typename T>
 __device__ __forceinline__ T cv_zero() {

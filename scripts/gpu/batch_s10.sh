@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The tenth session's H100 calls: what issues 16 and 14 still lack after the ninth (repo root).
-#   STEPS="cuda stem" OUT=/some/dir bash scripts/gpu/batch_s10.sh      (issue 16: about 5 minutes)
+#   STEPS="cuda stem" OUT=/some/dir bash scripts/gpu/batch_s10.sh      (issue 16: about 7 minutes)
 #   STEPS=ladder OUT=...                                                (issue 16: the ladder's 6 cases left)
 #   STEPS=triton OUT=...  then  STEPS=triton LEFT=1 OUT=...             (issue 14: the full sets)
 # Steps:
@@ -9,8 +9,10 @@
 #           cupy@best and cupy@pertap (8 shards), then after the build tc_left_torch_ext_s10.json through
 #           torch_ext (the 124 conv/matmul cases its shards did not reach, and the 18 small-Cin wgrad cases
 #           its plan now gives the merged-tap kernel), FULL_S each                 -> full-cupy/, full-torch_ext/
+#           Then cupy@smallc (the small-Cin dgrad, on trial) on its 24 full cases (smallc_full_s10.json)
 #   stem    harness bench (cold) of the six stem wgrad perf cases: cupy@best (merged taps), torch_ext, torch;
-#           then harness profile of scripts/gpu/cases/profile_tc_s10.txt             -> stem/, profile/
+#           of the six stem dgrad perf cases (dgrad_stem_s10.json): cupy@smallc, cupy@best, torch_ext, torch;
+#           then harness profile of scripts/gpu/cases/profile_tc_s10.txt             -> stem/, stem-d/, profile/
 #   ladder  the matmul ladder resumed from results/h100/s9b/taps-ladder-call/ladder.json (LADDER_S) -> ladder/
 #   triton  attention_backward, conv_backward_{data,weight}, matmul_backward --cases full through triton,
 #           8 shards (FULL_S); with LEFT=1 only the pairs results/h100/s10/triton*/ lack (full_left.py)
@@ -27,6 +29,10 @@ if has cuda; then
   stamp "== cuda: the conv full pairs left, cupy@best and cupy@pertap"
   full_shards "$FULL_S" --cases $C/conv_left_cupy_s10.json --backend cupy@best --backend cupy@pertap --seed 10
   shards_to full-cupy
+  stamp "== cuda: cupy@smallc on its full cases"
+  timeout -s INT 100 $PY -m harness run --cases $C/smallc_full_s10.json --device cuda --backend cupy@smallc \
+    --seed 10 --json "$R/smallc.json" > "$R/smallc.log" 2>&1
+  tail -1 "$R/smallc.log"; failures "$R/smallc.log"; pack
 fi
 [ -n "$build" ] && wait "$build" && stamp "build: $(tail -1 "$R/build.log")"
 if has cuda; then
@@ -40,6 +46,11 @@ if has stem; then
     --device cuda --mode cold --budget 0.1 --warmup-budget 0.03 --min-samples 10 --max-samples 300 --no-plots -q \
     --time-limit 120 --backend cupy@best --backend torch_ext --backend torch --report "$R/stem" > "$R/stem.log" 2>&1
   echo "exit $?"; grep -E "cupy|torch" "$R/stem.log" | head -20
+  timeout -k 20 -s INT 150 $PY -m harness bench --op conv_backward_data --cases $C/dgrad_stem_s10.json \
+    --device cuda --mode cold --budget 0.1 --warmup-budget 0.03 --min-samples 10 --max-samples 300 --no-plots -q \
+    --time-limit 120 --backend cupy@smallc --backend cupy@best --backend torch_ext --backend torch \
+    --report "$R/stem-d" > "$R/stem-d.log" 2>&1
+  echo "exit $?"; grep -E "cupy|torch" "$R/stem-d.log" | head -26
   profile $C/profile_tc_s10.txt '^cupy'; pack
 fi
 if has ladder; then

@@ -15,6 +15,12 @@ inline float __bfloat162float(__nv_bfloat16 h) {
   return f;
 }
 
+inline float __uint_as_float(unsigned u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
 inline __nv_bfloat16 __float2bfloat16_rn(float x) {
   uint32_t u;
   std::memcpy(&u, &x, 4);

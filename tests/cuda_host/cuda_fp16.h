@@ -15,6 +15,8 @@ inline float __half2float(__half h) {
   return (float)f;
 }
 
+inline __half __ushort_as_half(unsigned short b) { return __half{b}; }
+
 inline __half __float2half_rn(float x) {
   const _Float16 f = (_Float16)x;
   __half h;
