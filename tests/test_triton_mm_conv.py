@@ -68,6 +68,12 @@ EXTRA = [
     # channels last, Cin = 16: every tap's weight offset is 16-byte aligned (dgrad's WVEC path)
     ("f32", dict(n=1, cin=16, cout=8, spatial=[5, 6], kernel=[3, 3], stride=[2, 1], padding=[1, 1],
                  layout="channels_last")),
+    # a small stem (Cin = 3, 7x7, stride 2): wgrad's merged-tap GEMM (MT) over 147 (tap, c) columns,
+    # 10 column tiles of the interpreter's 16, Cout over two row tiles; both layouts
+    ("bf16", dict(n=2, cin=3, cout=24, spatial=[11, 10], kernel=[7, 7], stride=[2, 2], padding=[3, 3],
+                  layout="channels_first")),
+    ("f32", dict(n=1, cin=3, cout=24, spatial=[9, 9], kernel=[7, 7], stride=[2, 2], padding=[3, 3],
+                 layout="channels_last")),
 ]
 
 
@@ -426,3 +432,20 @@ def test_dgrad_weight_alignment():
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:
     report(CASES, run_case)
+
+
+def test_wgrad_merged_taps_where_cin_is_small():
+    """wgrad's MT (every tap in one GEMM): groups 1, Cin below MT_CIG_MAX, more than one tap, not a
+    multiply-add (EW) case; the tile's columns are then the (tap, c) pairs."""
+    def geo(cin, cout, kernel=(7, 7), groups=1):
+        params = dict(n=2, cin=cin, cout=cout, spatial=[16, 16], kernel=list(kernel), stride=[2, 2], padding=[3, 3],
+                      dilation=[1, 1], groups=groups, layout="channels_last")
+        g = _conv.geometry3((2, 16, 16, cin), (2, 8, 8, cout), (cout, *kernel, cin // groups), params, True)
+        return g
+
+    assert cbw._mt(geo(3, 64))
+    assert not cbw._mt(geo(cbw.MT_CIG_MAX, 64))          # a tap's own GEMM fills 16+ columns
+    assert not cbw._mt(geo(6, 64, groups=2))              # grouped
+    assert not cbw._mt(geo(3, 64, kernel=(1, 1)))         # one tap: nothing to merge
+    assert not cbw._mt(geo(3, 8))                         # the multiply-add path (EW)
+    assert cbw._fit(_conv.Tile(128, 128, 64, 8, 3), geo(3, 64)).bn == 128  # 147 columns: the full width

@@ -18,6 +18,11 @@ Design:
 * Channels first, contiguous, on the tensor-core path: dy and x are staged to channels last
   (_conv.Repack) so the tiles load as pipelined cp.async vectors, not per-element gathers; dw
   is written in its own layout through its strides.
+* Small Cin (`MT`: groups 1, Cin < MT_CIG_MAX, more than one tap, not EW; the RGB stem): one GEMM for
+  every tap, its columns the (tap, c) pairs, so the BN-wide column tile is not mostly padding and dy
+  is read once per column tile rather than once per tap; x is gathered per column at o*s + k*d - p.
+  (A GEMM per tap put 3 of its 16+ columns to use on the stem; the CUDA kernel's same change,
+  cupy's cv_wgrad_taps, measured 17-25x there.)
 * Small channel groups (`EW`: Cin/g * Cout/g < 64, depthwise included): columns run over
   the (co, c) pairs of all groups (contiguous across channels for a channels-last depthwise
   layer) and each step is a multiply-add on a BK x BN tile, summed over BK at the end.
@@ -42,6 +47,7 @@ OP = "conv_backward_weight"
 DTYPES = ("f32", "f16", "bf16", "f64")
 TUNER = _conv.Tuner(OP)
 FINISH_BLOCK = 1024
+MT_CIG_MAX = 16  # groups 1 with Cin below this (and more than one tap): every tap in one GEMM (MT)
 
 
 # ============================================================================= kernels
@@ -57,8 +63,9 @@ def _wgrad_kernel(dy_ptr, x_ptr, out_ptr,
                   syn, syc, syd, syh, syw, sxn, sxc, sxd, sxh, sxw,
                   so_co, so_ci, so_kd, so_kh, so_kw, so_split,
                   BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EW: tl.constexpr,
-                  IS_F64: tl.constexpr):
-    """One tap's BM x BN tile of dw (EW: BN (co, c) pairs) over one chunk of positions."""
+                  IS_F64: tl.constexpr, MT: tl.constexpr = False, KD: tl.constexpr = 1):
+    """One tap's BM x BN tile of dw (EW: BN (co, c) pairs; MT: BN (tap, c) pairs of every tap, the
+    grid's taps axis 1) over one chunk of positions."""
     pid = tl.program_id(0)
     split = tl.program_id(1)
     tap = pid // tiles
@@ -67,7 +74,22 @@ def _wgrad_kernel(dy_ptr, x_ptr, out_ptr,
     kh = (tap // KW) % KH
     kd = tap // (KW * KH)
     ACC: tl.constexpr = tl.float64 if IS_F64 else tl.float32
-    if EW:
+    if MT:  # columns j = tap * Cin + c; the tap's offsets k*d - p per column
+        mb = t // nnb
+        nb = t - mb * nnb
+        col = mb * BM + tl.arange(0, BM)
+        cm = col < cog
+        co = col
+        j = nb * BN + tl.arange(0, BN)
+        qm = j < KD * KH * KW * cig
+        jt = j // cig
+        ci = j - jt * cig
+        kw = jt % KW
+        kh = (jt // KW) % KH
+        kd = jt // (KW * KH)
+        cin = ci
+        acc = tl.zeros([BM, BN], ACC)
+    elif EW:
         q = t * BN + tl.arange(0, BN)
         qm = q < cout * cig
         co = q // cig
@@ -88,7 +110,7 @@ def _wgrad_kernel(dy_ptr, x_ptr, out_ptr,
         acc = tl.zeros([BM, BN], ACC)
     ycol = co.to(tl.int64) * syc
     xcol = cin.to(tl.int64) * sxc
-    # The tap's input offset per dim: i = o*s + (k*d - p).
+    # The tap's input offset per dim: i = o*s + (k*d - p) (MT: per column, applied in the loop).
     shd = kd * DLD - PD
     shh = kh * DLH - PH
     shw = kw * DLW - PW
@@ -103,26 +125,41 @@ def _wgrad_kernel(dy_ptr, x_ptr, out_ptr,
         rest = rest // OH
         od = rest % OD
         n = (rest // OD).to(tl.int64)
-        xd = od * SD + shd
-        xh = oh * SH + shh
-        xw = ow * SW + shw
-        v = pm & (xd >= 0) & (xd < ID) & (xh >= 0) & (xh < IH) & (xw >= 0) & (xw < IW)
         yoff = n * syn + od.to(tl.int64) * syd + oh.to(tl.int64) * syh + ow.to(tl.int64) * syw
-        xoff = n * sxn + xd.to(tl.int64) * sxd + xh.to(tl.int64) * sxh + xw.to(tl.int64) * sxw
-        if EW:
-            a = tl.load(dy_ptr + yoff[:, None] + ycol[None, :], mask=pm[:, None] & qm[None, :], other=0.0)
-            b = tl.load(x_ptr + xoff[:, None] + xcol[None, :], mask=v[:, None] & qm[None, :], other=0.0)
-            acc += a.to(ACC) * b.to(ACC)
-        else:
+        if MT:  # x at o*s + k*d - p for each (position, column)
+            xd2 = (od * SD - PD)[:, None] + (kd * DLD)[None, :]
+            xh2 = (oh * SH - PH)[:, None] + (kh * DLH)[None, :]
+            xw2 = (ow * SW - PW)[:, None] + (kw * DLW)[None, :]
+            v2 = pm[:, None] & qm[None, :] & (xd2 >= 0) & (xd2 < ID) & (xh2 >= 0) & (xh2 < IH) & (xw2 >= 0) & \
+                (xw2 < IW)
+            xo2 = n[:, None] * sxn + xd2.to(tl.int64) * sxd + xh2.to(tl.int64) * sxh + xw2.to(tl.int64) * sxw
             a = tl.load(dy_ptr + ycol[:, None] + yoff[None, :], mask=cm[:, None] & pm[None, :], other=0.0)
-            b = tl.load(x_ptr + xoff[:, None] + xcol[None, :], mask=v[:, None] & qm[None, :], other=0.0)
+            b = tl.load(x_ptr + xo2 + xcol[None, :], mask=v2, other=0.0)
             acc = _conv.mma(a, b, acc)
+        else:
+            xd = od * SD + shd
+            xh = oh * SH + shh
+            xw = ow * SW + shw
+            v = pm & (xd >= 0) & (xd < ID) & (xh >= 0) & (xh < IH) & (xw >= 0) & (xw < IW)
+            xoff = n * sxn + xd.to(tl.int64) * sxd + xh.to(tl.int64) * sxh + xw.to(tl.int64) * sxw
+            if EW:
+                a = tl.load(dy_ptr + yoff[:, None] + ycol[None, :], mask=pm[:, None] & qm[None, :], other=0.0)
+                b = tl.load(x_ptr + xoff[:, None] + xcol[None, :], mask=v[:, None] & qm[None, :], other=0.0)
+                acc += a.to(ACC) * b.to(ACC)
+            else:
+                a = tl.load(dy_ptr + ycol[:, None] + yoff[None, :], mask=cm[:, None] & pm[None, :], other=0.0)
+                b = tl.load(x_ptr + xoff[:, None] + xcol[None, :], mask=v[:, None] & qm[None, :], other=0.0)
+                acc = _conv.mma(a, b, acc)
+    # The tap offsets of dw (MT: per column).
     base = split.to(tl.int64) * so_split + kd * so_kd + kh * so_kh + kw * so_kw
     if EW:
         res = tl.sum(acc, axis=0)
         tl.store(out_ptr + base + co * so_co + ci * so_ci, _to_out(res, out_ptr), mask=qm)
     else:
-        off = base + co[:, None] * so_co + ci[None, :] * so_ci
+        if MT:
+            off = base[None, :] + co[:, None] * so_co + ci[None, :] * so_ci
+        else:
+            off = base + co[:, None] * so_co + ci[None, :] * so_ci
         tl.store(out_ptr + off, _to_out(acc, out_ptr), mask=cm[:, None] & qm[None, :])
 
 
@@ -152,6 +189,10 @@ def _ew(g: _conv.Geo3) -> bool:
     return g.cig * g.cog < EW_MAX
 
 
+def _mt(g: _conv.Geo3) -> bool:
+    return not _ew(g) and g.groups == 1 and g.cig < MT_CIG_MAX and prod(g.k) > 1
+
+
 def candidates(g: _conv.Geo3, itemsize: int, device_type: str, unit_channels: bool = True) -> list:
     """Tiles (BM output channels, BN input channels, BK positions) tried, the default first."""
     if device_type == "cpu":  # the interpreter
@@ -167,7 +208,8 @@ def _fit(tile: _conv.Tile, g: _conv.Geo3) -> _conv.Tile:
         bn = min(tile.bn, 1 << (g.cout * g.cig - 1).bit_length())
         return _conv.Tile(1, bn, max(16, tile.bk // bn), tile.warps, tile.stages)
     bm = min(tile.bm, max(16, 1 << (g.cog - 1).bit_length()))
-    bn = min(tile.bn, max(16, 1 << (g.cig - 1).bit_length()))
+    cols = prod(g.k) * g.cig if _mt(g) else g.cig  # MT: the (tap, c) columns
+    bn = min(tile.bn, max(16, 1 << (cols - 1).bit_length()))
     warps = tile.warps if bm * bn >= 128 * 64 else min(tile.warps, 4)
     return _conv.Tile(bm, bn, tile.bk, warps, tile.stages)
 
@@ -224,6 +266,7 @@ def _plan(dy, x, dw, params, channels_last: bool, tune: bool, force: int | None 
     dev = dy.device
     sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 132
     E = taps * g.cout * g.cig
+    mt = _mt(g)
     ws_dtype = torch.float64 if item == 8 else torch.float32
     # Channels first, tensor-core path: stage dy and x to channels last (see _conv.Repack).
     stage = None
@@ -236,10 +279,14 @@ def _plan(dy, x, dw, params, channels_last: bool, tune: bool, force: int | None 
         if _ew(g):
             nmb = nnb = 1
             tiles = cdiv(g.cout * g.cig, tile.bn)
+        elif mt:
+            nmb, nnb = cdiv(g.cog, tile.bm), cdiv(taps * g.cig, tile.bn)
+            tiles = nmb * nnb
         else:
             nmb, nnb = cdiv(g.cog, tile.bm), cdiv(g.cig, tile.bn)
             tiles = g.groups * nmb * nnb
-        s = splits_for(taps * tiles, npos, tile.bk, dev.type, sms)
+        lanes = 1 if mt else taps  # the grid's taps axis
+        s = splits_for(lanes * tiles, npos, tile.bk, dev.type, sms)
         chunk = cdiv(cdiv(npos, s), tile.bk) * tile.bk
         s = cdiv(npos, chunk) if npos else 1
         if s > 1:  # workspace [S, taps, Cout, Cin/g], contiguous
@@ -253,8 +300,8 @@ def _plan(dy, x, dw, params, channels_last: bool, tune: bool, force: int | None 
                       npos=npos, chunk=chunk, tiles=tiles, nmb=nmb, nnb=nnb, cout=g.cout, cig=g.cig, cog=g.cog,
                       syn=sy[0], syc=sy[1], syd=sy[2], syh=sy[3], syw=sy[4],
                       sxn=sx[0], sxc=sx[1], sxd=sx[2], sxh=sx[3], sxw=sx[4], **ostr,
-                      BM=tile.bm, BN=tile.bn, BK=tile.bk, EW=_ew(g), IS_F64=item == 8)
-        main = _steps.Step(_wgrad_kernel, (taps * tiles, s), 3, values, tile.warps, num_stages=tile.stages)
+                      BM=tile.bm, BN=tile.bn, BK=tile.bk, EW=_ew(g), IS_F64=item == 8, MT=mt, KD=g.k[0])
+        main = _steps.Step(_wgrad_kernel, (lanes * tiles, s), 3, values, tile.warps, num_stages=tile.stages)
         finish = None
         if s > 1:
             fv = dict(E=E, S=s, cout=g.cout, cig=g.cig, KH=g.k[1], KW=g.k[2], so_co=so[0], so_ci=so[1],
@@ -265,7 +312,7 @@ def _plan(dy, x, dw, params, channels_last: bool, tune: bool, force: int | None 
         runner.plan = plan
         return runner
 
-    cls = (str(dy.dtype), _ew(g), taps, _conv.bucket(g.cig), _conv.bucket(g.cog), _conv.bucket(npos), g.groups > 1,
+    cls = (str(dy.dtype), _ew(g), mt, taps, _conv.bucket(g.cig), _conv.bucket(g.cog), _conv.bucket(npos), g.groups > 1,
            channels_last, sy[1] == 1 and sx[1] == 1, stage is not None)
     # Staged with channel counts off the 16-byte grid, the tiles still gather: the small tiles.
     unit = sy[1] == 1 and sx[1] == 1 and (stage is None or _conv.channels_aligned(g, item))

@@ -10,8 +10,9 @@
 #           torch_ext (the 124 conv/matmul cases its shards did not reach, and the 18 small-Cin wgrad cases
 #           its plan now gives the merged-tap kernel), FULL_S each                 -> full-cupy/, full-torch_ext/
 #           Then cupy@smallc (the small-Cin dgrad, on trial) on its 24 full cases (smallc_full_s10.json)
-#   stem    harness bench (cold) of the six stem wgrad perf cases: cupy@best (merged taps), torch_ext, torch;
-#           of the six stem dgrad perf cases (dgrad_stem_s10.json): cupy@smallc, cupy@best, torch_ext, torch;
+#   stem    harness bench (cold) of the six stem wgrad perf cases: cupy@best (merged taps), torch_ext, triton
+#           (merged taps too, MT), torch; of the six stem dgrad perf cases (dgrad_stem_s10.json): cupy@smallc,
+#           cupy@best, torch_ext, triton, torch;
 #           then harness profile of scripts/gpu/cases/profile_tc_s10.txt             -> stem/, stem-d/, profile/
 #   ladder  the matmul ladder resumed from results/h100/s9b/taps-ladder-call/ladder.json (LADDER_S) -> ladder/
 #   triton  attention_backward, conv_backward_{data,weight}, matmul_backward --cases full through triton,
@@ -44,11 +45,11 @@ if has stem; then
   stamp "== stem: the stem wgrad perf cases, merged taps beside cuDNN"
   timeout -k 20 -s INT 150 $PY -m harness bench --op conv_backward_weight --cases $C/wgrad_stem_s9.json \
     --device cuda --mode cold --budget 0.1 --warmup-budget 0.03 --min-samples 10 --max-samples 300 --no-plots -q \
-    --time-limit 120 --backend cupy@best --backend torch_ext --backend torch --report "$R/stem" > "$R/stem.log" 2>&1
+    --time-limit 120 --backend cupy@best --backend torch_ext --backend triton --backend torch --report "$R/stem" > "$R/stem.log" 2>&1
   echo "exit $?"; grep -E "cupy|torch" "$R/stem.log" | head -20
   timeout -k 20 -s INT 150 $PY -m harness bench --op conv_backward_data --cases $C/dgrad_stem_s10.json \
     --device cuda --mode cold --budget 0.1 --warmup-budget 0.03 --min-samples 10 --max-samples 300 --no-plots -q \
-    --time-limit 120 --backend cupy@smallc --backend cupy@best --backend torch_ext --backend torch \
+    --time-limit 120 --backend cupy@smallc --backend cupy@best --backend torch_ext --backend triton --backend torch \
     --report "$R/stem-d" > "$R/stem-d.log" 2>&1
   echo "exit $?"; grep -E "cupy|torch" "$R/stem-d.log" | head -26
   profile $C/profile_tc_s10.txt '^cupy'; pack
