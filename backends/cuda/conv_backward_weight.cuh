@@ -64,30 +64,19 @@ template <typename T, int BM, typename B>
 __device__ __forceinline__ void cv_wgrad_load(const ConvParams& p, const T* __restrict__ dy, const long long* ry,
                                               long long co_first, int rows, T* As, T* Bs, B b) {
   constexpr int LDS = CV_LDS(T);
+  constexpr bool MN = CvType<T>::kTC;  // channels-last tiles MN-major
+  constexpr int LDTA = CvTile<T, BM>::LDTA, LDTB = CvTile<T, BM>::LDTB;
+  static_assert(!MN || (CV_BK * LDTA <= BM * LDS && CV_BK * LDTB <= CV_BN * LDS), "MN-major tiles fit the arrays");
   const int tid = threadIdx.x;
-  if constexpr (CvType<T>::kTC) {
-    constexpr int LDTA = CvTile<T, BM>::LDTA, LDTB = CvTile<T, BM>::LDTB;
-    static_assert(CV_BK * LDTA <= BM * LDS && CV_BK * LDTB <= CV_BN * LDS, "MN-major tiles fit the arrays");
-    if (p.cfast) {
-      for (int e = tid; e < BM * CV_BK; e += CV_THREADS) {
-        const int c = e % BM, kk = e / BM;
-        As[kk * LDTA + c] = ry[kk] >= 0 && c < rows ? dy[ry[kk] + (co_first + c) * p.sa[1]] : cv_zero<T>();
-      }
-      for (int e = tid; e < CV_BN * CV_BK; e += CV_THREADS) {
-        const int c = e % CV_BN, kk = e / CV_BN;
-        Bs[kk * LDTB + c] = b(c, kk);
-      }
-      return;
-    }
-  }
   if (p.cfast) {
     for (int e = tid; e < BM * CV_BK; e += CV_THREADS) {
       const int c = e % BM, kk = e / BM;
-      As[c * LDS + kk] = ry[kk] >= 0 && c < rows ? dy[ry[kk] + (co_first + c) * p.sa[1]] : cv_zero<T>();
+      As[MN ? kk * LDTA + c : c * LDS + kk] =
+          ry[kk] >= 0 && c < rows ? dy[ry[kk] + (co_first + c) * p.sa[1]] : cv_zero<T>();
     }
     for (int e = tid; e < CV_BN * CV_BK; e += CV_THREADS) {
       const int c = e % CV_BN, kk = e / CV_BN;
-      Bs[c * LDS + kk] = b(c, kk);
+      Bs[MN ? kk * LDTB + c : c * LDS + kk] = b(c, kk);
     }
   } else {
     const int kk = tid % CV_BK, c0 = tid / CV_BK;
