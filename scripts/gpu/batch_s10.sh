@@ -13,7 +13,8 @@
 #   stem    harness bench (cold) of the six stem wgrad perf cases: cupy@best (merged taps), torch_ext, triton
 #           (merged taps too, MT), torch; of the six stem dgrad perf cases (dgrad_stem_s10.json): cupy@smallc,
 #           cupy@best, torch_ext, triton, torch;
-#           then harness profile of scripts/gpu/cases/profile_tc_s10.txt             -> stem/, stem-d/, profile/
+#           then harness profile of scripts/gpu/cases/profile_tc_s10.txt (the stem kernels, and two GQA 64:8
+#           attention cases for issue 17)                                           -> stem/, stem-d/, profile/
 #   ladder  the matmul ladder resumed from results/h100/s9b/taps-ladder-call/ladder.json (LADDER_S) -> ladder/
 #   triton  attention_backward, conv_backward_{data,weight}, matmul_backward --cases full through triton,
 #           8 shards (FULL_S); with LEFT=1 only the pairs results/h100/s10/triton*/ lack (full_left.py)
