@@ -222,3 +222,24 @@ def test_head_dim_limit():
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:
     report(CASES, check_one)
+
+
+def test_dq_by_atomics(monkeypatch):
+    """triton's dq: the separate pass where its grid has a program per SM or more, atomics on shorter
+    work (decoding) and on the CPU (so the interpreter cases cover the atomic kernels); @det never."""
+    monkeypatch.setattr(ab, "_sm_count", lambda device: 132)
+    cfg = ab.Config(64, 128, 8, 3, 128, 64, 8, 3)
+    cuda, cpu = SimpleNamespace(type="cuda", index=0), SimpleNamespace(type="cpu", index=None)
+
+    def q(b, sq, hq, device=cuda):
+        return SimpleNamespace(shape=(b, sq, hq, 128), device=device)
+
+    assert ab.dq_by_atomics("default", q(1, 1, 32), cfg)              # decoding: 32 programs
+    assert ab.dq_by_atomics("default", q(1, 1, 64), cfg)
+    assert not ab.dq_by_atomics("default", q(32, 512, 16), cfg)       # 4 x 512 programs
+    assert ab.dq_by_atomics("default", q(1, 1024, 16), cfg)           # 8 x 16 = 128 programs < 132 SMs
+    assert not ab.dq_by_atomics("default", q(1, 2048, 16), cfg)       # 16 x 16
+    assert ab.dq_by_atomics("default", q(1, 2048, 16), ab.Config(64, 128, 8, 3, 256, 64, 8, 3))  # 8 x 16
+    assert not ab.dq_by_atomics("default", q(1, 2048, 32), cfg)
+    assert not ab.dq_by_atomics("det", q(1, 1, 32), cfg)
+    assert ab.dq_by_atomics("default", q(32, 512, 16, cpu), cfg)

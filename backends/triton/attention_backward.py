@@ -17,12 +17,17 @@ Kernels (backends/triton/_attn_kernels.py):
    masked blocks.  When the grid would hold under two programs per SM (GQA with few kv heads
    and short sequences), a kv head's query heads are split over several programs, whose
    float32 partial dk, dv a fourth kernel adds in a fixed order (`split_for`).
-3. dq, two variants:
-     triton          the main kernel adds dS k into the float32 accumulator by atomics, a
-                     cast kernel scales and rounds it: fewest flops, not bit-reproducible
-                     (declared deterministic=False);
-     triton@det      a separate kernel per (query block, head) loops over its key blocks
+3. dq, two ways:
+     atomics         the main kernel adds dS k into the float32 accumulator by atomics, a
+                     cast kernel scales and rounds it: fewest flops, not bit-reproducible;
+     a dq pass       a separate kernel per (query block, head) loops over its key blocks
                      (recomputing p and dp): no float atomics, the same bits every call.
+   triton@det always takes the dq pass.  triton (declared deterministic=False) takes it where its
+   grid has a program per SM or more (`dq_by_atomics`): there it measured 1.00-1.34x the atomic
+   kernels' speed on 31 of the 33 H100 perf cases it was timed on beside them (BENCHMARKS.md,
+   ninth session), the atomics contending on dq and the main kernel's extra dq tile costing more
+   than the pass's recomputation; the atomics elsewhere (decoding: one query row, where the pass
+   ran at 0.30-0.39x), and always on the CPU, where the interpreter tests cover them through it.
 
 Host side: a plan per (variant, layout, dtype, params, device, sizing) caches the launches
 (`_steps.Step`: the compiled kernels' own launchers after the first call) and its float32
@@ -128,6 +133,16 @@ def _sm_count(device) -> int:
     return _SMS[device.index]
 
 
+def dq_by_atomics(variant: str, q, cfg: Config) -> bool:
+    """Whether a plan makes dq by float32 atomics (see the module docstring, 3.)."""
+    if variant != "default":
+        return False
+    if q.device.type != "cuda":
+        return True
+    b, sq, hq, _ = q.shape
+    return cdiv(sq, cfg.bm2) * b * hq < _sm_count(q.device)
+
+
 def candidates(itemsize: int, d: int) -> list[Config]:
     dp = padded_dim(d)
     return _CANDIDATES[(itemsize, max(64, dp))]
@@ -159,7 +174,7 @@ class _Plan:
         is64 = q.dtype == torch.float64
         acc = torch.float64 if is64 else torch.float32
         dp = padded_dim(d)
-        self.atomic = variant == "default"
+        self.atomic = dq_by_atomics(variant, q, cfg)
         self.device, self.cfg, self._ws = q.device, cfg, {}
         lg = 1.0 if is64 else LOG2E
         self.consts = torch.tensor([scale * lg, scale / softcap if softcap else 0.0, softcap * lg, scale, lg],
@@ -404,7 +419,8 @@ def _entry(variant: str, deterministic: bool, doc: str):
     return checked
 
 
-attention_backward = _entry("default", False, "attention_backward, dq by float32 atomics (not bit-reproducible).")
+attention_backward = _entry("default", False, "attention_backward, dq by a separate pass where its grid fills the "
+                            "GPU, else by float32 atomics (not bit-reproducible).")
 attention_backward_det = _entry("det", True, "attention_backward, dq by its own pass over the key blocks: deterministic.")
 
 
