@@ -201,7 +201,7 @@ def wgrad_plan(params: dict, dt: str, dy_strides, x_strides, dw_strides, num_sms
                per_tap: bool = False) -> Launch:
     """The cv_wgrad launch (and its finish) for these tensors on a GPU of num_sms SMs.  The merged-tap
     GEMM (cv_wgrad_taps) where it applies, unless per_tap (cupy@pertap: a GEMM per tap everywhere, the
-    A/B's other side; on the ResNet stem the merged GEMM measured 8-29x faster, BENCHMARKS.md)."""
+    A/B's other side; on the ResNet stem the merged GEMM measured 17-25x faster, BENCHMARKS.md)."""
     g = geo3(params, "conv_backward_weight")
     sa = data_strides(dy_strides, g.channels_last)
     sb = data_strides(x_strides, g.channels_last)

@@ -25,9 +25,9 @@ Kernels (backends/triton/_attn_kernels.py):
    triton@det always takes the dq pass.  triton (declared deterministic=False) takes it where its
    grid has a program per SM or more (`dq_by_atomics`): there it measured 1.00-1.34x the atomic
    kernels' speed on 31 of the 33 H100 perf cases it was timed on beside them (BENCHMARKS.md,
-   ninth session), the atomics contending on dq and the main kernel's extra dq tile costing more
-   than the pass's recomputation; the atomics elsewhere (decoding: one query row, where the pass
-   ran at 0.30-0.39x), and always on the CPU, where the interpreter tests cover them through it.
+   ninth session; not yet profiled, so why is not measured); the atomics elsewhere (decoding: one
+   query row, where the pass ran at 0.30-0.39x), and always on the CPU, where the interpreter tests
+   cover them through it.
 
 Host side: a plan per (variant, layout, dtype, params, device, sizing) caches the launches
 (`_steps.Step`: the compiled kernels' own launchers after the first call) and its float32
