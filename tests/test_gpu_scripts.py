@@ -1,0 +1,61 @@
+"""The GPU scripts' helpers that decide what the next device call runs and what BENCHMARKS.md says:
+scripts/gpu/full_left.py (the full pairs no result has a PASS for) and scripts/gpu/tflops_table.py
+(TFLOP/s tables, as text or markdown)."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts" / "gpu"))
+
+import full_left  # noqa: E402
+import tflops_table  # noqa: E402
+
+from harness.selection import select  # noqa: E402
+
+
+def test_full_left_lists_the_pairs_without_a_pass(tmp_path, capsys):
+    pairs = [(c, i.id) for c, impls in select("smoke", ["reduce_sum"], None, ["torch"]) for i in impls]
+    assert len(pairs) > 4
+    (c0, i0), (c1, i1), (c2, i2) = pairs[:3]
+    run = tmp_path / "run.json"  # a run JSON: one PASS, one FAIL (not a pass), other ops' rows ignored
+    run.write_text(json.dumps({"results": [
+        {"op": c0.op, "impl": i0, "case": c0.id, "status": "PASS"},
+        {"op": c1.op, "impl": i1, "case": c1.id, "status": "FAIL"},
+        {"op": "binary_backward", "impl": i0, "case": c0.id, "status": "PASS"}]}))
+    log = tmp_path / "shard.log"  # a run log: its PASS lines
+    log.write_text(f"PASS   {c2.op}  {i2}  {c2.id}  0.01  1e-7\nFAIL   {c1.op}  {i1}  {c1.id}\n")
+    out = tmp_path / "left.json"
+    full_left.main(["--op", "reduce_sum", "--backend", "torch", "--cases", "smoke", "--out", str(out),
+                    str(run), str(log)])
+    printed = capsys.readouterr().out
+    assert f"torch: 2/{len(pairs)} PASS" in printed
+    left = [c["params"] for c in json.loads(out.read_text())["cases"]]
+    assert len(left) == len(pairs) - 2
+    assert c1.to_json()["params"] in left and c0.to_json()["params"] not in left and c2.to_json()["params"] not in left
+
+
+def _bench_doc(tmp_path) -> str:
+    rows = [{"case": "mm[a]", "impl": "x", "status": "PASS", "timing": {"median": 2.0, "host_ms": 0.1},
+             "figures": {"tflops": 100.0}},
+            {"case": "mm[a]", "impl": "y", "status": "PASS", "timing": {"median": 1.0, "host_ms": 3.0},
+             "figures": {"tflops": 200.0}},
+            {"case": "mm[b]", "impl": "x", "status": "FAIL", "timing": {}, "figures": {}}]
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps({"rows": rows}))
+    return str(path)
+
+
+def test_tflops_table_markdown(tmp_path):
+    lines = tflops_table.table(_bench_doc(tmp_path), ["x", "y"], ["x/y"], host="y", markdown=True)
+    assert lines[0] == "| case | x | y | x/y | host > device |"
+    assert lines[2] == "| mm[a] | 100.0 | 200.0 | 0.50 | yes |"  # y's host 3.0 ms over its 1.0 ms
+    assert lines[3] == "| mm[b] | FAIL | - | - | - |"
+
+
+def test_tflops_table_text(tmp_path):
+    lines = tflops_table.table(_bench_doc(tmp_path), ["x", "y"], ["y/x"], host="x")
+    assert "2.00" in lines[1] and "host>device" not in lines[1]
+    assert "FAIL" in lines[2]
