@@ -321,8 +321,7 @@ __global__ void __launch_bounds__(256, 2)
   constexpr int TCH = 4, KC = 32;                         // taps and output channels per chunk
   constexpr int V = 16 / (int)sizeof(T);                  // dy elements per 16-byte word
   static_assert(KC % V == 0, "a chunk holds whole 16-byte words of dy");
-  __shared__ CvWord16 wsw[TCH * KC * CW / PER16];
-  Acc* ws = reinterpret_cast<Acc*>(wsw);
+  CV_SHARED16 Acc ws[TCH * KC * CW];
   const int* row = table + blockIdx.y * p.trow;
   const int mp = row[12], ntaps = row[13];
   if ((int)blockIdx.x * 256 >= mp) return;  // the phase has fewer rows than the largest: the whole block leaves

@@ -110,7 +110,7 @@ def _wgrad_kernel(dy_ptr, x_ptr, out_ptr,
         acc = tl.zeros([BM, BN], ACC)
     ycol = co.to(tl.int64) * syc
     xcol = cin.to(tl.int64) * sxc
-    # The tap's input offset per dim: i = o*s + (k*d - p) (MT: per column, applied in the loop).
+    # The tap's input offset per dim: i = o*s + (k*d - p) (MT: one per column).
     shd = kd * DLD - PD
     shh = kh * DLH - PH
     shw = kw * DLW - PW
@@ -127,9 +127,9 @@ def _wgrad_kernel(dy_ptr, x_ptr, out_ptr,
         n = (rest // OD).to(tl.int64)
         yoff = n * syn + od.to(tl.int64) * syd + oh.to(tl.int64) * syh + ow.to(tl.int64) * syw
         if MT:  # x at o*s + k*d - p for each (position, column)
-            xd2 = (od * SD - PD)[:, None] + (kd * DLD)[None, :]
-            xh2 = (oh * SH - PH)[:, None] + (kh * DLH)[None, :]
-            xw2 = (ow * SW - PW)[:, None] + (kw * DLW)[None, :]
+            xd2 = (od * SD)[:, None] + shd[None, :]
+            xh2 = (oh * SH)[:, None] + shh[None, :]
+            xw2 = (ow * SW)[:, None] + shw[None, :]
             v2 = pm[:, None] & qm[None, :] & (xd2 >= 0) & (xd2 < ID) & (xh2 >= 0) & (xh2 < IH) & (xw2 >= 0) & \
                 (xw2 < IW)
             xo2 = n[:, None] * sxn + xd2.to(tl.int64) * sxd + xh2.to(tl.int64) * sxh + xw2.to(tl.int64) * sxw

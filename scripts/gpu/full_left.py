@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import argparse
 import collections
-import gzip
 import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from harness.results import load_run  # noqa: E402
 from harness.selection import select  # noqa: E402
 
 
@@ -26,12 +26,8 @@ def _load(path: str) -> list:
         with open(path, errors="replace") as f:
             return [dict(zip(("status", "op", "impl", "case"), line.split()[:4])) for line in f
                     if line.startswith("PASS ") and len(line.split()) >= 4]
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt") as f:
-        doc = json.load(f)
-    if isinstance(doc, list):  # a list of result rows
-        return [r for r in doc if isinstance(r, dict)]
-    return (doc.get("results") or doc.get("rows") or []) if isinstance(doc, dict) else []
+    doc = load_run(path)
+    return doc.get("results") or doc.get("rows") or []
 
 
 def main(argv=None) -> int:
@@ -42,8 +38,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", help="write the cases with a pair left to this case file")
     ap.add_argument("results", nargs="+")
     args = ap.parse_args(argv)
-    passed = {(r["op"], r["impl"], r["case"]) for p in args.results for r in _load(p) if r.get("status") == "PASS"
-              and {"op", "impl", "case"} <= r.keys()}
+    passed = {(r["op"], r["impl"], r["case"]) for p in args.results for r in _load(p) if r.get("status") == "PASS"}
     counts, left = collections.Counter(), {}
     for case, impls in select(args.cases, args.op, None, args.backend):
         for impl in impls:

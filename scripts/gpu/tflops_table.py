@@ -21,40 +21,41 @@ def table(results: str, impls: list, ratios: list, host: str | None = None, mark
     for r in rows:
         t, f = r.get("timing") or {}, r.get("figures") or {}
         by.setdefault(r["case"], {})[r["impl"]] = (r["status"], t.get("median"), f.get("tflops"), t.get("host_ms"))
-    if markdown:
-        return _markdown(by, impls, ratios, host)
     width = max([12] + [len(i) + 1 for i in impls])
-    lines = [f"{'case':64s} " + " ".join(f"{i:>{width}s}" for i in impls) + "  "
-             + " ".join(f"{r:>12s}" for r in ratios) + "  (TFLOP/s)"]
+    if markdown:
+        head = ["case", *impls, *ratios] + (["host > device"] if host else [])
+        lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    else:
+        lines = [f"{'case':64s} " + " ".join(f"{i:>{width}s}" for i in impls) + "  "
+                 + " ".join(f"{r:>12s}" for r in ratios) + "  (TFLOP/s)"]
     for case, d in by.items():
-        tf = {i: (d.get(i) or (None,) * 4)[2] for i in impls}
-        cells = " ".join(f"{tf[i]:{width}.1f}" if tf[i] else f"{(d.get(i) or ('-',))[0]:>{width}s}" for i in impls)
-        rs = []
-        for spec in ratios:
-            a, b = spec.split("/")
-            rs.append(f"{tf[a] / tf[b]:12.2f}" if tf.get(a) and tf.get(b) else f"{'-':>12s}")
-        flag = ""
-        if host:
-            _, dev, _, h = d.get(host, (None,) * 4)
-            flag = "  host>device" if h and dev and h > dev else ""
-        lines.append(f"{case:64s} {cells}  {' '.join(rs)}{flag}")
+        figs, rs, flag = _row(d, impls, ratios, host)
+        if markdown:
+            cells = [f"{v:.1f}" if isinstance(v, float) else v for v in figs] + \
+                [f"{v:.2f}" if v is not None else "-" for v in rs] + \
+                ([{True: "yes", False: "no", None: "-"}[flag]] if host else [])
+            lines.append(f"| {case} | " + " | ".join(cells) + " |")
+        else:
+            cells = " ".join(f"{v:{width}.1f}" if isinstance(v, float) else f"{v:>{width}s}" for v in figs)
+            text = " ".join(f"{v:12.2f}" if v is not None else f"{'-':>12s}" for v in rs)
+            lines.append(f"{case:64s} {cells}  {text}{'  host>device' if flag else ''}")
     return lines
 
 
-def _markdown(by: dict, impls: list, ratios: list, host: str | None) -> list[str]:
-    head = ["case", *impls, *ratios] + (["host > device"] if host else [])
-    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
-    for case, d in by.items():
-        tf = {i: (d.get(i) or (None,) * 4)[2] for i in impls}
-        cells = [f"{tf[i]:.1f}" if tf[i] else (d.get(i) or ("-",))[0] for i in impls]
-        for spec in ratios:
-            a, b = spec.split("/")
-            cells.append(f"{tf[a] / tf[b]:.2f}" if tf.get(a) and tf.get(b) else "-")
-        if host:
-            _, dev, _, h = d.get(host, (None,) * 4)
-            cells.append("yes" if h and dev and h > dev else "no" if h and dev else "-")
-        lines.append(f"| {case} | " + " | ".join(cells) + " |")
-    return lines
+def _row(d: dict, impls: list, ratios: list, host: str | None) -> tuple:
+    """One case's cells: each impl's TFLOP/s (its status, or "-", where it has none), each ratio (None
+    where a side has no figure), and whether host's host time exceeds its device time (None: unknown)."""
+    tf = {i: (d.get(i) or (None,) * 4)[2] for i in impls}
+    figs = [float(tf[i]) if tf[i] else (d.get(i) or ("-",))[0] for i in impls]
+    rs = []
+    for spec in ratios:
+        a, b = spec.split("/")
+        rs.append(tf[a] / tf[b] if tf.get(a) and tf.get(b) else None)
+    flag = None
+    if host:
+        _, dev, _, h = d.get(host, (None,) * 4)
+        flag = h > dev if h and dev else None
+    return figs, rs, flag
 
 
 def main(argv=None) -> None:
