@@ -15,13 +15,15 @@
 #           cupy@best, torch_ext, triton, torch;
 #           then harness profile of scripts/gpu/cases/profile_tc_s10.txt (the stem kernels, and two GQA 64:8
 #           attention cases for issue 17)                                           -> stem/, stem-d/, profile/
-#   ladder  the matmul ladder resumed from results/h100/s9b/taps-ladder-call/ladder.json (LADDER_S) -> ladder/
+#   ladder  the matmul ladder resumed from LADDER_RESUME (default: the ninth session's document), LADDER_S
+#           -> ladder/
 #   triton  attention_backward, conv_backward_{data,weight}, matmul_backward --cases full through triton,
 #           8 shards (FULL_S); with LEFT=1 only the pairs results/h100/s10/triton*/ lack (full_left.py)
 # Files: $OUT/run.log, $OUT/summary.txt, $OUT/s10.tgz (res/); copy res/ to results/h100/s10/ after each call.
 set -uo pipefail
 export MAX_JOBS=${MAX_JOBS:-8}
 PY=${PYTHON:-python3} STEPS=${STEPS:-cuda stem} LADDER_S=${LADDER_S:-240} FULL_S=${FULL_S:-110}
+LADDER_RESUME=${LADDER_RESUME:-results/h100/s9b/taps-ladder-call/ladder.json}
 PACK=s10
 . scripts/gpu/steps.sh
 C=scripts/gpu/cases
@@ -59,7 +61,7 @@ if has ladder; then
   stamp "== ladder: matmul_backward perf cases left, resumed"
   timeout -k 20 -s INT $((LADDER_S + 90)) $PY -m harness bench --op matmul_backward --cases perf --device cuda \
     --mode cold --budget 0.1 --warmup-budget 0.03 --min-samples 10 --max-samples 300 --no-plots -q \
-    --time-limit "$LADDER_S" --resume results/h100/s9b/taps-ladder-call/ladder.json \
+    --time-limit "$LADDER_S" --resume "$LADDER_RESUME" \
     --backend cupy@naive --backend cupy@regtile --backend cupy@smem --backend cupy@best --backend torch \
     --backend triton --backend torch_ext --report "$R/ladder" > "$R/ladder.log" 2>&1
   echo "exit $?"; tail -2 "$R/ladder.log"
