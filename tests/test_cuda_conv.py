@@ -289,7 +289,7 @@ def _impl(op: str, variant: str, sms: int, aligned: bool = False, gemm: bool = F
                 plan.DIRECT_MAX = saved
             kind = entry.launch.expr.split("<")[0]
             merged = variant != "pertap" and _taps_case(op, params, gemm)
-            small = variant == "smallc" and _smallc_case(op, params, gemm)
+            small = variant == "best" and _smallc_case(op, params, gemm)
             assert kind.endswith("_vec") == (aligned and _vec_case(op, params, a) and not merged and not small), \
                 entry.launch.expr
             assert kind.endswith("_dw") == (not gemm and _direct_case(op, params)), entry.launch.expr
@@ -318,12 +318,12 @@ convhost.impl("conv_backward_weight", variant="one_split", dtypes=_conv.DTYPES, 
     _impl("conv_backward_weight", "best", 0))  # 0 SMs: one chunk, the block writes dw itself
 convhost.impl("conv_backward_weight", variant="pertap", dtypes=_conv.DTYPES, deterministic=True)(
     _impl("conv_backward_weight", "pertap", 3))
-convhost.impl("conv_backward_data", variant="smallc", dtypes=_conv.DTYPES, deterministic=True)(
-    _impl("conv_backward_data", "smallc", 3))
-convhost.impl("conv_backward_data", variant="smallc_vec", dtypes=_conv.DTYPES, deterministic=True)(
-    _impl("conv_backward_data", "smallc", 3, aligned=True))
-convhost.impl("conv_backward_data", variant="smallc_gemm", dtypes=_conv.DTYPES, deterministic=True)(
-    _impl("conv_backward_data", "smallc", 3, gemm=True))
+convhost.impl("conv_backward_data", variant="best", dtypes=_conv.DTYPES, deterministic=True)(
+    _impl("conv_backward_data", "best", 3))
+convhost.impl("conv_backward_data", variant="best_vec", dtypes=_conv.DTYPES, deterministic=True)(
+    _impl("conv_backward_data", "best", 3, aligned=True))
+convhost.impl("conv_backward_data", variant="best_gemm", dtypes=_conv.DTYPES, deterministic=True)(
+    _impl("conv_backward_data", "best", 3, gemm=True))
 
 
 def _vec_case(op, params, a) -> bool:
@@ -377,9 +377,9 @@ WSMOKE = select("smoke", op="conv_backward_weight")
 def test_dgrad_smoke(case):
     _check("conv_backward_data", "fastdiv", case)
     if _smallc_case(case.op, case.params):
-        _check("conv_backward_data", "smallc", case)
+        _check("conv_backward_data", "best", case)
     elif _smallc_case(case.op, case.params, gemm=True):  # a direct case: the small-Cin kernel still checked
-        _check("conv_backward_data", "smallc_gemm", case)
+        _check("conv_backward_data", "best_gemm", case)
     g = cc.geometry(case.params, case.op)
     if _direct_case(case.op, case.params):
         _check("conv_backward_data", "fastdiv_gemm", case)
@@ -470,7 +470,7 @@ def test_wgrad_merged_taps(case):
         _check(case.op, "best_vec", case)
 
 
-# Cases for the small-Cin dgrad (cv_dgrad_smallc, cupy@smallc): the merged-tap geometries as dgrad, plus
+# Cases for the small-Cin dgrad (cv_dgrad_smallc, cupy@best): the merged-tap geometries as dgrad, plus
 # Cin 6 (8 register slots, 2 past Cin), a phase with no taps (stride 2, a 1x1 kernel: those positions 0),
 # Cout over one 32-channel chunk and not a multiple of it, more than 4 taps a phase (the 7x7 stem).
 SMALLC_GEOS = TAPS_GEOS + [
@@ -484,17 +484,17 @@ SMALLC_CASES = [_vcase("conv_backward_data", dt, layout=lay, **geo) for geo in S
 @needs_host
 @pytest.mark.parametrize("case", SMALLC_CASES, ids=[c.id for c in SMALLC_CASES])
 def test_dgrad_small_cin(case):
-    _check(case.op, "smallc", case)  # its plan asserts cv_dgrad_smallc (_impl)
+    _check(case.op, "best", case)  # its plan asserts cv_dgrad_smallc (_impl)
     if case.params["layout"] == "channels_last":  # aligned: dy as 16-byte words where Cout allows
-        _check(case.op, "smallc_vec", case)
+        _check(case.op, "best_vec", case)
 
 
 def test_dgrad_small_cin_plans():
-    def launch(cin, cout, dt="bf16", aligned=True):
+    def launch(cin, cout, dt="bf16", aligned=True, small_cin=True):
         params = dict(n=32, cin=cin, cout=cout, spatial=[224, 224], kernel=[7, 7], padding=[3, 3], stride=[2, 2],
                       dilation=[1, 1], groups=1, layout="channels_last")
         return plan.dgrad_plan(params, dt, _nhwc(32, cout, 112, 112), (49 * cin, 7 * cin, cin, 1),
-                               _nhwc(32, cin, 224, 224), "fastdiv", aligned, small_cin=True)
+                               _nhwc(32, cin, 224, 224), "fastdiv", aligned, small_cin=small_cin)
 
     la = launch(3, 64)
     assert la.expr == "cv_dgrad_smallc<__nv_bfloat16, 3, true>"
@@ -503,3 +503,4 @@ def test_dgrad_small_cin_plans():
     assert launch(3, 60).expr.endswith(", 3, false>")  # Cout not whole 16-byte words
     assert launch(6, 64, dt="f32").expr == "cv_dgrad_smallc<float, 8, true>"
     assert launch(16, 64).expr.startswith("cv_dgrad_vec<")  # above SMALLC_MAX: the GEMM
+    assert launch(3, 64, small_cin=False).expr == "cv_dgrad<__nv_bfloat16, 2>"  # @fastdiv: the GEMM tile

@@ -115,8 +115,6 @@ def test_every_planned_kernel_is_launched_by_the_extension():
         for dt in plan.CUDA_TYPE:
             for expr in plan.all_exprs(op, dt):
                 name = expr.split("<")[0]
-                if name in plan.VARIANT_ONLY:  # planned by a cupy variant only, never by the default plan
-                    continue
                 assert name in tcb.KINDS or name == "cv_wgrad_finish", expr
                 assert f"{name}<T" in source, f"{name} is never launched by conv_backward_cuda.cu"
                 if name.startswith("cv_wgrad") and "," in expr:
@@ -156,8 +154,14 @@ class _FakeCuda:
         return self.ptr
 
 
-@pytest.mark.parametrize("case", [c for c in select("perf", op=tcb.OPS[0])][::5] +
-                         [c for c in select("perf", op=tcb.OPS[1])][::5], ids=lambda c: c.id)
+def _records_cases():
+    """Every fifth perf case of each op, and every perf case with Cin <= SMALLC_MAX (the small-Cin dgrad)."""
+    picked = [c for op in tcb.OPS for c in select("perf", op=op)[::5]]
+    return picked + [c for op in tcb.OPS for c in select("perf", op=op)
+                     if c.params["cin"] <= plan.SMALLC_MAX and c not in picked]
+
+
+@pytest.mark.parametrize("case", _records_cases(), ids=lambda c: c.id)
 def test_cuda_records(monkeypatch, case):
     """The records conv_backward.py would hand the CUDA op for the perf cases: the kind the planner's
     kernel maps to, a grid within CUDA's limits, the finish and workspace of split wgrads, the table."""
@@ -172,14 +176,19 @@ def test_cuda_records(monkeypatch, case):
     words = record.tolist()
     assert len(words) == tcb.HEADER + plan.WORDS
     op, kind, gx, gy, block, finish, ws, tlen, rows = words[:tcb.HEADER]
-    assert op == tcb.OPS.index(case.op) and kind in (1, 2, 3, 4)
+    assert op == tcb.OPS.index(case.op) and kind in (1, 2, 3, 4, 5, 6)
     assert 1 <= gx < 2 ** 31 and 1 <= gy <= 65535 and block in (plan.THREADS, plan.DIRECT_THREADS)
     direct = (geo.cin // geo.groups) * (geo.cout // geo.groups) < plan.DIRECT_MAX
     merged = case.op == tcb.OPS[1] and geo.groups == 1 and geo.cin < plan.MERGE_CIG_MAX and \
         np.prod(geo.kernel) > 1 and not direct  # every tap in one GEMM (the ResNet stem)
+    smallc = case.op == tcb.OPS[0] and geo.groups == 1 and geo.cin <= plan.SMALLC_MAX and not direct
     vec = case.dtype == "bf16" and geo.channels_last and (geo.cin // geo.groups) % 8 == 0 and \
-        (geo.cout // geo.groups) % 8 == 0 and not direct and not merged
-    assert (kind == 2) == vec and (kind == 4) == merged, (kind, case.id)
+        (geo.cout // geo.groups) % 8 == 0 and not direct and not merged and not smallc
+    assert (kind == 2) == vec and (kind == 4) == merged and (kind in (5, 6)) == smallc, (kind, case.id)
+    if smallc:  # 16-byte dy reads (6): channels last, aligned (pointer 0 here), Cout whole 16-byte words
+        per16 = 16 // (2 if case.dtype == "bf16" else 4)
+        assert (kind == 6) == (geo.channels_last and geo.cout % per16 == 0), (kind, case.id)
+        assert rows == (geo.cin if geo.cin <= 4 else 8) and block == plan.SMALLC_THREADS
     if case.op == tcb.OPS[0]:
         assert table is not None and tlen == table.numel() and finish == 0 and ws == 0
     else:

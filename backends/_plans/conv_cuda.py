@@ -38,13 +38,12 @@ DIRECT_THREADS = 256
 # A tap's own GEMM fills Cin of the tile's 64 columns: below 16 that is under a quarter, and dy is
 # re-read once per tap.  16 and up stay per tap (multiples of 8 there take the 16-byte channels-last path).
 MERGE_CIG_MAX = 16
-# dgrad with groups == 1 and Cin up to this (not a direct case): cupy@smallc's cv_dgrad_smallc, a thread per
-# dx row with every input channel in registers, in place of a 64-column GEMM tile Cin of whose columns
-# are used (on trial against @best on the stem before it becomes the default).
+# dgrad with groups == 1 and Cin up to this (not a direct case): cv_dgrad_smallc, a thread per dx row with
+# every input channel in registers, in place of a 64-column GEMM tile only Cin of whose columns are used.
+# On the six stem perf cases (Cin 3) it measured 3.7-9.2x faster than the GEMM tile (BENCHMARKS.md,
+# tenth session); cupy@fastdiv keeps the GEMM tile for the A/B.
 SMALLC_MAX = 8
 SMALLC_THREADS = 256
-# Kernels only a cupy variant plans (torch_ext launches the default plan only): name -> variant.
-VARIANT_ONLY = {"cv_dgrad_smallc": "smallc"}
 ITEMSIZE = {"f16": 2, "bf16": 2, "f32": 4, "f64": 8}
 
 
@@ -144,9 +143,10 @@ def vec_ok(dt: str, aligned: bool, g: Geo3, *strides) -> bool:
 
 
 def dgrad_plan(params: dict, dt: str, dy_strides, w_strides, dx_strides, mode: str, aligned: bool = False,
-               small_cin: bool = False) -> Launch:
+               small_cin: bool = True) -> Launch:
     """The cv_dgrad launch for these tensors (element strides in their case layout); `aligned`: every
-    pointer is 16-byte aligned; small_cin (cupy@smallc): cv_dgrad_smallc where it applies."""
+    pointer is 16-byte aligned; small_cin (cupy@best, torch_ext): cv_dgrad_smallc where it applies, else
+    the GEMM tile for every Cin (the fast-divmod A/B variants)."""
     g = geo3(params, "conv_backward_data")
     sa = data_strides(dy_strides, g.channels_last)
     sb = weight_strides(w_strides, g.channels_last)

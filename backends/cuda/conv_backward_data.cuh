@@ -297,7 +297,7 @@ __global__ void __launch_bounds__(256)
   dx[n * p.sc[0] + c * p.sc[1] + id * p.sc[2] + ih * p.sc[3] + iw * p.sc[4]] = CvType<T>::from(acc);
 }
 
-// Small Cin (groups 1, Cin <= 8, not a direct case; cupy@smallc): the GEMM's columns are the Cin input
+// Small Cin (groups 1, Cin <= 8, not a direct case; cupy@best, torch_ext): the GEMM's columns are the Cin input
 // channels, so a 64-wide tile is mostly padding (3 of 64 on the RGB stem: tensor pipe 4%, `harness
 // profile`).  Here each thread owns one row m of a phase and all Cin channels in registers, summing
 // dy[row at the tap, co] * w[co, c, tap] over the phase's taps and Cout on the FMA pipe.  The weights of

@@ -101,8 +101,8 @@ def make_entry(op: str, variant: str, a, b, out, params: dict, dev, aligned: boo
     sa, sb, sc = (element_strides(t, name, f"cupy {op}") for t, name in ((a, "dy"), (b, "w" if op == OP_D else "x"),
                                                                         (out, "dx" if op == OP_D else "dw")))
     if op == OP_D:
-        launch = plan.dgrad_plan(params, dt, sa, sb, sc, "fastdiv" if variant in ("best", "smallc") else variant,
-                                 aligned, small_cin=variant == "smallc")
+        launch = plan.dgrad_plan(params, dt, sa, sb, sc, "fastdiv" if variant == "best" else variant,
+                                 aligned, small_cin=variant == "best")
     else:
         launch = plan.wgrad_plan(params, dt, sa, sb, sc, dev.num_sms(), aligned, per_tap=variant == "pertap")
     return Entry(launch, dev)

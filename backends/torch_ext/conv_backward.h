@@ -23,7 +23,10 @@ struct ConvParamsH {
 };
 
 // Kernel kinds of a record (the plan's expression, conv_backward.py KINDS).
-enum ConvKind : int64_t { CONV_CPU = 0, CONV_GEMM = 1, CONV_VEC = 2, CONV_DIRECT = 3, CONV_TAPS = 4 };
+// CONV_SMALLC / CONV_SMALLC_VEC: dgrad's cv_dgrad_smallc with dy read element by element / as 16-byte words.
+enum ConvKind : int64_t {
+  CONV_CPU = 0, CONV_GEMM = 1, CONV_VEC = 2, CONV_DIRECT = 3, CONV_TAPS = 4, CONV_SMALLC = 5, CONV_SMALLC_VEC = 6
+};
 
 struct ConvRecordH {
   int64_t op;         // 0 dgrad, 1 wgrad
@@ -32,7 +35,7 @@ struct ConvRecordH {
   int64_t finish_grid;  // wgrad: blocks of the finishing kernel (0: none, one chunk)
   int64_t ws_elems;     // wgrad: workspace elements in the accumulator type
   int64_t table_len;    // dgrad: int32 words of the phase table
-  int64_t bm;           // wgrad GEMM kinds: tile rows (64 or 128)
+  int64_t bm;           // wgrad GEMM kinds: tile rows (64 or 128); dgrad small-Cin kinds: channel slots CP
   ConvParamsH p;
 };
 constexpr int64_t kConvRecordWords = sizeof(ConvRecordH) / sizeof(int64_t);

@@ -25,7 +25,7 @@ OPS = ("conv_backward_data", "conv_backward_weight")
 DTYPES = ("f32", "f16", "bf16", "f64")
 HEADER = 9  # ConvRecordH words before its ConvParamsH
 KINDS = {"cv_dgrad": 1, "cv_wgrad": 1, "cv_dgrad_vec": 2, "cv_wgrad_vec": 2, "cv_dgrad_dw": 3, "cv_wgrad_dw": 3,
-         "cv_wgrad_taps": 4}
+         "cv_wgrad_taps": 4, "cv_dgrad_smallc": 5}
 _RECORDS: dict = {}
 _MAX_RECORDS = 1 << 12
 _SMS: dict = {}
@@ -57,11 +57,14 @@ def make_record(op: str, a, b, out, params: dict):
         la = plan.dgrad_plan(params, dt, sa, sb, sc, "fastdiv", aligned)
     else:
         la = plan.wgrad_plan(params, dt, sa, sb, sc, _num_sms(a.device.index) if cuda else 1, aligned)
-    kind = KINDS[la.expr.split("<")[0]] if cuda else 0
+    name = la.expr.split("<")[0]
+    targs = [t.strip() for t in la.expr.split("<", 1)[1].rstrip(">").split(",")]
+    smallc = name == "cv_dgrad_smallc"
+    kind = KINDS[name] + (smallc and targs[2] == "true") if cuda else 0  # small-Cin: 5, or 6 reading 16 bytes
     finish = la.finish[1][0] if la.finish is not None else 0
     table_len = 0 if la.table is None else len(la.table)
-    targs = la.expr.split("<", 1)[1].rstrip(">").split(",")
-    rows = int(targs[1]) if op == OPS[1] and len(targs) == 2 else 0
+    # the record's bm: a wgrad GEMM's tile rows, the small-Cin dgrad's channel slots
+    rows = int(targs[1]) if (op == OPS[1] and len(targs) == 2) or smallc else 0
     head = [OPS.index(op), kind, la.grid[0], la.grid[1], la.block, finish, la.ws_elems if cuda else 0, table_len, rows]
     table = None
     if la.table is not None and cuda:

@@ -35,6 +35,28 @@ dim3 grid_of(const ConvRecordH& r) {
   return dim3(static_cast<unsigned>(r.gx), static_cast<unsigned>(r.gy));
 }
 
+// cv_dgrad_smallc's instantiation for the record's channel slots (bm) and dy reads (kind).
+template <typename T, bool VEC>
+void dgrad_smallc_vec(const ConvRecordH& r, dim3 grid, cudaStream_t stream, const ConvParams& p, const T* a,
+                      const T* b, T* o, const int* tab) {
+  switch (r.bm) {
+    case 1: cv_dgrad_smallc<T, 1, VEC><<<grid, 256, 0, stream>>>(p, a, b, o, tab); break;
+    case 2: cv_dgrad_smallc<T, 2, VEC><<<grid, 256, 0, stream>>>(p, a, b, o, tab); break;
+    case 3: cv_dgrad_smallc<T, 3, VEC><<<grid, 256, 0, stream>>>(p, a, b, o, tab); break;
+    case 4: cv_dgrad_smallc<T, 4, VEC><<<grid, 256, 0, stream>>>(p, a, b, o, tab); break;
+    default: cv_dgrad_smallc<T, 8, VEC><<<grid, 256, 0, stream>>>(p, a, b, o, tab); break;
+  }
+}
+
+template <typename T>
+void dgrad_smallc(const ConvRecordH& r, dim3 grid, cudaStream_t stream, const ConvParams& p, const T* a,
+                  const T* b, T* o, const int* tab) {
+  if (r.kind == CONV_SMALLC_VEC)
+    dgrad_smallc_vec<T, true>(r, grid, stream, p, a, b, o, tab);
+  else
+    dgrad_smallc_vec<T, false>(r, grid, stream, p, a, b, o, tab);
+}
+
 void dgrad_run_cuda(const at::Tensor& dy, const at::Tensor& w, const at::Tensor& plan,
                     const std::optional<at::Tensor>& table, at::Tensor& dx) {
   ConvRecordH r;
@@ -56,6 +78,13 @@ void dgrad_run_cuda(const at::Tensor& dy, const at::Tensor& w, const at::Tensor&
     const dim3 grid = grid_of(r);
     if (r.kind == CONV_DIRECT) {
       cv_dgrad_dw<T, 2><<<grid, 256, 0, stream>>>(p, a, b, o, tab);
+    } else if (r.kind == CONV_SMALLC || r.kind == CONV_SMALLC_VEC) {
+      TORCH_CHECK_VALUE(r.block == 256 && (r.bm == 1 || r.bm == 2 || r.bm == 3 || r.bm == 4 || r.bm == 8),
+                        "conv_backward_data: small-Cin plan has ", r.block, " threads and ", r.bm, " channel slots");
+      if (r.kind == CONV_SMALLC_VEC)
+        TORCH_CHECK_VALUE(!(reinterpret_cast<uintptr_t>(a) % 16),
+                          "conv_backward_data: plan reads dy as 16-byte words but dy is not 16-byte aligned");
+      dgrad_smallc(r, grid, stream, p, a, b, o, tab);
     } else if (r.kind == CONV_VEC) {
       if constexpr (CvType<T>::kTC) {
         TORCH_CHECK_VALUE(!(reinterpret_cast<uintptr_t>(a) % 16) && !(reinterpret_cast<uintptr_t>(b) % 16),
