@@ -101,6 +101,14 @@ def test_benchmarks_md_regenerates_between_markers(tmp_path):
     fresh = tmp_path / "NEW.md"
     benchmarks_md.update_benchmarks_md(res, fresh)
     assert fresh.read_text().startswith(benchmarks_md.BEGIN)
+    # A run that refreshes one op's section of several: its run lines stay in that section, not atop
+    # the block, where they would claim the kept sections too.
+    other = fresh.read_text().replace("gradoracle:op binary_backward", "gradoracle:op reduce_sum")
+    fresh.write_text(other)
+    benchmarks_md.update_benchmarks_md(res, fresh)
+    mixed = fresh.read_text()
+    assert "<!-- gradoracle:op reduce_sum begin -->" in mixed and "**Device**: Fake H100" not in mixed
+    assert "Run: Fake H100" in mixed
 
 
 def test_write_makes_json_markdown_and_plots(tmp_path):
