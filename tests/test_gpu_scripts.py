@@ -59,3 +59,33 @@ def test_tflops_table_text(tmp_path):
     lines = tflops_table.table(_bench_doc(tmp_path), ["x", "y"], ["y/x"], host="x")
     assert "2.00" in lines[1] and "host>device" not in lines[1]
     assert "FAIL" in lines[2]
+
+
+# The next device call's inputs (scripts/gpu/batch_s11.sh): its case file loads through the registry,
+# and each line of its profile list names a registered implementation of the op and a case the
+# registry accepts, so the call does not spend device time on a typo.
+NEXT_CASES = ("conv_left_cupy_s11.json", "tc_left_torch_ext_s11.json", "triton_left_s11.json")
+NEXT_PROFILES = ("profile_tc_s11.txt",)
+
+
+def test_the_next_calls_case_files_load():
+    from cases.registry import load_file
+
+    for name in NEXT_CASES:
+        cases = load_file(ROOT / "scripts" / "gpu" / "cases" / name)
+        assert cases and all(c.tags and "full" in c.tags for c in cases), name
+
+
+def test_the_next_calls_profile_lists_name_real_impls_and_cases():
+    from cases.registry import from_json
+    from harness.registry import find_impl
+
+    for name in NEXT_PROFILES:
+        lines = [ln for ln in (ROOT / "scripts" / "gpu" / "cases" / name).read_text().splitlines()
+                 if ln.strip() and not ln.startswith("#")]
+        assert lines, name
+        for line in lines:
+            op, impl, case = line.split(None, 2)
+            c = from_json(json.loads(case), name)
+            assert c.op == op, line
+            find_impl(op, impl)  # raises on an unknown implementation

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# The eleventh session's H100 calls: what issues 16 and 14 still lack after the tenth (repo root).
+#   STEPS="check full" OUT=/some/dir bash scripts/gpu/batch_s11.sh     (issues 16 and 14: about 9 minutes)
+#   STEPS="profile" OUT=...                                            (issue 14: triton's misses, about 4 minutes)
+#   STEPS=convd OUT=...  then  STEPS=convw OUT=...                     (issues 14 and 16: one-run conv tables)
+# Steps:
+#   (setup) the torch_ext build starts in the background (MAX_JOBS=8) when a step needs torch_ext
+#   check   the code written after the tenth session's runs, first: cupy@best's small-Cin dgrad plan and
+#           torch_ext's launch of it (record kinds 5/6) on the 24 small-Cin full cases (smallc_full_s10.json),
+#           then the stem dgrad bench (dgrad_stem_s10.json: cupy@best, torch_ext, torch)  -> check.*, stem-d/
+#   full    the full pairs no run passed (scripts/gpu/full_left.py): conv_left_cupy_s11.json (47 cases) through
+#           cupy@best and cupy@pertap in 2 shards, tc_left_torch_ext_s11.json (120) through torch_ext in 3,
+#           triton_left_s11.json (87) through triton in 3, all side by side, FULL_S each  -> full-tc/
+#           (a left pair costs about 30 s of host time, most of it comparing large outputs with the oracle:
+#           each list runs only its own backend's pairs).  Afterwards: full_left.py per backend over
+#           results/h100/s*/ for what is left.
+#   profile harness profile of scripts/gpu/cases/profile_tc_s11.txt (triton's misses)  -> profile/
+#   convd   harness bench of conv_backward_data's 43 perf cases: cupy@best, torch_ext, triton, torch (the one
+#           run per op issue 14 and 16's tables need; --resume CONV_RESUME to go on)    -> convd/
+#   convw   the same for conv_backward_weight                                          -> convw/
+# Files: $OUT/run.log, $OUT/summary.txt, $OUT/s11.tgz (res/); copy res/ to results/h100/s11/ after each call.
+set -uo pipefail
+export MAX_JOBS=${MAX_JOBS:-8}
+PY=${PYTHON:-python3} STEPS=${STEPS:-check full} FULL_S=${FULL_S:-400} CONV_S=${CONV_S:-420}
+PACK=s11
+. scripts/gpu/steps.sh
+C=scripts/gpu/cases
+BENCH="--device cuda --mode cold --budget 0.1 --warmup-budget 0.03 --min-samples 10 --max-samples 300 --no-plots -q"
+
+if has check || has full || has convd || has convw; then setup 450; else setup; build=; fi
+[ -n "$build" ] && wait "$build" && stamp "build: $(tail -1 "$R/build.log")"
+if has check; then
+  stamp "== check: the small-Cin dgrad through cupy@best and torch_ext on its full cases"
+  timeout -s INT 150 $PY -m harness run --cases $C/smallc_full_s10.json --device cuda --backend cupy@best \
+    --backend torch_ext --seed 11 --json "$R/check.json" > "$R/check.log" 2>&1
+  tail -1 "$R/check.log"; failures "$R/check.log"
+  timeout -k 20 -s INT 120 $PY -m harness bench --op conv_backward_data --cases $C/dgrad_stem_s10.json $BENCH \
+    --time-limit 100 --backend cupy@best --backend torch_ext --backend torch --report "$R/stem-d" > "$R/stem-d.log" 2>&1
+  echo "exit $?"; grep -E "cupy|torch" "$R/stem-d.log" | head -20; pack
+fi
+if has full; then
+  stamp "== full: the pairs left, cupy@best + cupy@pertap, torch_ext, triton side by side"
+  pids=()
+  run_list() {  # run_list NAME CASES NSHARDS BACKEND...: NSHARDS shards of one list -> $R/full-NAME-K.{json,log}
+    local name=$1 cases=$2 n=$3 k
+    shift 3
+    for ((k = 0; k < n; k++)); do
+      timeout -s INT "$FULL_S" $PY -m harness run --cases "$cases" --device cuda "${@/#/--backend=}" --seed 11 \
+        --shard "$k/$n" --json "$R/full-$name-$k.json" > "$R/full-$name-$k.log" 2>&1 &
+      pids+=($!)
+    done
+  }
+  run_list cupy $C/conv_left_cupy_s11.json 2 cupy@best cupy@pertap
+  run_list torch_ext $C/tc_left_torch_ext_s11.json 3 torch_ext
+  run_list triton $C/triton_left_s11.json 3 triton
+  for p in "${pids[@]}"; do wait "$p"; done
+  for f in "$R"/full-*.log; do echo "$(basename "$f"): $(grep -E 'passed|failed' "$f" | tail -1)"; done
+  failures "$R"/full-*.log; shards_to full-tc; pack
+fi
+if has profile; then
+  profile $C/profile_tc_s11.txt '^triton'; pack
+fi
+for step in convd convw; do
+  has $step || continue
+  op=conv_backward_data; [ $step = convw ] && op=conv_backward_weight
+  stamp "== $step: $op perf cases, cupy@best, torch_ext, triton, torch"
+  timeout -k 20 -s INT $((CONV_S + 90)) $PY -m harness bench --op $op --cases perf $BENCH --time-limit "$CONV_S" \
+    ${CONV_RESUME:+--resume "$CONV_RESUME"} --backend cupy@best --backend torch_ext --backend triton --backend torch \
+    --report "$R/$step" > "$R/$step.log" 2>&1
+  echo "exit $?"; tail -2 "$R/$step.log"
+  $PY scripts/gpu/tflops_table.py "$R/$step/results.json" --impl cupy@best --impl torch_ext --impl triton \
+    --impl torch --ratio cupy@best/torch --ratio torch_ext/torch --ratio triton/torch --host cupy@best \
+    | tee "$R/${step}_table.txt"; pack
+done
+
+{ stamp "== done"; tail -1 "$R/build.log" 2>/dev/null
+  for f in "$R"/full-*/full-*.log; do echo "${f#$R/}: $(grep -E 'passed|failed|interrupted' "$f" | tail -1)"; done
+  failures "$R"/full-*/full-*.log 2>/dev/null; } > "$OUT/summary.txt"
+cat "$OUT/summary.txt"; pack
