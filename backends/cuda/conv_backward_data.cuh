@@ -97,34 +97,48 @@ __global__ void __launch_bounds__(CV_THREADS)
         yoff = rbase[mr] + co_first * p.sa[1] + od * p.sa[2] + oh * p.sa[3] + ow * p.sa[4];
     }
     for (int co0 = 0; co0 < cog; co0 += CV_BK) {
+      // The fills go through cv_gather: a group's loads out together ahead of their stores.
+      constexpr int NA = BM * CV_BK / CV_THREADS, NB = CV_BN * CV_BK / CV_THREADS;  // elements per thread
+      static_assert(NA * CV_THREADS == BM * CV_BK && NB * CV_THREADS == CV_BN * CV_BK, "tiles in whole passes");
       if (!p.cfast) {
-        for (int kk = kr; kk < CV_BK; kk += CV_THREADS / BM) {
-          const int co = co0 + kk;
-          As[TC ? kk * LDTA + mr : mr * LDS + kk] = yoff >= 0 && co < cog ? dy[yoff + co * p.sa[1]] : cv_zero<T>();
-        }
+        cv_gather<NA>(
+            [&](int i) {
+              const int co = co0 + kr + i * (CV_THREADS / BM);
+              return yoff >= 0 && co < cog ? dy[yoff + co * p.sa[1]] : cv_zero<T>();
+            },
+            [&](int i, T v) {
+              const int kk = kr + i * (CV_THREADS / BM);
+              As[TC ? kk * LDTA + mr : mr * LDS + kk] = v;
+            });
       } else {
         // Channels-last (channels fastest), where the 16-byte path does not apply.
-        for (int e = tid; e < BM * CV_BK; e += CV_THREADS) {
-          const int m = e / CV_BK, kk = e % CV_BK;
-          T v = cv_zero<T>();
-          const long long base = rbase[m];
-          const int co = co0 + kk;
-          if (base >= 0 && co < cog) {
-            const int od = rt[0][m] + cd, oh = rt[1][m] + ch, ow = rt[2][m] + cw;
-            if (od >= 0 && od < od_n && oh >= 0 && oh < oh_n && ow >= 0 && ow < ow_n)
-              v = dy[base + (co_first + co) * p.sa[1] + od * p.sa[2] + oh * p.sa[3] + ow * p.sa[4]];
-          }
-          As[m * LDS + kk] = v;
-        }
+        cv_gather<NA>(
+            [&](int i) {
+              const int e = tid + i * CV_THREADS, m = e / CV_BK, co = co0 + e % CV_BK;
+              T v = cv_zero<T>();
+              const long long base = rbase[m];
+              if (base >= 0 && co < cog) {
+                const int od = rt[0][m] + cd, oh = rt[1][m] + ch, ow = rt[2][m] + cw;
+                if (od >= 0 && od < od_n && oh >= 0 && oh < oh_n && ow >= 0 && ow < ow_n)
+                  v = dy[base + (co_first + co) * p.sa[1] + od * p.sa[2] + oh * p.sa[3] + ow * p.sa[4]];
+              }
+              return v;
+            },
+            [&](int i, T v) {
+              const int e = tid + i * CV_THREADS;
+              As[(e / CV_BK) * LDS + e % CV_BK] = v;
+            });
       }
       // B: the tap's weights, Bs[ci][co].
-      for (int e = tid; e < CV_BN * CV_BK; e += CV_THREADS) {
-        const int c = e % CV_BN, kk = e / CV_BN;
-        const int ci = ci0 + c, co = co0 + kk;
-        T v = cv_zero<T>();
-        if (ci < cig && co < cog) v = w[(co_first + co) * p.sb[0] + ci * p.sb[1] + woff];
-        Bs[TC ? kk * LDTB + c : c * LDS + kk] = v;
-      }
+      cv_gather<NB>(
+          [&](int i) {
+            const int e = tid + i * CV_THREADS, ci = ci0 + e % CV_BN, co = co0 + e / CV_BN;
+            return ci < cig && co < cog ? w[(co_first + co) * p.sb[0] + ci * p.sb[1] + woff] : cv_zero<T>();
+          },
+          [&](int i, T v) {
+            const int e = tid + i * CV_THREADS, c = e % CV_BN, kk = e / CV_BN;
+            Bs[TC ? kk * LDTB + c : c * LDS + kk] = v;
+          });
       __syncthreads();
       if constexpr (TC) {
         if (p.cfast)

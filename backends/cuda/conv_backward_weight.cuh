@@ -60,6 +60,10 @@ __device__ __forceinline__ void cv_wgrad_store(const ConvParams& p, T* dw, typen
 // consecutive threads store consecutive elements; K-major stores there were a row of LDS apart, a
 // 4-way bank conflict on every store: 237M on the Cin=3 stem, `harness profile`); cv_wgrad_step
 // reads them with ldmatrix.trans.  SIMT types keep K-major (the SIMT step reads no other layout).
+//
+// Loads go out CV_GATHER at a time ahead of their stores (cv_gather): one element at a time, each load
+// behind its bounds branch in a loop of run-time length, they went out one after another, and the
+// stem's wgrad waited on them (long scoreboard 52.6% at 2% of DRAM bandwidth, `harness profile`).
 template <typename T, int BM, typename B>
 __device__ __forceinline__ void cv_wgrad_load(const ConvParams& p, const T* __restrict__ dy, const long long* ry,
                                               long long co_first, int rows, T* As, T* Bs, B b) {
@@ -67,23 +71,36 @@ __device__ __forceinline__ void cv_wgrad_load(const ConvParams& p, const T* __re
   constexpr bool MN = CvType<T>::kTC;  // channels-last tiles MN-major
   constexpr int LDTA = CvTile<T, BM>::LDTA, LDTB = CvTile<T, BM>::LDTB;
   static_assert(!MN || (CV_BK * LDTA <= BM * LDS && CV_BK * LDTB <= CV_BN * LDS), "MN-major tiles fit the arrays");
+  constexpr int NA = BM * CV_BK / CV_THREADS, NB = CV_BN * CV_BK / CV_THREADS;  // elements per thread
+  static_assert(NA * CV_THREADS == BM * CV_BK && NB * CV_THREADS == CV_BN * CV_BK, "tiles in whole passes");
   const int tid = threadIdx.x;
-  if (p.cfast) {
-    for (int e = tid; e < BM * CV_BK; e += CV_THREADS) {
-      const int c = e % BM, kk = e / BM;
-      As[MN ? kk * LDTA + c : c * LDS + kk] =
-          ry[kk] >= 0 && c < rows ? dy[ry[kk] + (co_first + c) * p.sa[1]] : cv_zero<T>();
-    }
-    for (int e = tid; e < CV_BN * CV_BK; e += CV_THREADS) {
-      const int c = e % CV_BN, kk = e / CV_BN;
-      Bs[MN ? kk * LDTB + c : c * LDS + kk] = b(c, kk);
-    }
-  } else {
+  if (p.cfast) {  // a tile's element e: channel e % width, pair e / width
+    cv_gather<NA>(
+        [&](int i) {
+          const int e = tid + i * CV_THREADS, c = e % BM, kk = e / BM;
+          return ry[kk] >= 0 && c < rows ? dy[ry[kk] + (co_first + c) * p.sa[1]] : cv_zero<T>();
+        },
+        [&](int i, T v) {
+          const int e = tid + i * CV_THREADS, c = e % BM, kk = e / BM;
+          As[MN ? kk * LDTA + c : c * LDS + kk] = v;
+        });
+    cv_gather<NB>([&](int i) { const int e = tid + i * CV_THREADS; return b(e % CV_BN, e / CV_BN); },
+                  [&](int i, T v) {
+                    const int e = tid + i * CV_THREADS, c = e % CV_BN, kk = e / CV_BN;
+                    Bs[MN ? kk * LDTB + c : c * LDS + kk] = v;
+                  });
+  } else {  // pair tid % BK, channels tid / BK + i * (THREADS / BK)
+    constexpr int STEP = CV_THREADS / CV_BK;
     const int kk = tid % CV_BK, c0 = tid / CV_BK;
     const long long oy = ry[kk];
-    for (int c = c0; c < BM; c += CV_THREADS / CV_BK)
-      As[c * LDS + kk] = oy >= 0 && c < rows ? dy[oy + (co_first + c) * p.sa[1]] : cv_zero<T>();
-    for (int c = c0; c < CV_BN; c += CV_THREADS / CV_BK) Bs[c * LDS + kk] = b(c, kk);
+    cv_gather<NA>(
+        [&](int i) {
+          const int c = c0 + i * STEP;
+          return oy >= 0 && c < rows ? dy[oy + (co_first + c) * p.sa[1]] : cv_zero<T>();
+        },
+        [&](int i, T v) { As[(c0 + i * STEP) * LDS + kk] = v; });
+    cv_gather<NB>([&](int i) { return b(c0 + i * STEP, kk); },
+                  [&](int i, T v) { Bs[(c0 + i * STEP) * LDS + kk] = v; });
   }
 }
 

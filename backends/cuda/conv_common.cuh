@@ -93,6 +93,25 @@ __device__ __forceinline__ T cv_zero() {
   return CvType<T>::from(0.0f);
 }
 
+// A scalar tile fill of N elements a thread: load(i) for CV_GATHER of them, then store(i, value) for
+// those.  The group's loads are independent and go out together; the registers hold CV_GATHER values
+// (all N at once held every address as well: 255 registers and spills on the 128-row tiles).
+#define CV_GATHER 8
+template <int N, typename Load, typename Store>
+__device__ __forceinline__ void cv_gather(Load load, Store store) {
+  constexpr int G = N < CV_GATHER ? N : CV_GATHER;
+  static_assert(N % G == 0, "whole groups");
+  typedef decltype(load(0)) V;
+#pragma unroll 1
+  for (int i0 = 0; i0 < N; i0 += G) {
+    V v[G];
+#pragma unroll
+    for (int j = 0; j < G; ++j) v[j] = load(i0 + j);
+#pragma unroll
+    for (int j = 0; j < G; ++j) store(i0 + j, v[j]);
+  }
+}
+
 // ---------------------------------------------------------------------------- fast divmod
 // q = n / d for 0 <= n < 2^31 by a multiply-high and a shift: shift = ceil(log2 d),
 // mul = floor(2^32 (2^shift - d) / d) + 1 (precomputed on the host, backends/_plans/conv_cuda.py
