@@ -7,14 +7,18 @@
 #   (setup) the torch_ext build starts in the background (MAX_JOBS=8) when a step needs torch_ext
 #   check   the code written after the tenth session's runs, first: cupy@best's small-Cin dgrad plan and
 #           torch_ext's launch of it (record kinds 5/6) on the 24 small-Cin full cases (smallc_full_s10.json),
-#           then the stem dgrad bench (dgrad_stem_s10.json: cupy@best, torch_ext, torch)  -> check.*, stem-d/
+#           then the stem dgrad bench (dgrad_stem_s10.json: cupy@best, torch_ext, torch), and the conv scalar
+#           fills' cases (cv_gather: the stem wgrad, channels-first 1x1 and 3x3; gather_s11.json), beside
+#           torch, whose ratios the tenth session and BENCHMARKS have from before the change
+#           -> check.*, stem-d/, gather/
 #   full    the full pairs no run passed (scripts/gpu/full_left.py): conv_left_cupy_s11.json (47 cases) through
 #           cupy@best and cupy@pertap in 2 shards, tc_left_torch_ext_s11.json (120) through torch_ext in 3,
 #           triton_left_s11.json (87) through triton in 3, all side by side, FULL_S each  -> full-tc/
 #           (a left pair costs about 30 s of host time, most of it comparing large outputs with the oracle:
 #           each list runs only its own backend's pairs).  Afterwards: full_left.py per backend over
 #           results/h100/s*/ for what is left.
-#   profile harness profile of scripts/gpu/cases/profile_tc_s11.txt (triton's misses)  -> profile/
+#   profile harness profile of scripts/gpu/cases/profile_tc_s11.txt (triton's misses; cupy@best's scalar conv
+#           fills after cv_gather)                                                     -> profile/
 #   convd   harness bench of conv_backward_data's 43 perf cases: cupy@best, torch_ext, triton, torch (the one
 #           run per op issue 14 and 16's tables need; --resume CONV_RESUME to go on)    -> convd/
 #   convw   the same for conv_backward_weight                                          -> convw/
@@ -36,7 +40,10 @@ if has check; then
   tail -1 "$R/check.log"; failures "$R/check.log"
   timeout -k 20 -s INT 120 $PY -m harness bench --op conv_backward_data --cases $C/dgrad_stem_s10.json $BENCH \
     --time-limit 100 --backend cupy@best --backend torch_ext --backend torch --report "$R/stem-d" > "$R/stem-d.log" 2>&1
-  echo "exit $?"; grep -E "cupy|torch" "$R/stem-d.log" | head -20; pack
+  echo "exit $?"; grep -E "cupy|torch" "$R/stem-d.log" | head -20
+  timeout -k 20 -s INT 150 $PY -m harness bench --cases $C/gather_s11.json $BENCH --time-limit 130 \
+    --backend cupy@best --backend torch_ext --backend torch --report "$R/gather" > "$R/gather.log" 2>&1
+  echo "exit $?"; grep -E "cupy|torch" "$R/gather.log" | head -40; pack
 fi
 if has full; then
   stamp "== full: the pairs left, cupy@best + cupy@pertap, torch_ext, triton side by side"
@@ -58,7 +65,7 @@ if has full; then
   failures "$R"/full-*.log; shards_to full-tc; pack
 fi
 if has profile; then
-  profile $C/profile_tc_s11.txt '^triton'; pack
+  profile $C/profile_tc_s11.txt '^(triton|cupy)'; pack
 fi
 for step in convd convw; do
   has $step || continue
