@@ -3,6 +3,7 @@
 #   STEPS="check full" OUT=/some/dir bash scripts/gpu/batch_s11.sh     (issues 16 and 14: about 9 minutes)
 #   STEPS="profile" OUT=...                                            (issue 14: triton's misses, about 4 minutes)
 #   STEPS=convd OUT=...  then  STEPS=convw OUT=...                     (issues 14 and 16: one-run conv tables)
+#   STEPS=attn OUT=...                                                 (issue 14: the one-run attention table)
 # Steps:
 #   (setup) the torch_ext build starts in the background (MAX_JOBS=8) when a step needs torch_ext
 #   check   the code written after the tenth session's runs, first: cupy@best's small-Cin dgrad plan and
@@ -22,10 +23,13 @@
 #   convd   harness bench of conv_backward_data's 43 perf cases: cupy@best, torch_ext, triton, torch (the one
 #           run per op issue 14 and 16's tables need; --resume CONV_RESUME to go on)    -> convd/
 #   convw   the same for conv_backward_weight                                          -> convw/
+#   attn    harness bench of attention_backward's 42 perf cases: triton (its default makes dq by the separate
+#           pass since the ninth session's runs, so their triton column is stale), triton@det, SDPA flash
+#           and cuDNN: issue 14's one-run table (--resume ATTN_RESUME to go on)            -> attn/
 # Files: $OUT/run.log, $OUT/summary.txt, $OUT/s11.tgz (res/); copy res/ to results/h100/s11/ after each call.
 set -uo pipefail
 export MAX_JOBS=${MAX_JOBS:-8}
-PY=${PYTHON:-python3} STEPS=${STEPS:-check full} FULL_S=${FULL_S:-400} CONV_S=${CONV_S:-420}
+PY=${PYTHON:-python3} STEPS=${STEPS:-check full} FULL_S=${FULL_S:-400} CONV_S=${CONV_S:-420} ATTN_S=${ATTN_S:-420}
 PACK=s11
 . scripts/gpu/steps.sh
 C=scripts/gpu/cases
@@ -79,6 +83,17 @@ for step in convd convw; do
     --impl torch --ratio cupy@best/torch --ratio torch_ext/torch --ratio triton/torch --host cupy@best \
     | tee "$R/${step}_table.txt"; pack
 done
+if has attn; then
+  stamp "== attn: attention_backward perf cases, triton, triton@det, SDPA flash and cuDNN"
+  GRADORACLE_ORACLE_PASSES=cuda timeout -k 20 -s INT $((ATTN_S + 150)) $PY -m harness bench --op attention_backward \
+    --cases perf --device cuda --mode cold --budget 0.2 --warmup-budget 0.05 --min-samples 10 --max-samples 300 \
+    --no-plots -q --prefetch 0 --time-limit "$ATTN_S" ${ATTN_RESUME:+--resume "$ATTN_RESUME"} --backend triton \
+    --backend triton@det --backend sdpa_flash --backend sdpa_cudnn --report "$R/attn" > "$R/attn.log" 2>&1
+  echo "exit $?"; tail -2 "$R/attn.log"
+  $PY scripts/gpu/tflops_table.py "$R/attn/results.json" --impl triton --impl triton@det --impl sdpa_flash \
+    --impl sdpa_cudnn --ratio triton/sdpa_flash --ratio triton/sdpa_cudnn --ratio triton@det/sdpa_flash \
+    --host triton | tee "$R/attn_table.txt"; pack
+fi
 
 { stamp "== done"; tail -1 "$R/build.log" 2>/dev/null
   for f in "$R"/full-*/full-*.log; do echo "${f#$R/}: $(grep -E 'passed|failed|interrupted' "$f" | tail -1)"; done
