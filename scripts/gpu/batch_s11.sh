@@ -23,6 +23,9 @@
 #   convd   harness bench of conv_backward_data's 43 perf cases: cupy@best, torch_ext, triton, torch (the one
 #           run per op issue 14 and 16's tables need; --resume CONV_RESUME to go on)    -> convd/
 #   convw   the same for conv_backward_weight                                          -> convw/
+#   fa2     attention_backward's full set through the first fa2 rungs, cupy@fa2 and cupy@fa2_det (the lean
+#           kernels, cupy@best and torch_ext's, passed all 246 pairs in the sixth and seventh sessions; these
+#           two passed 108 of 246 in the third), 8 shards of FULL_S                      -> full-fa2/
 #   attn    harness bench of attention_backward's 42 perf cases: triton (its default makes dq by the separate
 #           pass since the ninth session's runs, so their triton column is stale), triton@det, SDPA flash
 #           and cuDNN: issue 14's one-run table (--resume ATTN_RESUME to go on)            -> attn/
@@ -83,6 +86,11 @@ for step in convd convw; do
     --impl torch --ratio cupy@best/torch --ratio torch_ext/torch --ratio triton/torch --host cupy@best \
     | tee "$R/${step}_table.txt"; pack
 done
+if has fa2; then
+  stamp "== fa2: attention_backward full, cupy@fa2 and cupy@fa2_det"
+  full_shards "$FULL_S" --op attention_backward --backend cupy@fa2 --backend cupy@fa2_det --seed 11
+  shards_to full-fa2
+fi
 if has attn; then
   stamp "== attn: attention_backward perf cases, triton, triton@det, SDPA flash and cuDNN"
   GRADORACLE_ORACLE_PASSES=cuda timeout -k 20 -s INT $((ATTN_S + 150)) $PY -m harness bench --op attention_backward \
