@@ -31,17 +31,20 @@ def _fields(r: cmp.OutputReport) -> dict:
                                        "mismatches", "numel", "worst_ratio", "worst_index", "message")}
 
 
-@pytest.mark.parametrize("shape", [(1,), (7,), (5, 33), (3, 4, 17)])
+@pytest.mark.parametrize("shape", [(1,), (7,), (5, 33), (3, 4, 17), (2, 300)])
 @pytest.mark.parametrize("fail", [False, True])
 @pytest.mark.parametrize("zeros", [False, True])
 @pytest.mark.parametrize("dtype", ["f32", "bf16", "f64"])
 @pytest.mark.parametrize("exact", [False, True])
-def test_fast_path_matches_the_general_path(shape, fail, zeros, dtype, exact):
+@pytest.mark.parametrize("chunk", [7, 64, cmp.CHUNK])  # chunks that split the arrays, and one that does not
+def test_fast_path_matches_the_general_path(monkeypatch, shape, fail, zeros, dtype, exact, chunk):
+    monkeypatch.setattr(cmp, "CHUNK", chunk)
     got, ref, scale = _arrays(hash((shape, fail, zeros, dtype)) % 2**32, shape, fail, zeros)
     tol = cmp.exact_tolerance(ref, dtype) if exact else cmp.tolerance(ref, scale, 16, dtype)
-    diff = got - ref
-    fast = cmp._finite_report("dx", got, diff, ref, tol, ref.size, exact)
-    general = cmp._general_report("dx", got, diff, ref, tol, ref.size, exact)
+    fast = cmp._finite_report("dx", got, ref, tol, ref.size, exact)
+    general = cmp._general_report("dx", got, got - ref, ref, tol, ref.size, exact)
+    assert fast.rel_l2 == pytest.approx(general.rel_l2, rel=1e-12, abs=0)  # sums of squares per chunk
+    fast.rel_l2 = general.rel_l2
     assert _fields(fast) == _fields(general)
     if fail:  # the planted errors are seen
         assert not fast.passed and fast.mismatches >= min(3, ref.size) and fast.message
@@ -50,7 +53,7 @@ def test_fast_path_matches_the_general_path(shape, fail, zeros, dtype, exact):
 def test_all_zero_output_and_oracle():
     ref = np.zeros((4, 5))
     tol = cmp.tolerance(ref, np.ones_like(ref), 8, "f32")
-    fast = cmp._finite_report("dw", ref.copy(), ref - ref, ref, tol, ref.size, False)
+    fast = cmp._finite_report("dw", ref.copy(), ref, tol, ref.size, False)
     assert _fields(fast) == _fields(cmp._general_report("dw", ref.copy(), ref - ref, ref, tol, ref.size, False))
     assert fast.passed and fast.max_rel == 0.0 and fast.rel_l2 == 0.0
 
@@ -81,3 +84,15 @@ def test_an_inf_oracle_value_passes_only_the_same_inf(got_value, passes):
     assert report.passed == passes
     if not passes:
         assert report.mismatches == 1 and report.worst_index == (1,) and report.worst_ratio == np.inf
+
+
+@pytest.mark.parametrize("chunk", [3, 5, 1 << 16])
+def test_ties_across_chunks_name_the_first_element(monkeypatch, chunk):
+    """np.argmax names the first of equal largest values; the chunked fast path must too."""
+    monkeypatch.setattr(cmp, "CHUNK", chunk)
+    ref = np.ones(20)
+    got = ref.copy()
+    got[[4, 9, 17]] += 0.5  # three equal errors, in different chunks
+    report = cmp.compare("dx", got, ref, np.ones(20), 4, "f32")
+    assert not report.passed and report.mismatches == 3
+    assert report.max_abs_index == (4,) and report.worst_index == (4,)
