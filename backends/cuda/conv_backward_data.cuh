@@ -98,10 +98,8 @@ __global__ void __launch_bounds__(CV_THREADS)
     }
     for (int co0 = 0; co0 < cog; co0 += CV_BK) {
       // The fills go through cv_gather: a group's loads out together ahead of their stores.
-      constexpr int NA = BM * CV_BK / CV_THREADS, NB = CV_BN * CV_BK / CV_THREADS;  // elements per thread
-      static_assert(NA * CV_THREADS == BM * CV_BK && NB * CV_THREADS == CV_BN * CV_BK, "tiles in whole passes");
       if (!p.cfast) {
-        cv_gather<NA>(
+        cv_gather<BM * CV_BK>(
             [&](int i) {
               const int co = co0 + kr + i * (CV_THREADS / BM);
               return yoff >= 0 && co < cog ? dy[yoff + co * p.sa[1]] : cv_zero<T>();
@@ -112,7 +110,7 @@ __global__ void __launch_bounds__(CV_THREADS)
             });
       } else {
         // Channels-last (channels fastest), where the 16-byte path does not apply.
-        cv_gather<NA>(
+        cv_gather<BM * CV_BK>(
             [&](int i) {
               const int e = tid + i * CV_THREADS, m = e / CV_BK, co = co0 + e % CV_BK;
               T v = cv_zero<T>();
@@ -130,7 +128,7 @@ __global__ void __launch_bounds__(CV_THREADS)
             });
       }
       // B: the tap's weights, Bs[ci][co].
-      cv_gather<NB>(
+      cv_gather<CV_BN * CV_BK>(
           [&](int i) {
             const int e = tid + i * CV_THREADS, ci = ci0 + e % CV_BN, co = co0 + e / CV_BN;
             return ci < cig && co < cog ? w[(co_first + co) * p.sb[0] + ci * p.sb[1] + woff] : cv_zero<T>();

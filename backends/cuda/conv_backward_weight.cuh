@@ -71,11 +71,9 @@ __device__ __forceinline__ void cv_wgrad_load(const ConvParams& p, const T* __re
   constexpr bool MN = CvType<T>::kTC;  // channels-last tiles MN-major
   constexpr int LDTA = CvTile<T, BM>::LDTA, LDTB = CvTile<T, BM>::LDTB;
   static_assert(!MN || (CV_BK * LDTA <= BM * LDS && CV_BK * LDTB <= CV_BN * LDS), "MN-major tiles fit the arrays");
-  constexpr int NA = BM * CV_BK / CV_THREADS, NB = CV_BN * CV_BK / CV_THREADS;  // elements per thread
-  static_assert(NA * CV_THREADS == BM * CV_BK && NB * CV_THREADS == CV_BN * CV_BK, "tiles in whole passes");
   const int tid = threadIdx.x;
   if (p.cfast) {  // a tile's element e: channel e % width, pair e / width
-    cv_gather<NA>(
+    cv_gather<BM * CV_BK>(
         [&](int i) {
           const int e = tid + i * CV_THREADS, c = e % BM, kk = e / BM;
           return ry[kk] >= 0 && c < rows ? dy[ry[kk] + (co_first + c) * p.sa[1]] : cv_zero<T>();
@@ -84,7 +82,7 @@ __device__ __forceinline__ void cv_wgrad_load(const ConvParams& p, const T* __re
           const int e = tid + i * CV_THREADS, c = e % BM, kk = e / BM;
           As[MN ? kk * LDTA + c : c * LDS + kk] = v;
         });
-    cv_gather<NB>([&](int i) { const int e = tid + i * CV_THREADS; return b(e % CV_BN, e / CV_BN); },
+    cv_gather<CV_BN * CV_BK>([&](int i) { const int e = tid + i * CV_THREADS; return b(e % CV_BN, e / CV_BN); },
                   [&](int i, T v) {
                     const int e = tid + i * CV_THREADS, c = e % CV_BN, kk = e / CV_BN;
                     Bs[MN ? kk * LDTB + c : c * LDS + kk] = v;
@@ -93,13 +91,13 @@ __device__ __forceinline__ void cv_wgrad_load(const ConvParams& p, const T* __re
     constexpr int STEP = CV_THREADS / CV_BK;
     const int kk = tid % CV_BK, c0 = tid / CV_BK;
     const long long oy = ry[kk];
-    cv_gather<NA>(
+    cv_gather<BM * CV_BK>(
         [&](int i) {
           const int c = c0 + i * STEP;
           return oy >= 0 && c < rows ? dy[oy + (co_first + c) * p.sa[1]] : cv_zero<T>();
         },
         [&](int i, T v) { As[(c0 + i * STEP) * LDS + kk] = v; });
-    cv_gather<NB>([&](int i) { return b(c0 + i * STEP, kk); },
+    cv_gather<CV_BN * CV_BK>([&](int i) { return b(c0 + i * STEP, kk); },
                   [&](int i, T v) { Bs[(c0 + i * STEP) * LDS + kk] = v; });
   }
 }

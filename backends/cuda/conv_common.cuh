@@ -93,14 +93,15 @@ __device__ __forceinline__ T cv_zero() {
   return CvType<T>::from(0.0f);
 }
 
-// A scalar tile fill of N elements a thread: load(i) for CV_GATHER of them, then store(i, value) for
-// those.  The group's loads are independent and go out together; the registers hold CV_GATHER values
-// (all N at once held every address as well: 255 registers and spills on the 128-row tiles).
+// A scalar fill of a tile of ELEMS elements, N = ELEMS / CV_THREADS a thread: load(i) for CV_GATHER of
+// the thread's i < N, then store(i, value) for those.  The group's loads are independent and go out
+// together; the registers hold CV_GATHER values (all N at once held every address as well: 255
+// registers and spills on the 128-row tiles).
 #define CV_GATHER 8
-template <int N, typename Load, typename Store>
+template <int ELEMS, typename Load, typename Store>
 __device__ __forceinline__ void cv_gather(Load load, Store store) {
-  constexpr int G = N < CV_GATHER ? N : CV_GATHER;
-  static_assert(N % G == 0, "whole groups");
+  constexpr int N = ELEMS / CV_THREADS, G = N < CV_GATHER ? N : CV_GATHER;
+  static_assert(N * CV_THREADS == ELEMS && N % G == 0, "a tile in whole passes and whole groups");
   typedef decltype(load(0)) V;
 #pragma unroll 1
   for (int i0 = 0; i0 < N; i0 += G) {
