@@ -1,21 +1,21 @@
 #!/usr/bin/env bash
 # The eleventh session's H100 calls: what issues 16 and 14 still lack after the tenth (repo root).
-#   STEPS="check full" OUT=/some/dir bash scripts/gpu/batch_s11.sh     (issues 16 and 14: about 9 minutes)
+#   STEPS="check full" OUT=/some/dir bash scripts/gpu/batch_s11.sh     (issues 16 and 14: FULL_S, about 9 minutes)
+#   STEPS="bench profile" OUT=...                                      (a warm machine: about 8 minutes)
 #   STEPS="profile" OUT=...                                            (issue 14: triton's misses, about 4 minutes)
 #   STEPS=convd OUT=...  then  STEPS=convw OUT=...                     (issues 14 and 16: one-run conv tables)
 #   STEPS=attn OUT=...                                                 (issue 14: the one-run attention table)
 # Steps:
 #   (setup) the torch_ext build starts in the background (MAX_JOBS=8) when a step needs torch_ext
-#   check   the code written after the tenth session's runs, first: cupy@best's small-Cin dgrad plan and
-#           torch_ext's launch of it (record kinds 5/6) on the 24 small-Cin full cases (smallc_full_s10.json),
-#           then the stem dgrad bench (dgrad_stem_s10.json: cupy@best, torch_ext, torch), and the conv scalar
-#           fills' cases (cv_gather: the stem wgrad, channels-first 1x1 and 3x3; gather_s11.json), beside
-#           torch, whose ratios the tenth session and BENCHMARKS have from before the change
-#           -> check.*, stem-d/, gather/
+#   check   the code written after the tenth session's runs: cupy@best's small-Cin dgrad plan and torch_ext's
+#           launch of it (record kinds 5/6) on the 24 small-Cin full cases (smallc_full_s10.json)  -> check-*
+#   bench   the stem dgrad bench (dgrad_stem_s10.json: cupy@best, torch_ext, torch), and the conv scalar fills'
+#           cases (cv_gather: the stem wgrad, channels-first 1x1 and 3x3; gather_s11.json), beside torch,
+#           whose ratios the tenth session and BENCHMARKS have from before the change  -> stem-d/, gather/
 #   full    the full pairs no run passed (scripts/gpu/full_left.py): conv_left_cupy_s11.json (47 cases) through
 #           cupy@best and cupy@pertap in 2 shards, tc_left_torch_ext_s11.json (120) through torch_ext in 3,
-#           triton_left_s11.json (87) through triton in 3, all side by side, FULL_S each  -> full-tc/
-#           (a left pair costs about 30 s of host time, most of it comparing large outputs with the oracle:
+#           triton_left_s11.json (87) through triton in 3, all side by side until FULL_S after the start -> full-tc/
+#           (a left pair costs about 30 s of host time, most of it the float64 oracle passes on the host:
 #           each list runs only its own backend's pairs).  Afterwards: full_left.py per backend over
 #           results/h100/s*/ for what is left.
 #   profile harness profile of scripts/gpu/cases/profile_tc_s11.txt (triton's misses; cupy@best's scalar conv
@@ -38,38 +38,54 @@ PACK=s11
 C=scripts/gpu/cases
 BENCH="--device cuda --mode cold --budget 0.1 --warmup-budget 0.03 --min-samples 10 --max-samples 300 --no-plots -q"
 
-if has check || has full || has convd || has convw; then setup 450; else setup; build=; fi
+# A first (cold) call spends about 180 s building torch_ext: `full` starts the cupy and triton shards and the
+# cupy@best small-Cin check at once, beside the build, and torch_ext's check and shards after it, all ending
+# by FULL_S (the pairs are host-bound: each shard is one process of the 16 cores).
+if has check || has full || has bench || has convd || has convw; then setup 450; else setup; build=; fi
+deadline=$(( $(date +%s) + FULL_S ))
+left() { echo $(( deadline - $(date +%s) )); }   # seconds to the deadline
+pids=()
+run_list() {  # run_list NAME CASES NSHARDS BACKEND...: NSHARDS shards of one list until the deadline -> $R/full-NAME-K.*
+  local name=$1 cases=$2 n=$3 k
+  shift 3
+  for ((k = 0; k < n; k++)); do
+    timeout -s INT "$(left)" $PY -m harness run --cases "$cases" --device cuda "${@/#/--backend=}" --seed 11 \
+      --shard "$k/$n" --json "$R/full-$name-$k.json" > "$R/full-$name-$k.log" 2>&1 &
+    pids+=($!)
+  done
+}
+if has full; then
+  stamp "== full: the pairs left, cupy@best + cupy@pertap and triton now, torch_ext after its build"
+  run_list cupy $C/conv_left_cupy_s11.json 2 cupy@best cupy@pertap
+  run_list triton $C/triton_left_s11.json 3 triton
+fi
+if has check; then
+  stamp "== check: the small-Cin dgrad through cupy@best on its full cases (beside the build)"
+  timeout -s INT 200 $PY -m harness run --cases $C/smallc_full_s10.json --device cuda --backend cupy@best \
+    --seed 11 --json "$R/check-cupy.json" > "$R/check-cupy.log" 2>&1
+  tail -1 "$R/check-cupy.log"; failures "$R/check-cupy.log"
+fi
 [ -n "$build" ] && wait "$build" && stamp "build: $(tail -1 "$R/build.log")"
 if has check; then
-  stamp "== check: the small-Cin dgrad through cupy@best and torch_ext on its full cases"
-  timeout -s INT 150 $PY -m harness run --cases $C/smallc_full_s10.json --device cuda --backend cupy@best \
-    --backend torch_ext --seed 11 --json "$R/check.json" > "$R/check.log" 2>&1
-  tail -1 "$R/check.log"; failures "$R/check.log"
+  stamp "== check: the small-Cin dgrad through torch_ext (record kinds 5/6)"
+  timeout -s INT 150 $PY -m harness run --cases $C/smallc_full_s10.json --device cuda --backend torch_ext \
+    --seed 11 --json "$R/check-torch_ext.json" > "$R/check-torch_ext.log" 2>&1
+  tail -1 "$R/check-torch_ext.log"; failures "$R/check-torch_ext.log"; pack
+fi
+if has full; then
+  [ "$(left)" -gt 60 ] && run_list torch_ext $C/tc_left_torch_ext_s11.json 3 torch_ext
+  for p in "${pids[@]}"; do wait "$p"; done
+  for f in "$R"/full-*.log; do echo "$(basename "$f"): $(grep -E 'passed|failed' "$f" | tail -1)"; done
+  failures "$R"/full-*.log; shards_to full-tc; pack
+fi
+if has bench; then
+  stamp "== bench: the stem dgrad (small-Cin plan) and the conv scalar fills' cases (cv_gather) beside torch"
   timeout -k 20 -s INT 120 $PY -m harness bench --op conv_backward_data --cases $C/dgrad_stem_s10.json $BENCH \
     --time-limit 100 --backend cupy@best --backend torch_ext --backend torch --report "$R/stem-d" > "$R/stem-d.log" 2>&1
   echo "exit $?"; grep -E "cupy|torch" "$R/stem-d.log" | head -20
   timeout -k 20 -s INT 150 $PY -m harness bench --cases $C/gather_s11.json $BENCH --time-limit 130 \
     --backend cupy@best --backend torch_ext --backend torch --report "$R/gather" > "$R/gather.log" 2>&1
   echo "exit $?"; grep -E "cupy|torch" "$R/gather.log" | head -40; pack
-fi
-if has full; then
-  stamp "== full: the pairs left, cupy@best + cupy@pertap, torch_ext, triton side by side"
-  pids=()
-  run_list() {  # run_list NAME CASES NSHARDS BACKEND...: NSHARDS shards of one list -> $R/full-NAME-K.{json,log}
-    local name=$1 cases=$2 n=$3 k
-    shift 3
-    for ((k = 0; k < n; k++)); do
-      timeout -s INT "$FULL_S" $PY -m harness run --cases "$cases" --device cuda "${@/#/--backend=}" --seed 11 \
-        --shard "$k/$n" --json "$R/full-$name-$k.json" > "$R/full-$name-$k.log" 2>&1 &
-      pids+=($!)
-    done
-  }
-  run_list cupy $C/conv_left_cupy_s11.json 2 cupy@best cupy@pertap
-  run_list torch_ext $C/tc_left_torch_ext_s11.json 3 torch_ext
-  run_list triton $C/triton_left_s11.json 3 triton
-  for p in "${pids[@]}"; do wait "$p"; done
-  for f in "$R"/full-*.log; do echo "$(basename "$f"): $(grep -E 'passed|failed' "$f" | tail -1)"; done
-  failures "$R"/full-*.log; shards_to full-tc; pack
 fi
 if has profile; then
   profile $C/profile_tc_s11.txt '^(triton|cupy)'; pack
