@@ -13,7 +13,7 @@ import pytest
 from harness.cli import _parse
 from harness.multi_gpu.gpus import visible_gpus
 from harness.multi_gpu.merge import merge
-from harness.multi_gpu.workers import worker_argv
+from harness.multi_gpu.workers import THREAD_VARS, worker_argv, worker_env
 from harness.multi_gpu.xdist import pin_xdist_worker
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -87,6 +87,16 @@ def test_worker_argv_passes_every_option_on_and_sets_its_own():
     again = _parse(argv)  # and the worker parses it back to the same selection
     assert (again.backend, again.op, again.cases, again.dtype, again.isolate, again.case_timeout, again.seed) == \
            (args.backend, args.op, args.cases, args.dtype, True, 30.0, 9)
+
+
+def test_worker_env_pins_the_gpu_and_shares_the_cores():
+    env = worker_env("3", 4, environ={"PATH": "/bin"}, cpus=16)
+    assert env["CUDA_VISIBLE_DEVICES"] == "3" and env["PATH"] == "/bin" and env["PYTHONUNBUFFERED"] == "1"
+    assert [env[v] for v in THREAD_VARS] == ["4"] * len(THREAD_VARS)
+    assert worker_env(None, 8, environ={}, cpus=2)["OMP_NUM_THREADS"] == "1"  # at least one thread each
+    assert "CUDA_VISIBLE_DEVICES" not in worker_env(None, 2, environ={}, cpus=2)
+    kept = worker_env("0", 4, environ={"OPENBLAS_NUM_THREADS": "7"}, cpus=16)  # the user's count stays
+    assert kept["OPENBLAS_NUM_THREADS"] == "7" and "OMP_NUM_THREADS" not in kept
 
 
 def test_gpus_refuses_what_it_cannot_do():

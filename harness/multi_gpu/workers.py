@@ -50,6 +50,23 @@ def worker_argv(args, shard: str, device: str, json_path: str) -> list[str]:
     return out + ["--shard", shard, "--seed", str(args.seed), "--device", device, "--json", json_path]
 
 
+THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def worker_env(pin: str | None, n: int, environ=None, cpus: int | None = None) -> dict:
+    """One worker's environment: the caller's, its GPU pin, and the host's cores shared out among the
+    n workers for BLAS/OpenMP (the float64 oracle passes are numpy matmuls): n processes each starting
+    a thread per core ran a 4-worker conv set 5x slower on 2 cores than one thread each did.  A thread
+    count the user set is kept."""
+    env = dict(os.environ if environ is None else environ, PYTHONUNBUFFERED="1")
+    if pin is not None:
+        env["CUDA_VISIBLE_DEVICES"] = pin  # before the worker exists: nothing in it sees another GPU
+    if not any(v in env for v in THREAD_VARS):
+        share = str(max(1, (cpus or os.cpu_count() or 1) // n))
+        env.update(dict.fromkeys(THREAD_VARS, share))
+    return env
+
+
 # ----------------------------------------------------------------------------- relaying their output
 
 
@@ -122,9 +139,7 @@ def cmd_gpus(args) -> int:
     started = time.time()
     procs, relays = [], []
     for k in range(n):
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        if pins[k] is not None:
-            env["CUDA_VISIBLE_DEVICES"] = pins[k]  # before the worker exists: nothing in it sees another GPU
+        env = worker_env(pins[k], n)
         argv = worker_argv(args, f"{k}/{n}", device, str(paths[k]))
         proc = subprocess.Popen([sys.executable, "-m", "harness", *argv], stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, env=env, text=True, bufsize=1)

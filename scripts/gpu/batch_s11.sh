@@ -49,7 +49,7 @@ run_list() {  # run_list NAME CASES NSHARDS BACKEND...: NSHARDS shards of one li
   local name=$1 cases=$2 n=$3 k
   shift 3
   for ((k = 0; k < n; k++)); do
-    timeout -s INT "$(left)" $PY -m harness run --cases "$cases" --device cuda "${@/#/--backend=}" --seed 11 \
+    env $(threads 8) timeout -s INT "$(left)" $PY -m harness run --cases "$cases" --device cuda "${@/#/--backend=}" --seed 11 \
       --shard "$k/$n" --json "$R/full-$name-$k.json" > "$R/full-$name-$k.log" 2>&1 &
     pids+=($!)
   done
@@ -61,14 +61,14 @@ if has full; then
 fi
 if has check; then
   stamp "== check: the small-Cin dgrad through cupy@best on its full cases (beside the build)"
-  timeout -s INT 200 $PY -m harness run --cases $C/smallc_full_s10.json --device cuda --backend cupy@best \
+  env $(threads 8) timeout -s INT 200 $PY -m harness run --cases $C/smallc_full_s10.json --device cuda --backend cupy@best \
     --seed 11 --json "$R/check-cupy.json" > "$R/check-cupy.log" 2>&1
   tail -1 "$R/check-cupy.log"; failures "$R/check-cupy.log"
 fi
 [ -n "$build" ] && wait "$build" && stamp "build: $(tail -1 "$R/build.log")"
 if has check; then
   stamp "== check: the small-Cin dgrad through torch_ext (record kinds 5/6)"
-  timeout -s INT 150 $PY -m harness run --cases $C/smallc_full_s10.json --device cuda --backend torch_ext \
+  env $(threads 8) timeout -s INT 150 $PY -m harness run --cases $C/smallc_full_s10.json --device cuda --backend torch_ext \
     --seed 11 --json "$R/check-torch_ext.json" > "$R/check-torch_ext.log" 2>&1
   tail -1 "$R/check-torch_ext.log"; failures "$R/check-torch_ext.log"; pack
 fi

@@ -15,13 +15,17 @@ stamp() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
 has() { [[ " $STEPS " == *" $1 "* ]]; }
 failures() { grep -hE "^(FAIL|ERROR|CRASH|TIMEOUT)" "$@" | head -20; }
 
+# threads N: the BLAS/OpenMP env of one of N processes run side by side (the float64 oracle passes are numpy
+# matmuls; N processes each starting a thread per core ran 5x slower than with the cores shared out)
+threads() { local t=$(( $(nproc) / $1 )); [ "$t" -ge 1 ] || t=1; echo "OMP_NUM_THREADS=$t OPENBLAS_NUM_THREADS=$t MKL_NUM_THREADS=$t"; }
+
 # full_shards SECONDS ARGS...: `harness run --cases full --device cuda ARGS` in 8 shards side by side,
 # each under SECONDS (SIGINT: the JSON checkpoint is still written) -> $R/full-K.{json,log}
 full_shards() {
   local limit=$1 pids=() k p f
   shift
   for k in 0 1 2 3 4 5 6 7; do
-    timeout -s INT "$limit" $PY -m harness run --cases full --device cuda "$@" --shard "$k/8" \
+    env $(threads 8) timeout -s INT "$limit" $PY -m harness run --cases full --device cuda "$@" --shard "$k/8" \
       --json "$R/full-$k.json" > "$R/full-$k.log" 2>&1 &
     pids+=($!)
   done
