@@ -19,7 +19,7 @@
 #           each list runs only its own backend's pairs).  Afterwards: full_left.py per backend over
 #           results/h100/s*/ for what is left.
 #   profile harness profile of scripts/gpu/cases/profile_tc_s11.txt (triton's misses; cupy@best's scalar conv
-#           fills after cv_gather)                                                     -> profile/
+#           fills after cv_gather), or of PROFILE_LIST                                 -> profile/
 #   convd   harness bench of conv_backward_data's 43 perf cases: cupy@best, torch_ext, triton, torch (the one
 #           run per op issue 14 and 16's tables need; --resume CONV_RESUME to go on)    -> convd/
 #   convw   the same for conv_backward_weight                                          -> convw/
@@ -41,7 +41,10 @@ BENCH="--device cuda --mode cold --budget 0.1 --warmup-budget 0.03 --min-samples
 # A first (cold) call spends about 180 s building torch_ext: `full` starts the cupy and triton shards and the
 # cupy@best small-Cin check at once, beside the build, and torch_ext's check and shards after it, all ending
 # by FULL_S (the pairs are host-bound: each shard is one process of the 16 cores).
-if has check || has full || has bench || has convd || has convw; then setup 450; else setup; build=; fi
+# TORCH_EXT=0: no build and none of torch_ext's runs (a short call: the build alone takes about 180 s)
+TORCH_EXT=${TORCH_EXT:-1} PROFILE_LIST=${PROFILE_LIST:-$C/profile_tc_s11.txt}
+if [ "$TORCH_EXT" = 1 ] && { has check || has full || has bench || has convd || has convw; }; then setup 450
+else setup; build=; fi
 deadline=$(( $(date +%s) + FULL_S ))
 left() { echo $(( deadline - $(date +%s) )); }   # seconds to the deadline
 pids=()
@@ -66,14 +69,14 @@ if has check; then
   tail -1 "$R/check-cupy.log"; failures "$R/check-cupy.log"
 fi
 [ -n "$build" ] && wait "$build" && stamp "build: $(tail -1 "$R/build.log")"
-if has check; then
+if has check && [ "$TORCH_EXT" = 1 ]; then
   stamp "== check: the small-Cin dgrad through torch_ext (record kinds 5/6)"
   env $(threads 8) timeout -s INT 150 $PY -m harness run --cases $C/smallc_full_s10.json --device cuda --backend torch_ext \
     --seed 11 --json "$R/check-torch_ext.json" > "$R/check-torch_ext.log" 2>&1
   tail -1 "$R/check-torch_ext.log"; failures "$R/check-torch_ext.log"; pack
 fi
 if has full; then
-  [ "$(left)" -gt 60 ] && run_list torch_ext $C/tc_left_torch_ext_s11.json 3 torch_ext
+  [ "$TORCH_EXT" = 1 ] && [ "$(left)" -gt 60 ] && run_list torch_ext $C/tc_left_torch_ext_s11.json 3 torch_ext
   for p in "${pids[@]}"; do wait "$p"; done
   for f in "$R"/full-*.log; do echo "$(basename "$f"): $(grep -E 'passed|failed' "$f" | tail -1)"; done
   failures "$R"/full-*.log; shards_to full-tc; pack
@@ -88,7 +91,7 @@ if has bench; then
   echo "exit $?"; grep -E "cupy|torch" "$R/gather.log" | head -40; pack
 fi
 if has profile; then
-  profile $C/profile_tc_s11.txt '^(triton|cupy)'; pack
+  profile "$PROFILE_LIST" '^(triton|cupy)'; pack
 fi
 for step in convd convw; do
   has $step || continue
