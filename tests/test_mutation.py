@@ -10,7 +10,7 @@ import pytest
 
 import mutants
 from cases import Case, select
-from harness import exact, mutate, status
+from harness import exact, mutate, runner, status
 from harness.compare import compare, exact_tolerance
 from harness.registry import Backend, discover, find_impl
 from harness.runner import run_case
@@ -130,6 +130,15 @@ for _k in (1, 32, 1024):
     _tail.impl("reduce_sum", variant=f"drop{_k}", dtypes=("f32",))(_Drop(_k))
 
 
+@pytest.fixture
+def one_random_set(monkeypatch):
+    """The near misses are claims about one random input set.  The stale-output check judges a second
+    set against its own oracle only where the first one's preparation took under RECHECK_ORACLE_S, which
+    depends on the machine (the 2**25 sum sits near the bound, and its second set drops 54.7 against a
+    tolerance of 19.7 for k = 1024): pinned to its other tier, so the verdicts do not depend on speed."""
+    monkeypatch.setattr(runner, "RECHECK_ORACLE_S", -1.0)
+
+
 @pytest.fixture(scope="module")
 def seed_sum_case():
     found = [c for c in select("perf", op="reduce_sum") if c.id == "sum[f32,X=33554432,axes=all]"]
@@ -139,7 +148,7 @@ def seed_sum_case():
 
 @pytest.mark.parametrize("k", [1, 32, 1024])
 def test_a_sum_of_33554432_floats_dropping_its_last_inputs_passes_random_but_fails_exact(k, seed_sum_case,
-                                                                                         monkeypatch):
+                                                                                         monkeypatch, one_random_set):
     """Issue 18: dropping the last 1, 32 or 1024 of 2**25 inputs passed at err/tol 0.07-0.23; the exact set
     (|x| <= 15 grid steps, balanced: y within a few steps of 0, exactly) fails it by whole grid steps."""
     impl = _tail.impls[("reduce_sum", f"drop{k}")]
@@ -155,7 +164,7 @@ def test_a_sum_of_33554432_floats_dropping_its_last_inputs_passes_random_but_fai
 SKIP_ROW = mutants.mutant.impls[("layernorm_backward", "dweight_skips_last_row")]
 
 
-def test_a_dweight_skipping_the_last_of_8192_bf16_rows_passes_random_but_fails_exact(monkeypatch):
+def test_a_dweight_skipping_the_last_of_8192_bf16_rows_passes_random_but_fails_exact(monkeypatch, one_random_set):
     """Issue 18: dweight skipping the last row passed on bf16 8192x4096 (err/tol 0.55: one row is below
     the bf16 rounding of a sum of 8192).  Here on 8192 x 256 (the same 8192-row sums, 1/16 of the
     columns, for the CPU; the very case is the slow test below): the random set passes it at ~0.5,
