@@ -55,9 +55,9 @@ THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 def worker_env(pin: str | None, n: int, environ=None, cpus: int | None = None) -> dict:
     """One worker's environment: the caller's, its GPU pin, and the host's cores shared out among the
-    n workers for BLAS/OpenMP (the float64 oracle passes are numpy matmuls): n processes each starting
-    a thread per core ran a 4-worker conv set 5x slower on 2 cores than one thread each did.  A thread
-    count the user set is kept."""
+    n workers for BLAS/OpenMP (the float64 oracle passes are numpy matmuls).  Four processes on 2
+    cores, each starting a thread per core, took 6.3 s a conv case against 1.2 s with one thread each
+    (10.0 s against 4.9 s for the four).  A thread count the user set is kept."""
     env = dict(os.environ if environ is None else environ, PYTHONUNBUFFERED="1")
     if pin is not None:
         env["CUDA_VISIBLE_DEVICES"] = pin  # before the worker exists: nothing in it sees another GPU
