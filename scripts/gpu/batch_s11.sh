@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The eleventh session's H100 calls: what issues 16 and 14 still lack after the tenth (repo root).
-#   STEPS="check full" OUT=/some/dir bash scripts/gpu/batch_s11.sh     (issues 16 and 14: FULL_S, about 9 minutes)
+#   STEPS="check full" OUT=/some/dir bash scripts/gpu/batch_s11.sh     (issues 16 and 14: FULL_S=520 s from the start)
 #   STEPS="bench profile" OUT=...                                      (a warm machine: about 8 minutes)
 #   STEPS="profile" OUT=...                                            (issue 14: triton's misses, about 4 minutes)
 #   STEPS=convd OUT=...  then  STEPS=convw OUT=...                     (issues 14 and 16: one-run conv tables)
@@ -32,7 +32,7 @@
 # Files: $OUT/run.log, $OUT/summary.txt, $OUT/s11.tgz (res/); copy res/ to results/h100/s11/ after each call.
 set -uo pipefail
 export MAX_JOBS=${MAX_JOBS:-8}
-PY=${PYTHON:-python3} STEPS=${STEPS:-check full} FULL_S=${FULL_S:-400} CONV_S=${CONV_S:-420} ATTN_S=${ATTN_S:-420}
+PY=${PYTHON:-python3} STEPS=${STEPS:-check full} FULL_S=${FULL_S:-520} CONV_S=${CONV_S:-420} ATTN_S=${ATTN_S:-420}
 PACK=s11
 . scripts/gpu/steps.sh
 C=scripts/gpu/cases
