@@ -62,19 +62,15 @@ if has full; then
   run_list cupy $C/conv_left_cupy_s11.json 2 cupy@best cupy@pertap
   run_list triton $C/triton_left_s11.json 3 triton
 fi
-if has check; then
-  stamp "== check: the small-Cin dgrad through cupy@best on its full cases (beside the build)"
-  env $(threads 8) timeout -s INT 200 $PY -m harness run --cases $C/smallc_full_s10.json --device cuda --backend cupy@best \
-    --seed 11 --json "$R/check-cupy.json" > "$R/check-cupy.log" 2>&1
-  tail -1 "$R/check-cupy.log"; failures "$R/check-cupy.log"
-fi
+check_smallc() {  # check_smallc BACKEND SECONDS: the 24 small-Cin full cases through BACKEND -> $R/check-BACKEND.*
+  stamp "== check: the small-Cin dgrad through $1 on its full cases"
+  env $(threads 8) timeout -s INT "$2" $PY -m harness run --cases $C/smallc_full_s10.json --device cuda --backend "$1" \
+    --seed 11 --json "$R/check-$1.json" > "$R/check-$1.log" 2>&1
+  tail -1 "$R/check-$1.log"; failures "$R/check-$1.log"; pack
+}
+has check && check_smallc cupy@best 200   # beside the build
 [ -n "$build" ] && wait "$build" && stamp "build: $(tail -1 "$R/build.log")"
-if has check && [ "$TORCH_EXT" = 1 ]; then
-  stamp "== check: the small-Cin dgrad through torch_ext (record kinds 5/6)"
-  env $(threads 8) timeout -s INT 150 $PY -m harness run --cases $C/smallc_full_s10.json --device cuda --backend torch_ext \
-    --seed 11 --json "$R/check-torch_ext.json" > "$R/check-torch_ext.log" 2>&1
-  tail -1 "$R/check-torch_ext.log"; failures "$R/check-torch_ext.log"; pack
-fi
+has check && [ "$TORCH_EXT" = 1 ] && check_smallc torch_ext 150   # its launch records kinds 5/6
 if has full; then
   [ "$TORCH_EXT" = 1 ] && [ "$(left)" -gt 60 ] && run_list torch_ext $C/tc_left_torch_ext_s11.json 3 torch_ext
   for p in "${pids[@]}"; do wait "$p"; done
