@@ -20,7 +20,6 @@ thread, between measurements.
 from __future__ import annotations
 
 import threading
-import time
 from collections import OrderedDict
 
 import numpy as np
@@ -70,7 +69,6 @@ def _build(case, run_seed: int, oracle: str, device: str, variant: int, defer_gp
     seed = input_seed(case, run_seed, variant)
     if stress.applies(case):  # over HUGE_NUMEL elements: row chunks and a sampled oracle (host only)
         return stress.build_prepared(case, seed, oracle)
-    started = time.perf_counter()
     spec = get_op(case.op)
     flops = spec.cost(case).flops
     with oracle_passes(oracle, device, flops):  # the host's numpy, or the GPU for the large ones (opt-in)
@@ -82,7 +80,6 @@ def _build(case, run_seed: int, oracle: str, device: str, variant: int, defer_gp
     prepared = Prepared(inputs, inputs64, None, scale, label, seed, pending=(which, where))
     if not (defer_gpu and where != "cpu"):
         finish(prepared, case)
-    prepared.oracle_s = time.perf_counter() - started
     return prepared
 
 

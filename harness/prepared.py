@@ -42,7 +42,6 @@ class Prepared:
     oracle: str  # which oracle judged: numpy, jax, or jax@cuda
     seed: int
     nan_counts: dict = field(default_factory=dict)  # output name -> NaNs in the oracle's value (lazy)
-    oracle_s: float = 0.0  # seconds the preparation took (inputs, oracle, error scale): bounds the stale check
     # output name -> (flat indices, oracle values, error scales) there: a huge case's outputs whose
     # oracle exists only at a sample (harness/stress.py; `ref` then holds a shape-only placeholder)
     samples: dict = field(default_factory=dict)

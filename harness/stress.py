@@ -45,7 +45,6 @@ import gc
 import os
 import sys
 import threading
-import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -322,12 +321,11 @@ def generate(case, seed: int) -> dict:
 
 def build_prepared(case, seed: int, oracle: str = "auto"):
     """prepared.Prepared for a huge case: inputs, the chunked oracle, the samples (module docstring)."""
-    started = time.perf_counter()
     which = "jax" if oracle == "jax" else "numpy"
     inputs, ref, scale, samples, nans = _Build(case, seed, which).run()
     inputs64 = {k: t.float64() for k, t in inputs.items() if k in row_plan(case).shared}
     return _prepared.Prepared(inputs, inputs64, ref, scale, which + ORACLE_SUFFIX, seed, nan_counts=nans,
-                           oracle_s=time.perf_counter() - started, samples=samples)
+                           samples=samples)
 
 
 def release(device: str) -> None:

@@ -169,12 +169,20 @@ def test_default_repeats_are_two_calls_below_the_size_bound(monkeypatch):
         runner.repeat_count(0, SMALL, inputs)
 
 
+def test_the_stale_check_tier_is_a_function_of_the_case_not_of_the_machine():
+    """Every smoke case gets the second oracle; a 32 Mi-float sum (134 MB) and a 1024^3 matmul (4.3 GFLOP),
+    whose preparation takes about 0.4 s on one core, get the `changed` tier on every machine."""
+    assert all(runner.cheap_oracle(c) for c in SMOKE)
+    big = [c for c in select("full") if c.id in ("sum[f32,X=33554432,axes=all]", "matmul[f32,A=1024x1024,B=1024x1024]")]
+    assert len(big) == 2 and not any(runner.cheap_oracle(c) for c in big)
+
+
 @pytest.mark.parametrize("variant", ["stale_cache", "compute_once", "address_memo"])
 @pytest.mark.parametrize("tier", ["oracle", "changed"])
 def test_stale_kernels_fail_the_untimed_path(variant, tier, monkeypatch):
     """Right on their first call; the refill-in-place call fails them, with or without a second oracle."""
     if tier == "changed":
-        monkeypatch.setattr(runner, "RECHECK_ORACLE_S", -1.0)
+        monkeypatch.setattr(runner, "RECHECK_ORACLE_BYTES", -1)
     planted_module.forget()
     result = run_case(_impl(variant), SMALL, "cpu", repeats=1)
     assert result.status == "FAIL" and result.recheck == tier, result.report()
@@ -191,7 +199,7 @@ def test_correct_backend_passes_both_stale_tiers_even_on_zero_outputs(tier, monk
     from harness.registry import discover, find_impl
 
     if tier == "changed":
-        monkeypatch.setattr(runner, "RECHECK_ORACLE_S", -1.0)
+        monkeypatch.setattr(runner, "RECHECK_ORACLE_BYTES", -1)
     discover()
     torch_impl = find_impl("binary_backward", "torch")
     zero_cases = [c for c in BINARY if _trivially_zero(c) and any(prod(r.shape) for r in prepare(c).ref.values())]
