@@ -405,6 +405,37 @@ def test_matmul_tma_interpreted(monkeypatch, case_id):
     assert kinds == {"_BothTMA"}, kinds
 
 
+STAGED_CASES = {"matmul[f32,A=16x32,B=32x24]": True, "matmul[f32,A=4x1x8x16,B=3x16x12]": True,
+                "matmul[f32,A=4x1x16x8,B=3x8x12]": True, "matmul[f32,A=16x8,B=5x8x12]": True,
+                "matmul[f32,A=33x40,B=40x24,B:transposed]": False, "matmul[f32,A=64x64,B=64x33]": False,
+                "matmul[bf16,A=16x32,B=32x24]": False}
+
+
+@pytest.mark.parametrize("case_id", STAGED_CASES)
+def test_matmul_staged_interpreted(monkeypatch, case_id):
+    """The staged float32 plan (a tuner candidate on CUDA: da reads transposed copies of dy and b) against
+    the oracle under the interpreter, with the stale-output and exact-arithmetic checks (the copies are
+    remade every call): folded and broadcast batches.  Where it does not apply (a transposed b, N not a
+    multiple of 4, 16 bits) the staged tile plans the unstaged way."""
+    needs_interpreter()
+    from cases import select
+    from harness import runner, status
+    from harness.registry import find_impl
+
+    case = next(c for c in select("smoke", op="matmul_backward") if c.id == case_id)
+    monkeypatch.setattr(_conv, "INTERPRETER_TILE", _conv.Tile(32, 32, 32, 1, 1, 1, stage=True))
+    mmb.clear_plans()
+    try:
+        r = runner.run_case(find_impl("matmul_backward", "triton"), case, "cpu", run_seed=0, oracle="numpy",
+                            recheck=True)
+        kinds = {type(plan).__name__ for plan in mmb._PLANS.values()}
+    finally:
+        mmb.clear_plans()
+    assert r.status == status.PASS, (r.status, r.reason)
+    assert r.recheck == "oracle"
+    assert kinds == ({"_Staged"} if STAGED_CASES[case_id] else {"_Plan"}), kinds
+
+
 def _dgrad_wvec(cin, layout, dtype, groups=1, w_strides=None):
     """The WVEC the dgrad plan gives a 3x3 stride-2 layer of Cin -> 8 channels (meta tensors)."""
     cl = layout == "channels_last"

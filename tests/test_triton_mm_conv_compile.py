@@ -55,6 +55,20 @@ def _candidate_count(op: str, case) -> int:
     return len((cbd if op == "conv_backward_data" else cbw).candidates(geo, item, "cuda", unit))
 
 
+F32_MM = "matmul[f32,A=1024x1024,B=1024x1024]"
+
+
+def _staged_job() -> str:
+    """float32 1024^3 with its first staged candidate (da reads transposed copies of dy and b)."""
+    sys.path.insert(0, str(ROOT))
+    from backends.triton import _conv
+
+    return f"matmul_backward|{F32_MM}|{len(_conv.gemm_candidates(4))}"
+
+
+STAGED_JOB = _staged_job()
+
+
 def _jobs() -> list[str]:
     """op|case id|tile index ("0": the default): the default of every bfloat16 and float32 perf case
     (float16 compiles the bfloat16 code with another element type), and every candidate of
@@ -62,7 +76,7 @@ def _jobs() -> list[str]:
     sys.path.insert(0, str(ROOT))
     from cases import select
 
-    jobs = []
+    jobs = [STAGED_JOB]
     for op in OPS:
         tuned = False
         for case in select("perf", op=op):
@@ -117,8 +131,8 @@ def _launches(op: str, case, force: int) -> list:
         from backends.triton import matmul_backward as mod
 
         plan = mod._plan(t["a"], t["b"], t["dy"], t["da"], t["db"], False, force)
-        # _gemm_kernel: x, y, c and two offset tables; _gemm2_kernel: a, b, dy, da, db and four
-        return [(p.launch, [ty] * 3 + ["int64"] * 2 if p.launch.n_tensors == 5 else [ty] * 5 + ["int64"] * 4)
+        # _gemm_kernel: x, y, c and two offset tables; _gemm2_kernel: x0, y0, c0, x1, y1, c1 and four
+        return [(p.launch, [ty] * 3 + ["int64"] * 2 if p.launch.n_tensors == 5 else [ty] * 6 + ["int64"] * 4)
                 for p in plan.products]
     cl = p.get("layout") == "channels_last"
     if op == "conv_backward_data":
@@ -157,6 +171,7 @@ def _compile(launch, ptr_types) -> dict:
             "shared": int(compiled.metadata.shared), "item": _ITEM[ptrs[names[0]]],
             # asynchronous global -> shared copies: cp.async (16-byte vectors) or TMA (cp.async.bulk)
             "cp_async": len(re.findall(r"\bcp\.async\.(?:ca|cg|bulk)", ptx)),
+            "lds_scalar": len(re.findall(r"\bld\.shared\.b32\b", ptx)),  # 4-byte shared loads (FMA dot)
             "constexprs": {k: v for k, v in constexprs.items() if k in constexpr_names}}
 
 
@@ -228,6 +243,17 @@ def test_matmul_pipelined(compiled, job):
             assert r["wgmma"], f"{job}: no wgmma"
         assert r["spills"] == 0, f"{job}: spills {r['spills']} bytes ({r['regs']} registers)"
         assert r["regs"] is None or r["regs"] <= REGS_MAX, f"{job}: {r['regs']} registers per thread"
+
+
+def test_matmul_f32_staged_reads_shared_memory_as_vectors(compiled):
+    """float32's dot runs on the FMA units: with row-major dy and b, da's tiles are K-major and the
+    default plan reads them from shared memory one element at a time; the staged plan's da reads
+    transposed copies, all vectors.  (db's branch reads vectors in both.)"""
+    default, staged = compiled[f"matmul_backward|{F32_MM}|0"], compiled[STAGED_JOB]
+    assert [r["kernel"] for r in staged] == ["_gemm2_kernel"], staged
+    assert staged[0]["constexprs"]["XC0"] == 2 and staged[0]["constexprs"]["YC0"] == 2, staged[0]["constexprs"]
+    assert default[0]["lds_scalar"] > 0, default[0]
+    assert staged[0]["lds_scalar"] == 0, staged[0]
 
 
 def _aligned_conv_jobs() -> list[str]:

@@ -49,9 +49,11 @@ class Tile:
     stages: int = 3
     group: int = 8   # programs along M that share B tiles in L2 (grouped launch order)
     tma: bool = False  # matmul: operand tiles through TMA descriptors (sm_90), not cp.async
+    stage: bool = False  # matmul, float32: da's K-major operands copied M- and K-major first
 
     def short(self) -> str:
-        return f"{self.bm}x{self.bn}x{self.bk}w{self.warps}s{self.stages}" + ("tma" if self.tma else "")
+        return f"{self.bm}x{self.bn}x{self.bk}w{self.warps}s{self.stages}" + ("tma" if self.tma else "") + \
+            ("st" if self.stage else "")
 
 
 # The interpreter runs every program in Python: few, large-ish blocks keep the smoke runs short.

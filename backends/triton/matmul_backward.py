@@ -27,6 +27,10 @@ batched GEMM with a folded batch (`_gemm_tile`):
 * TMA: for 16-bit inputs on that path the tuner also tries the large tiles with on-device TMA
   descriptors (`candidates`; sm_90); such a plan launches the cp.async kernel instead on a
   call whose tensors are not all 16-byte aligned (`_BothTMA`).
+* Staging: float32's dot runs on the FMA units, which read a K-major tile from shared memory one
+  element at a time; with row-major dy and b both of da's operands are K-major.  The tuner also
+  tries the float32 tiles with da reading transposed copies of dy and b made first (`_Staged`:
+  two copies of M*N + K*N elements beside 2*M*N*K multiply-adds) and keeps what is faster.
 
 Host side: plans are cached per (shapes, strides, dtype, device); a repeated call is a dict
 lookup and one or two launches through the compiled kernels' own launchers (_steps.Step).  On
@@ -186,20 +190,21 @@ def _gemm_kernel(x_ptr, y_ptr, c_ptr, xoff_ptr, yoff_ptr,
 # product alone would leave SMs idle (1024^3 with 128 x 128 tiles: 64 tiles per product on 132 SMs),
 # and one launch a call.  Each branch is the single-product kernel with its own constexprs.
 @jit(do_not_specialize=["T0", "P0", "Q0", "L0", "P1", "Q1", "L1"])
-def _gemm2_kernel(a_ptr, b_ptr, dy_ptr, da_ptr, db_ptr, xoff0_ptr, yoff0_ptr, xoff1_ptr, yoff1_ptr, T0,
+def _gemm2_kernel(x0_ptr, y0_ptr, c0_ptr, x1_ptr, y1_ptr, c1_ptr, xoff0_ptr, yoff0_ptr, xoff1_ptr, yoff1_ptr, T0,
                   P0, Q0, L0, R0, sxp0, sxl0, syl0, syq0,
                   P1, Q1, L1, R1, sxp1, sxl1, syl1, syq1,
                   BM0: tl.constexpr, BN0: tl.constexpr, EVEN_L0: tl.constexpr, XC0: tl.constexpr, YC0: tl.constexpr,
                   BM1: tl.constexpr, BN1: tl.constexpr, EVEN_L1: tl.constexpr, XC1: tl.constexpr, YC1: tl.constexpr,
                   BK: tl.constexpr, GROUP: tl.constexpr, IS_F64: tl.constexpr, VEC: tl.constexpr,
                   TMA: tl.constexpr):
-    """da = dy @ b^T (programs < T0; X = dy, Y = b^T) and db = a^T @ dy (X = a^T, Y = dy)."""
+    """Two products: C0 = X0 @ Y0 (programs < T0: da, X0 = dy, Y0 = b^T) and C1 = X1 @ Y1 (db, X1 = a^T,
+    Y1 = dy); the operands are separate pointers so that da may read staged copies (_Staged)."""
     pid = tl.program_id(0)
     if pid < T0:
-        _gemm_tile(dy_ptr, b_ptr, da_ptr, xoff0_ptr, yoff0_ptr, pid, P0, Q0, L0, R0, sxp0, sxl0, syl0, syq0,
+        _gemm_tile(x0_ptr, y0_ptr, c0_ptr, xoff0_ptr, yoff0_ptr, pid, P0, Q0, L0, R0, sxp0, sxl0, syl0, syq0,
                    BM0, BN0, BK, GROUP, EVEN_L0, IS_F64, XC0, YC0, VEC, TMA)
     else:
-        _gemm_tile(a_ptr, dy_ptr, db_ptr, xoff1_ptr, yoff1_ptr, pid - T0, P1, Q1, L1, R1, sxp1, sxl1, syl1, syq1,
+        _gemm_tile(x1_ptr, y1_ptr, c1_ptr, xoff1_ptr, yoff1_ptr, pid - T0, P1, Q1, L1, R1, sxp1, sxl1, syl1, syq1,
                    BM1, BN1, BK, GROUP, EVEN_L1, IS_F64, XC1, YC1, VEC, TMA)
 
 
@@ -311,13 +316,14 @@ class _Product:
 class _Both:
     """One launch of `_gemm2_kernel`: da and db together."""
 
-    __slots__ = ("launch", "tables")
+    __slots__ = ("launch", "index", "tables")
 
     def __init__(self, launch, da, db):
-        self.launch, self.tables = launch, (da.xoff, da.yoff, db.xoff, db.yoff)
+        self.launch, self.index = launch, (da.xi, da.yi, da.ci, db.xi, db.yi, db.ci)
+        self.tables = (da.xoff, da.yoff, db.xoff, db.yoff)
 
     def __call__(self, t):
-        self.launch(*t, *self.tables)
+        self.launch(*[t[i] for i in self.index], *self.tables)
 
 
 class _BothTMA(_Both):
@@ -331,7 +337,8 @@ class _BothTMA(_Both):
         self.fallback = fallback
 
     def __call__(self, t):
-        (self.launch if _steps.aligned(t) else self.fallback)(*t, *self.tables)
+        ptrs = [t[i] for i in self.index]
+        (self.launch if _steps.aligned(ptrs) else self.fallback)(*ptrs, *self.tables)
 
 
 _ALLOCATOR_SET = []
@@ -349,16 +356,48 @@ def _tma_allocator() -> None:
     _ALLOCATOR_SET.append(True)
 
 
-def candidates(itemsize: int, fused: bool) -> list:
-    """Tiles the tuner tries, the default first: the GEMM tiles, and where both products take the
+def candidates(itemsize: int, fused: bool, stageable: bool = False) -> list:
+    """Tiles the tuner tries, the default first: the GEMM tiles; where both products take the
     aligned path in 16 bits, TMA variants of the two largest (sm_90: elsewhere they fail to
-    compile and the tuner drops them)."""
+    compile and the tuner drops them); where da's operands can be staged (`_stageable`), the
+    float32 tiles again with staging, but for 64 x 64 (staged, ptxas spills it: 32 bytes at 96
+    registers; the other three use none)."""
     from dataclasses import replace
 
     cands = _conv.gemm_candidates(itemsize)
     if fused and itemsize == 2:
         cands += [replace(cands[0], tma=True), replace(cands[1], tma=True)]
+    if stageable:
+        cands += [replace(c, stage=True) for c in cands if (c.bm, c.bn) != (64, 64)]
     return cands
+
+
+def _stageable(a, b, dy, vec: int) -> bool:
+    """Whether da's operands can be staged (_Staged): float32 (its tl.dot runs on the FMA units; the
+    16-bit tiles feed ldmatrix, which reads K-major tiles well), dy and b contiguous, so that da's X
+    (dy) and Y (b^T) are both K-major, and M, N, K multiples of VEC (the copies aligned too)."""
+    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+    return (dy.element_size() == 4 and m * k * n > 0 and m % vec == 0 and k % vec == 0 and n % vec == 0
+            and _conv.repackable(dy, prod(dy.shape[:-2]), m) and _conv.repackable(b, prod(b.shape[:-2]), k))
+
+
+class _Staged:
+    """A plan whose da reads copies of dy and b made first (_conv.Repack: (.., M, N) to (.., N, M) and
+    (.., K, N) to (.., N, K)), through which its X and Y are M- and K-major: float32's FMA dot reads
+    both tiles from shared memory as vectors, where from K-major tiles it reads one element at a
+    time (the unstaged da's sm_90 PTX has 144 scalar ld.shared.b32 a 64 x 64 tile, db's none).
+    The buffers are kept with the plan (calls on one stream are ordered) and refilled every call."""
+
+    __slots__ = ("copies", "bufs", "views", "inner", "products")
+
+    def __init__(self, copies, bufs, views, inner):
+        self.copies, self.bufs, self.views, self.inner = copies, bufs, views, inner
+        self.products = inner.products if isinstance(inner, _Plan) else [inner]
+
+    def __call__(self, t):
+        self.copies[0](t[2], self.bufs[0])
+        self.copies[1](t[1], self.bufs[1])
+        self.inner(t + self.views)
 
 
 def _plan(a, b, dy, da, db, tune, force=None):
@@ -375,8 +414,34 @@ def _plan(a, b, dy, da, db, tune, force=None):
     # One launch for both where both take the aligned path; the gather fallback (a code 0) needs
     # so many registers for its per-element pointers that the two branches together would spill.
     fused = len(sides) == 2 and all(s.xc and s.yc for s in sides)
+    stageable = len(sides) == 2 and sides[0].xc == 1 and sides[0].yc == 1 and _stageable(a, b, dy, vec)
+    staging = []  # (copies, buffers, views, da's side): made once, shared by the staged candidates
+
+    def staged():
+        if not staging:
+            import torch
+
+            m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+            bufs = (torch.empty(dy.shape[:-2] + (n, m), dtype=dy.dtype, device=dy.device),
+                    torch.empty(b.shape[:-2] + (n, k), dtype=b.dtype, device=b.device))
+            views = (bufs[0].transpose(-1, -2), bufs[1].transpose(-1, -2))  # dy and b, M- and K-major
+            side = _side("da", a, views[1], views[0], vec)
+            side.xi, side.yi = 5, 6  # the views follow (a, b, dy, da, db)
+            copies = (_conv.Repack(prod(dy.shape[:-2]), m, n), _conv.Repack(prod(b.shape[:-2]), k, n))
+            staging.extend([copies, bufs, views, side])
+        return staging
 
     def build(tile):
+        if tile.stage and stageable:
+            copies, bufs, views, side = staged()
+            inner = build_sides(tile, [side, sides[1]])
+            launch = _Staged(copies, bufs, views, inner.launch)
+            runner = lambda: launch(tensors)  # noqa: E731
+            runner.launch = launch
+            return runner
+        return build_sides(tile, sides)
+
+    def build_sides(tile, sides):
         fitted = [_conv.small_tile(tile, s.p, s.q) for s in sides]
         warps = max(t.warps for t in fitted)
         common.update(BK=tile.bk, GROUP=tile.group)
@@ -389,21 +454,21 @@ def _plan(a, b, dy, da, db, tune, force=None):
             values = {"T0": t0, **sides[0].values(fitted[0], "0"), **sides[1].values(fitted[1], "1"), **common,
                       "TMA": False}
             grid = t0 + sides[1].tiles(fitted[1])
-            step = _steps.Step(_gemm2_kernel, grid, 9, values, warps, num_stages=tile.stages)
+            step = _steps.Step(_gemm2_kernel, grid, 10, values, warps, num_stages=tile.stages)
             launch = _Both(step, *sides)
             if tile.tma:
                 _tma_allocator()
-                tma = _steps.Step(_gemm2_kernel, grid, 9, {**values, "TMA": True}, warps, num_stages=tile.stages)
+                tma = _steps.Step(_gemm2_kernel, grid, 10, {**values, "TMA": True}, warps, num_stages=tile.stages)
                 launch = _BothTMA(tma, step, *sides)
         runner = lambda: launch(tensors)  # noqa: E731 - the tuner times the plan on this call's tensors
         runner.launch = launch
         return runner
 
-    cls = (str(dy.dtype),) + tuple(s.cls for s in sides)
-    cands = [_conv.INTERPRETER_TILE] if dy.device.type == "cpu" else candidates(item, fused)
+    cls = (str(dy.dtype), stageable) + tuple(s.cls for s in sides)
+    cands = [_conv.INTERPRETER_TILE] if dy.device.type == "cpu" else candidates(item, fused, stageable)
     flops = sum(2.0 * s.p * s.q * s.ln * s.z * s.r for s in sides)
     launch = TUNER.pick(cls, cands, build, dy.device, flops, tune, force).launch
-    return launch if isinstance(launch, _Plan) else _Plan([launch])
+    return launch if isinstance(launch, (_Plan, _Staged)) else _Plan([launch])
 
 
 class _Plan:

@@ -11,7 +11,9 @@
 #           launch of it (record kinds 5/6) on the 24 small-Cin full cases (smallc_full_s10.json)  -> check-*
 #   bench   the stem dgrad bench (dgrad_stem_s10.json: cupy@best, torch_ext, torch), and the conv scalar fills'
 #           cases (cv_gather: the stem wgrad, channels-first 1x1 and 3x3; gather_s11.json), beside torch,
-#           whose ratios the tenth session and BENCHMARKS have from before the change  -> stem-d/, gather/
+#           whose ratios the tenth session and BENCHMARKS have from before the change  -> stem-d/, gather/;
+#           triton's float32 1024^3 matmul with the staged candidates (twelfth session) beside torch, and
+#           the tuner's per-candidate times (scripts/gpu/tuner_log.py)                -> mm-f32/, mm-f32-tuner.json
 #   full    the full pairs no run passed (scripts/gpu/full_left.py): conv_left_cupy_s11.json (47 cases) through
 #           cupy@best and cupy@pertap in 2 shards, tc_left_torch_ext_s11.json (120) through torch_ext in 3,
 #           triton_left_s11.json (87) through triton in 3, all side by side until FULL_S after the start -> full-tc/
@@ -85,6 +87,11 @@ if has bench; then
   timeout -k 20 -s INT 150 $PY -m harness bench --cases $C/gather_s11.json $BENCH --time-limit 130 \
     --backend cupy@best --backend torch_ext --backend torch --report "$R/gather" > "$R/gather.log" 2>&1
   echo "exit $?"; grep -E "cupy|torch" "$R/gather.log" | head -40; pack
+  # the twelfth session's staged float32 candidates (da from transposed copies): the tuner's choice and time
+  timeout -k 20 -s INT 90 $PY -m harness bench --cases $C/mm_f32_s12.json $BENCH --time-limit 70 \
+    --backend triton --backend torch --report "$R/mm-f32" > "$R/mm-f32.log" 2>&1
+  echo "exit $?"; grep -E "triton|torch" "$R/mm-f32.log" | head
+  $PY scripts/gpu/tuner_log.py 1024 1024 1024 f32 | tee "$R/mm-f32-tuner.json"; pack
 fi
 if has profile; then
   profile "$PROFILE_LIST" '^(triton|cupy)'; pack
