@@ -3,6 +3,8 @@
 #   STEPS="check full" OUT=/some/dir bash scripts/gpu/batch_s11.sh     (issues 16 and 14: FULL_S=520 s from the start)
 #   STEPS="bench profile" OUT=...                                      (a warm machine: about 8 minutes)
 #   STEPS="profile" OUT=...                                            (issue 14: triton's misses, about 4 minutes)
+#   TORCH_EXT=0 STEPS="mmf32 profile" PROFILE_LIST=scripts/gpu/cases/profile_mm_s12.txt OUT=...
+#                                                                      (issue 14's two matmul misses: a short call)
 #   STEPS=convd OUT=...  then  STEPS=convw OUT=...                     (issues 14 and 16: one-run conv tables)
 #   STEPS=attn OUT=...                                                 (issue 14: the one-run attention table)
 # Steps:
@@ -11,8 +13,8 @@
 #           launch of it (record kinds 5/6) on the 24 small-Cin full cases (smallc_full_s10.json)  -> check-*
 #   bench   the stem dgrad bench (dgrad_stem_s10.json: cupy@best, torch_ext, torch), and the conv scalar fills'
 #           cases (cv_gather: the stem wgrad, channels-first 1x1 and 3x3; gather_s11.json), beside torch,
-#           whose ratios the tenth session and BENCHMARKS have from before the change  -> stem-d/, gather/;
-#           triton's float32 1024^3 matmul with the staged candidates (twelfth session) beside torch, and
+#           whose ratios the tenth session and BENCHMARKS have from before the change  -> stem-d/, gather/
+#   mmf32   triton's float32 1024^3 matmul with the staged candidates (twelfth session) beside torch, and
 #           the tuner's per-candidate times (scripts/gpu/tuner_log.py)                -> mm-f32/, mm-f32-tuner.json
 #   full    the full pairs no run passed (scripts/gpu/full_left.py): conv_left_cupy_s11.json (47 cases) through
 #           cupy@best and cupy@pertap in 2 shards, tc_left_torch_ext_s11.json (120) through torch_ext in 3,
@@ -87,11 +89,13 @@ if has bench; then
   timeout -k 20 -s INT 150 $PY -m harness bench --cases $C/gather_s11.json $BENCH --time-limit 130 \
     --backend cupy@best --backend torch_ext --backend torch --report "$R/gather" > "$R/gather.log" 2>&1
   echo "exit $?"; grep -E "cupy|torch" "$R/gather.log" | head -40; pack
-  # the twelfth session's staged float32 candidates (da from transposed copies): the tuner's choice and time
+fi
+if has mmf32; then
+  stamp "== mmf32: triton's float32 1024^3 matmul (the staged candidates) beside torch, and the tuner's times"
   timeout -k 20 -s INT 90 $PY -m harness bench --cases $C/mm_f32_s12.json $BENCH --time-limit 70 \
     --backend triton --backend torch --report "$R/mm-f32" > "$R/mm-f32.log" 2>&1
   echo "exit $?"; grep -E "triton|torch" "$R/mm-f32.log" | head
-  $PY scripts/gpu/tuner_log.py 1024 1024 1024 f32 | tee "$R/mm-f32-tuner.json"; pack
+  timeout 60 $PY scripts/gpu/tuner_log.py 1024 1024 1024 f32 | tee "$R/mm-f32-tuner.json"; pack
 fi
 if has profile; then
   profile "$PROFILE_LIST" '^(triton|cupy)'; pack
