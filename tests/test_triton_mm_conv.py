@@ -378,6 +378,25 @@ def test_tap_table_matches_enumeration():
         assert offsets == made_all
 
 
+def _matmul_with_tile(monkeypatch, case_id: str, tile):
+    """(result, plans): the matmul smoke case through the harness runner under the interpreter with the
+    interpreter's tile made `tile` (a CUDA tuner candidate's kind), stale-output and exact checks on."""
+    needs_interpreter()
+    from cases import select
+    from harness import runner
+    from harness.registry import find_impl
+
+    case = next(c for c in select("smoke", op="matmul_backward") if c.id == case_id)
+    monkeypatch.setattr(_conv, "INTERPRETER_TILE", tile)
+    mmb.clear_plans()
+    try:
+        r = runner.run_case(find_impl("matmul_backward", "triton"), case, "cpu", run_seed=0, oracle="numpy",
+                            recheck=True)
+        return r, list(mmb._PLANS.values())
+    finally:
+        mmb.clear_plans()
+
+
 TMA_CASES = ("matmul[f32,A=16x32,B=32x24]", "matmul[bf16,A=64x96,B=96x80,B:transposed]",
              "matmul[f32,A=4x1x8x16,B=3x16x12]", "matmul[f32,A=16x8,B=5x8x12]", "matmul[bf16,A=16x32,B=32x24]")
 
@@ -387,21 +406,9 @@ def test_matmul_tma_interpreted(monkeypatch, case_id):
     """The TMA variant of the one-launch matmul (a tuner candidate on CUDA) against the oracle under
     the interpreter: on-device descriptors, out-of-range tiles read as 0, transposed operands,
     folded batches.  The interpreter's tile is made a TMA tile for the test."""
-    needs_interpreter()
-    from cases import select
-    from harness import runner, status
-    from harness.registry import find_impl
-
-    case = next(c for c in select("smoke", op="matmul_backward") if c.id == case_id)
-    monkeypatch.setattr(_conv, "INTERPRETER_TILE", _conv.Tile(32, 32, 32, 1, 1, 1, tma=True))
-    mmb.clear_plans()
-    try:
-        r = runner.run_case(find_impl("matmul_backward", "triton"), case, "cpu", run_seed=0, oracle="numpy",
-                            recheck=True)
-        kinds = {type(p).__name__ for plan in mmb._PLANS.values() for p in plan.products}
-    finally:
-        mmb.clear_plans()
-    assert r.status == status.PASS, (r.status, r.reason)
+    r, plans = _matmul_with_tile(monkeypatch, case_id, _conv.Tile(32, 32, 32, 1, 1, 1, tma=True))
+    assert r.status == "PASS", (r.status, r.reason)
+    kinds = {type(p).__name__ for plan in plans for p in plan.products}
     assert kinds == {"_BothTMA"}, kinds
 
 
@@ -417,21 +424,9 @@ def test_matmul_staged_interpreted(monkeypatch, case_id):
     the oracle under the interpreter, with the stale-output and exact-arithmetic checks (the copies are
     remade every call): folded and broadcast batches.  Where it does not apply (a transposed b, N not a
     multiple of 4, 16 bits) the staged tile plans the unstaged way."""
-    needs_interpreter()
-    from cases import select
-    from harness import runner, status
-    from harness.registry import find_impl
-
-    case = next(c for c in select("smoke", op="matmul_backward") if c.id == case_id)
-    monkeypatch.setattr(_conv, "INTERPRETER_TILE", _conv.Tile(32, 32, 32, 1, 1, 1, stage=True))
-    mmb.clear_plans()
-    try:
-        r = runner.run_case(find_impl("matmul_backward", "triton"), case, "cpu", run_seed=0, oracle="numpy",
-                            recheck=True)
-        kinds = {type(plan).__name__ for plan in mmb._PLANS.values()}
-    finally:
-        mmb.clear_plans()
-    assert r.status == status.PASS, (r.status, r.reason)
+    r, plans = _matmul_with_tile(monkeypatch, case_id, _conv.Tile(32, 32, 32, 1, 1, 1, stage=True))
+    assert r.status == "PASS", (r.status, r.reason)
+    kinds = {type(plan).__name__ for plan in plans}
     assert r.recheck == "oracle"
     assert kinds == ({"_Staged"} if STAGED_CASES[case_id] else {"_Plan"}), kinds
 
