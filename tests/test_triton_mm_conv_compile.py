@@ -61,9 +61,9 @@ F32_MM = "matmul[f32,A=1024x1024,B=1024x1024]"
 def _staged_job() -> str:
     """float32 1024^3 with its first staged candidate (da reads transposed copies of dy and b)."""
     sys.path.insert(0, str(ROOT))
-    from backends.triton import _conv
+    from backends.triton import matmul_backward as mmb
 
-    return f"matmul_backward|{F32_MM}|{len(_conv.gemm_candidates(4))}"
+    return f"matmul_backward|{F32_MM}|{next(i for i, t in enumerate(mmb.candidates(4, True, True)) if t.stage)}"
 
 
 STAGED_JOB = _staged_job()

@@ -41,6 +41,7 @@ Nothing is unsupported: every case the oracle defines runs.
 from __future__ import annotations
 
 from math import prod
+from operator import itemgetter
 
 from backends.triton import _conv, _steps, triton_backend
 from backends.triton.common import IMPORT_ERROR, byte_span, cdiv, interpreted, jit, on_device, overlap, tl
@@ -316,14 +317,14 @@ class _Product:
 class _Both:
     """One launch of `_gemm2_kernel`: da and db together."""
 
-    __slots__ = ("launch", "index", "tables")
+    __slots__ = ("launch", "pick", "tables")
 
     def __init__(self, launch, da, db):
-        self.launch, self.index = launch, (da.xi, da.yi, da.ci, db.xi, db.yi, db.ci)
+        self.launch, self.pick = launch, itemgetter(da.xi, da.yi, da.ci, db.xi, db.yi, db.ci)
         self.tables = (da.xoff, da.yoff, db.xoff, db.yoff)
 
     def __call__(self, t):
-        self.launch(*[t[i] for i in self.index], *self.tables)
+        self.launch(*self.pick(t), *self.tables)
 
 
 class _BothTMA(_Both):
@@ -337,7 +338,7 @@ class _BothTMA(_Both):
         self.fallback = fallback
 
     def __call__(self, t):
-        ptrs = [t[i] for i in self.index]
+        ptrs = self.pick(t)
         (self.launch if _steps.aligned(ptrs) else self.fallback)(*ptrs, *self.tables)
 
 
@@ -434,14 +435,15 @@ def _plan(a, b, dy, da, db, tune, force=None):
     def build(tile):
         if tile.stage and stageable:
             copies, bufs, views, side = staged()
-            inner = build_sides(tile, [side, sides[1]])
-            launch = _Staged(copies, bufs, views, inner.launch)
-            runner = lambda: launch(tensors)  # noqa: E731
-            runner.launch = launch
-            return runner
-        return build_sides(tile, sides)
+            launch = _Staged(copies, bufs, views, launches(tile, [side, sides[1]]))
+        else:
+            launch = launches(tile, sides)
+        runner = lambda: launch(tensors)  # noqa: E731 - the tuner times the plan on this call's tensors
+        runner.launch = launch
+        return runner
 
-    def build_sides(tile, sides):
+    def launches(tile, sides):
+        """The launch(es) of `sides` with `tile`: a _Product, a _Plan of them, _Both or _BothTMA."""
         fitted = [_conv.small_tile(tile, s.p, s.q) for s in sides]
         warps = max(t.warps for t in fitted)
         common.update(BK=tile.bk, GROUP=tile.group)
@@ -460,9 +462,7 @@ def _plan(a, b, dy, da, db, tune, force=None):
                 _tma_allocator()
                 tma = _steps.Step(_gemm2_kernel, grid, 10, {**values, "TMA": True}, warps, num_stages=tile.stages)
                 launch = _BothTMA(tma, step, *sides)
-        runner = lambda: launch(tensors)  # noqa: E731 - the tuner times the plan on this call's tensors
-        runner.launch = launch
-        return runner
+        return launch
 
     cls = (str(dy.dtype), stageable) + tuple(s.cls for s in sides)
     cands = [_conv.INTERPRETER_TILE] if dy.device.type == "cpu" else candidates(item, fused, stageable)
