@@ -64,8 +64,9 @@ def test_tflops_table_text(tmp_path):
 # The next device call's inputs (scripts/gpu/batch_s11.sh): its case file loads through the registry,
 # and each line of its profile list names a registered implementation of the op and a case the
 # registry accepts, so the call does not spend device time on a typo.
-NEXT_CASES = ("conv_left_cupy_s11.json", "tc_left_torch_ext_s11.json", "triton_left_s11.json", "gather_s11.json")
-NEXT_PROFILES = ("profile_tc_s11.txt",)
+NEXT_CASES = ("conv_left_cupy_s11.json", "tc_left_torch_ext_s11.json", "triton_left_s11.json", "gather_s11.json",
+              "mm_f32_s12.json", "dgrad_f32_s13.json")
+NEXT_PROFILES = ("profile_tc_s11.txt", "profile_mm_s12.txt")
 
 
 def test_the_next_calls_case_files_load():

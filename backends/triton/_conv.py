@@ -49,7 +49,10 @@ class Tile:
     stages: int = 3
     group: int = 8   # programs along M that share B tiles in L2 (grouped launch order)
     tma: bool = False  # matmul: operand tiles through TMA descriptors (sm_90), not cp.async
-    stage: bool = False  # matmul, float32: da's K-major operands copied M- and K-major first
+    # float32 (the FMA dot reads a K-major A tile from shared memory one element at a time): A made
+    # M-major there.  matmul: da's operands copied M- and K-major first; dgrad: dy read channels
+    # first (in place, or a channels-first copy), its tile loaded channel-major and transposed.
+    stage: bool = False
 
     def short(self) -> str:
         return f"{self.bm}x{self.bn}x{self.bk}w{self.warps}s{self.stages}" + ("tma" if self.tma else "") + \
@@ -257,12 +260,14 @@ class Staging:
         return self.repacks[i]
 
     def buffers(self, *like):
-        """Flat buffers of the sizes and dtypes of `like` (allocated on the first call)."""
+        """Flat buffers of the sizes and dtypes of `like` (allocated on the first call), None where
+        the operand's Repack is None (that operand is used in place)."""
         bufs = self.bufs
         if bufs is None:
             import torch
 
-            bufs = self.bufs = [torch.empty(t.numel(), dtype=t.dtype, device=t.device) for t in like]
+            bufs = self.bufs = [None if r is None else torch.empty(t.numel(), dtype=t.dtype, device=t.device)
+                                for r, t in zip(self.repacks, like)]
         return bufs
 
 
@@ -275,6 +280,13 @@ def channels_aligned(g: Geo3, itemsize: int) -> bool:
     """Whether a group's channel blocks start on 16-byte boundaries (Cin/g, Cout/g multiples of 16 bytes)."""
     vec = 16 // itemsize
     return g.cig % vec == 0 and g.cog % vec == 0
+
+
+def first_strides5(n: int, c: int, sp: tuple) -> tuple:
+    """(n, c, d, h, w) strides of a contiguous channels-first (N, C, D, H, W) tensor (Repack's copy
+    of a channels-last operand back to channels first)."""
+    d, h, w = sp
+    return (c * d * h * w, d * h * w, h * w, w, 1)
 
 
 def staged_strides5(st5: tuple, c: int) -> tuple:

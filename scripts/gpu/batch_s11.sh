@@ -3,8 +3,9 @@
 #   STEPS="check full" OUT=/some/dir bash scripts/gpu/batch_s11.sh     (issues 16 and 14: FULL_S=520 s from the start)
 #   STEPS="bench profile" OUT=...                                      (a warm machine: about 8 minutes)
 #   STEPS="profile" OUT=...                                            (issue 14: triton's misses, about 4 minutes)
-#   TORCH_EXT=0 STEPS="mmf32 profile" PROFILE_LIST=scripts/gpu/cases/profile_mm_s12.txt OUT=...
-#                                                                      (issue 14's two matmul misses: a short call)
+#   TORCH_EXT=0 STEPS="mmf32 dgf32 profile" PROFILE_LIST=scripts/gpu/cases/profile_mm_s12.txt OUT=...
+#                                                                      (issue 14's float32 FMA-dot A/Bs and the
+#                                                                       two matmul misses: a short call)
 #   STEPS=convd OUT=...  then  STEPS=convw OUT=...                     (issues 14 and 16: one-run conv tables)
 #   STEPS=attn OUT=...                                                 (issue 14: the one-run attention table)
 # Steps:
@@ -16,6 +17,9 @@
 #           whose ratios the tenth session and BENCHMARKS have from before the change  -> stem-d/, gather/
 #   mmf32   triton's float32 1024^3 matmul with the staged candidates (twelfth session) beside torch, and
 #           the tuner's per-candidate times (scripts/gpu/tuner_log.py)                -> mm-f32/, mm-f32-tuner.json
+#   dgf32   triton's float32 dgrad perf cases (dgrad_f32_s13.json: 1D and 2D, stride 1 and 2, both layouts)
+#           with the channel-major candidates (thirteenth session) beside torch, and the tuner's times
+#                                                                              -> dg-f32/, dg-f32-tuner.json
 #   full    the full pairs no run passed (scripts/gpu/full_left.py): conv_left_cupy_s11.json (47 cases) through
 #           cupy@best and cupy@pertap in 2 shards, tc_left_torch_ext_s11.json (120) through torch_ext in 3,
 #           triton_left_s11.json (87) through triton in 3, all side by side until FULL_S after the start -> full-tc/
@@ -95,7 +99,14 @@ if has mmf32; then
   timeout -k 20 -s INT 90 $PY -m harness bench --cases $C/mm_f32_s12.json $BENCH --time-limit 70 \
     --backend triton --backend torch --report "$R/mm-f32" > "$R/mm-f32.log" 2>&1
   echo "exit $?"; grep -E "triton|torch" "$R/mm-f32.log" | head
-  timeout 60 $PY scripts/gpu/tuner_log.py 1024 1024 1024 f32 | tee "$R/mm-f32-tuner.json"; pack
+  timeout 60 $PY scripts/gpu/tuner_log.py $C/mm_f32_s12.json | tee "$R/mm-f32-tuner.json"; pack
+fi
+if has dgf32; then
+  stamp "== dgf32: triton's float32 dgrad (the channel-major candidates) beside torch, and the tuner's times"
+  timeout -k 20 -s INT 260 $PY -m harness bench --cases $C/dgrad_f32_s13.json $BENCH --time-limit 230 \
+    --backend triton --backend torch --report "$R/dg-f32" > "$R/dg-f32.log" 2>&1
+  echo "exit $?"; grep -E "triton|torch" "$R/dg-f32.log" | head -20
+  timeout 200 $PY scripts/gpu/tuner_log.py $C/dgrad_f32_s13.json | tee "$R/dg-f32-tuner.json"; pack
 fi
 if has profile; then
   profile "$PROFILE_LIST" '^(triton|cupy)'; pack

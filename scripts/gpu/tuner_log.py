@@ -1,31 +1,44 @@
-"""Print what the triton matmul_backward tuner tried on one CUDA case, and its choice (one JSON line).
+"""Print what a triton tuner tried on each case of a case file, and its choice (one JSON line a case).
 
-    python scripts/gpu/tuner_log.py M K N [dtype]     (a: M x K, b: K x N, contiguous; dtype f32 by default)
+    python scripts/gpu/tuner_log.py CASES.json [...]     (matmul_backward, conv_backward_data, conv_backward_weight)
 
-The tuner times each candidate plan with CUDA events on the first checked call (backends/triton/_conv.py
-Tuner.pick); its log is the per-candidate A/B (the staged float32 candidates included)."""
+Each case's inputs (the harness's generator, seed 0) go to the GPU and the op's triton entry is called
+once, checked: on a shape class's first checked call the tuner times every candidate plan with CUDA
+events (backends/triton/_conv.py Tuner.pick).  Its log is the per-candidate A/B: the staged float32
+matmul candidates and the channel-major float32 dgrad ones among them."""
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+TUNED = ("matmul_backward", "conv_backward_data", "conv_backward_weight")
 
-def main(argv: list[str]) -> None:
+
+def main(paths: list[str]) -> None:
     import torch
 
-    from backends.triton import matmul_backward as mmb
+    from cases.registry import load_file
+    from harness.frameworks import adapter
+    from harness.prepare import generate
+    from harness.registry import find_impl, get_op
 
-    m, k, n = map(int, argv[:3])
-    dt = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}[argv[3] if len(argv) > 3 else "f32"]
-    g = torch.Generator(device="cuda").manual_seed(0)
-    a, b, dy = (torch.randn(s, generator=g, device="cuda").to(dt) for s in ((m, k), (k, n), (m, n)))
-    outs = {"da": torch.empty_like(a), "db": torch.empty_like(b)}
-    mmb.matmul_backward({"a": a, "b": b, "dy": dy}, outs, {})
-    torch.cuda.synchronize()
-    print(json.dumps({"case": [m, k, n, str(dt)], "log": {str(key): v for key, v in mmb.TUNER.log.items()}}))
+    torch_ = adapter("torch")
+    for case in (c for p in paths for c in load_file(p)):
+        if case.op not in TUNED:
+            raise SystemExit(f"tuner_log: {case.id}: {case.op} has no triton tuner (expected one of {TUNED})")
+        spec, mod = get_op(case.op), importlib.import_module(f"backends.triton.{case.op}")
+        inputs = {k: torch_.to_device(t, "cuda") for k, t in generate(case).items()}
+        shapes = spec.shapes(case)
+        outs = {k: torch.empty(shapes[k], dtype=next(iter(inputs.values())).dtype, device="cuda") for k in spec.outputs}
+        before = set(mod.TUNER.log)
+        find_impl(case.op, "triton").fn(inputs, outs, case.params)
+        torch.cuda.synchronize()
+        log = {str(k): v for k, v in mod.TUNER.log.items() if k not in before}
+        print(json.dumps({"case": case.id, "log": log}), flush=True)
 
 
 if __name__ == "__main__":
