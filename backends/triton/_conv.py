@@ -85,6 +85,17 @@ def gather_candidates(itemsize: int) -> list[Tile]:
     return gemm_candidates(itemsize)
 
 
+def distinct(tiles, fit) -> list[Tile]:
+    """The tiles in order but those that fit(tile) makes the same as an earlier one (fitted to a
+    small layer, several candidates become one tile, which the tuner would time again)."""
+    seen, out = set(), []
+    for t in tiles:
+        if fit(t) not in seen:
+            seen.add(fit(t))
+            out.append(t)
+    return out
+
+
 def small_tile(tile: Tile, m: int, n: int) -> Tile:
     """`tile` shrunk (by halves, not below 16) where the problem is narrower than it."""
     bm, bn = tile.bm, tile.bn

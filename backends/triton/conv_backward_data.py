@@ -233,22 +233,23 @@ def _ew(g: _conv.Geo3) -> bool:
 
 def candidates(g: _conv.Geo3, itemsize: int, device_type: str, unit_channels: bool = True,
                channel_major: bool = False) -> list:
-    """Tiles (BM positions, BN channels, BK output channels) tried for this geometry, default first;
-    with `channel_major` (_channel_major), float32's GEMM tiles again as channel-major (`stage`) tiles."""
+    """Tiles (BM positions, BN channels, BK output channels) tried for this geometry, default first,
+    none that fits it (_fit) as an earlier one does; with `channel_major` (_channel_major),
+    float32's GEMM tiles again as channel-major (`stage`) tiles."""
     from dataclasses import replace
 
     if device_type == "cpu":  # the interpreter
         cands = [_conv.Tile(128, 16, 16, 1, 1)] if not _ew(g) else [_conv.Tile(2048, 16, 1, 1, 1)]
     elif _ew(g):  # bm: elements of the tile (rows = bm / channels), bn: channels at most
-        return [_conv.Tile(1024, 64, 1, 4, 1), _conv.Tile(2048, 64, 1, 8, 1), _conv.Tile(512, 32, 1, 4, 1),
-                _conv.Tile(2048, 128, 1, 8, 1)]
+        cands = [_conv.Tile(1024, 64, 1, 4, 1), _conv.Tile(2048, 64, 1, 8, 1), _conv.Tile(512, 32, 1, 4, 1),
+                 _conv.Tile(2048, 128, 1, 8, 1)]
     else:
         # unit_channels: dy's and w's channel strides are 1, so the tiles' loads vectorise along channels
         cands = _conv.gemm_candidates(itemsize) if unit_channels else _conv.gather_candidates(itemsize)
     if channel_major:  # dy's tile is not a channel vector there: the GEMM tiles whatever unit_channels says
         cands = cands + [replace(c, stage=True) for c in (cands[:1] if device_type == "cpu"
                                                            else _conv.gemm_candidates(itemsize))]
-    return cands
+    return _conv.distinct(cands, lambda t: _fit(t, g))
 
 
 def _fit(tile: _conv.Tile, g: _conv.Geo3) -> _conv.Tile:

@@ -194,13 +194,15 @@ def _mt(g: _conv.Geo3) -> bool:
 
 
 def candidates(g: _conv.Geo3, itemsize: int, device_type: str, unit_channels: bool = True) -> list:
-    """Tiles (BM output channels, BN input channels, BK positions) tried, the default first."""
+    """Tiles (BM output channels, BN input channels, BK positions) tried, the default first, none that
+    fits the geometry (_fit) as an earlier one does."""
     if device_type == "cpu":  # the interpreter
-        return [_conv.Tile(1, 64, 2048, 1, 1)] if _ew(g) else [_conv.Tile(16, 16, 32, 1, 1)]
-    if _ew(g):  # bk: elements of the tile (positions = bk / columns), bn: (co, c) columns at most
-        return [_conv.Tile(1, 64, 2048, 4, 1), _conv.Tile(1, 128, 4096, 8, 1), _conv.Tile(1, 32, 2048, 4, 1)]
-    # unit_channels: dy's and x's channel strides are 1, so the tiles' loads vectorise along channels
-    return _conv.gemm_candidates(itemsize) if unit_channels else _conv.gather_candidates(itemsize)
+        cands = [_conv.Tile(1, 64, 2048, 1, 1)] if _ew(g) else [_conv.Tile(16, 16, 32, 1, 1)]
+    elif _ew(g):  # bk: elements of the tile (positions = bk / columns), bn: (co, c) columns at most
+        cands = [_conv.Tile(1, 64, 2048, 4, 1), _conv.Tile(1, 128, 4096, 8, 1), _conv.Tile(1, 32, 2048, 4, 1)]
+    else:  # unit_channels: dy's and x's channel strides are 1, so the tiles' loads vectorise along channels
+        cands = _conv.gemm_candidates(itemsize) if unit_channels else _conv.gather_candidates(itemsize)
+    return _conv.distinct(cands, lambda t: _fit(t, g))
 
 
 def _fit(tile: _conv.Tile, g: _conv.Geo3) -> _conv.Tile:
