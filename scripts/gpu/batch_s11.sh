@@ -17,9 +17,9 @@
 #           whose ratios the tenth session and BENCHMARKS have from before the change  -> stem-d/, gather/
 #   mmf32   triton's float32 1024^3 matmul with the staged candidates (twelfth session) beside torch, and
 #           the tuner's per-candidate times (scripts/gpu/tuner_log.py)                -> mm-f32/, mm-f32-tuner.json
-#   dgf32   triton's float32 dgrad perf cases (dgrad_f32_s13.json: 1D and 2D, stride 1 and 2, both layouts)
-#           with the channel-major candidates (thirteenth session) beside torch, and the tuner's times
-#                                                                              -> dg-f32/, dg-f32-tuner.json
+#   dgf32   the tuner's per-candidate times on triton's float32 dgrad perf cases (dgrad_f32_s13.json: 1D and
+#           2D, stride 1 and 2, both layouts): the plain tiles against the channel-major ones (thirteenth
+#           session); the convd step's bench has them beside torch                       -> dg-f32-tuner.json
 #   full    the full pairs no run passed (scripts/gpu/full_left.py): conv_left_cupy_s11.json (47 cases) through
 #           cupy@best and cupy@pertap in 2 shards, tc_left_torch_ext_s11.json (120) through torch_ext in 3,
 #           triton_left_s11.json (87) through triton in 3, all side by side until FULL_S after the start -> full-tc/
@@ -102,10 +102,7 @@ if has mmf32; then
   timeout 60 $PY scripts/gpu/tuner_log.py $C/mm_f32_s12.json | tee "$R/mm-f32-tuner.json"; pack
 fi
 if has dgf32; then
-  stamp "== dgf32: triton's float32 dgrad (the channel-major candidates) beside torch, and the tuner's times"
-  timeout -k 20 -s INT 260 $PY -m harness bench --cases $C/dgrad_f32_s13.json $BENCH --time-limit 230 \
-    --backend triton --backend torch --report "$R/dg-f32" > "$R/dg-f32.log" 2>&1
-  echo "exit $?"; grep -E "triton|torch" "$R/dg-f32.log" | head -20
+  stamp "== dgf32: the tuner's times of triton's float32 dgrad candidates (the channel-major ones among them)"
   timeout 200 $PY scripts/gpu/tuner_log.py $C/dgrad_f32_s13.json | tee "$R/dg-f32-tuner.json"; pack
 fi
 if has profile; then
