@@ -38,8 +38,16 @@ needs_host = pytest.mark.skipif(WHY is not None, reason=f"CUDA-on-CPU stand-in u
 SOURCE = _nvrtc.read_source(mm.SOURCE)
 
 
+def _dtype(expr: str) -> str:
+    """The element type a kernel name expression instantiates (mm_sgemm: float32 only)."""
+    if expr.startswith("mm_sgemm<"):
+        return "f32"
+    targ = expr.split("<", 1)[1].split(",")[0].rstrip(">").strip()
+    return next(k for k, v in mmplan.CUDA_TYPE.items() if v == targ)
+
+
 def _signature(expr: str) -> list[str]:
-    t = expr.split("<", 1)[1].split(",")[0].rstrip(">").strip()
+    t = mmplan.CUDA_TYPE[_dtype(expr)]
     return ["MMGemm", f"const {t}*", f"const {t}*", "const long long*", f"{t}*"]
 
 
@@ -62,8 +70,7 @@ class HostDevice:
 
     def launch(self, launch: mmplan.Launch, args) -> None:
         expr = launch.expr.replace(", true>", ", false>") if self.force_scalar else launch.expr
-        dt = next(k for k, v in mmplan.CUDA_TYPE.items() if expr.split("<")[1].startswith(v + ",") or
-                  expr.split("<")[1] == v + ">")
+        dt = _dtype(expr)
         self.launches.append(expr)
         kernels(dt).launch(expr, launch.grid, launch.block, [args[0].tobytes(), *args[1:]], smem=launch.smem)
 
@@ -79,13 +86,14 @@ class HostDevice:
 
 mmhost = Backend("mmhost", framework="numpy", devices=("cpu",), register=False,
                  description="the cupy matmul_backward kernels' CUDA source run on the CPU (tests/cuda_host)")
-RUNGS = ("naive", "regtile", "smem", "best")
+RUNGS = mmplan.VARIANTS
 DEVICES = {name: HostDevice() for name in RUNGS}
 DEVICES["best_scalar"] = HostDevice(force_scalar=True)  # mm_mma's element-load path on every case
+DEVICES["sgemm_scalar"] = HostDevice(force_scalar=True)  # mm_sgemm's element-load path
 
 
 def _impl(name: str):
-    variant = "best" if name == "best_scalar" else name
+    variant = name.removesuffix("_scalar")
 
     def fn(inputs, outs, params):
         a, b, dy = inputs["a"], inputs["b"], inputs["dy"]
@@ -123,6 +131,8 @@ def test_every_rung_on_the_smoke_set(case):
         _check(name, case)
     if case.dtype in ("bf16", "f16"):
         _check("best_scalar", case)
+    if case.dtype == "f32":
+        _check("sgemm_scalar", case)
 
 
 # Several tiles in i and j (128 x 128 tiles), a reduction tail, every layout, folds.
@@ -135,6 +145,8 @@ MULTI = [
     _case((40, 24), (3, 24, 136), "bf16", b_layout="transposed"),
     _case((24, 40), (40, 72), "bf16", a_layout="sliced", b_layout="sliced"),
     _case((136, 40), (40, 72), "f32"),
+    _case((2, 132, 36), (36, 136), "f32", b_layout="transposed"),
+    _case((3, 1, 20, 44), (2, 44, 132), "f32", a_layout="transposed"),
     _case((2, 20, 72), (72, 136), "f64", a_layout="transposed"),
 ]
 
@@ -145,6 +157,9 @@ def test_best_on_multi_tile_cases(case):
     _check("best", case)
     if case.dtype in ("bf16", "f16"):
         _check("best_scalar", case)
+    if case.dtype == "f32":
+        _check("sgemm", case)
+        _check("sgemm_scalar", case)
 
 
 def test_perf_layouts_get_16_byte_copies():
@@ -319,3 +334,60 @@ def test_cupy_host_checks_on_numpy_arrays():
         mm._check_overlap({"a": a, "b": b, "dy": dy, "da": buf[:128].reshape(8, 16), "db": buf[120:184].reshape(16, 4)})
     with pytest.raises(TypeError, match="expected one of"):
         mm._checked_entry(a.astype(np.int32), b, dy, da, db)
+
+
+# ----------------------------------------------------------------------------- mm_sgemm directly
+
+
+@needs_host
+@pytest.mark.parametrize("xt, yt, vec", list(product((False, True), repeat=3)))
+def test_sgemm_kernel_tails_and_folds(xt, yt, vec):
+    """mm_sgemm (float32) on every operand orientation, with and without 16-byte loads: C = sum over 2
+    folds of X·Y, 2 output batches, I and J past one 128 tile and R past several 8-deep steps.  With
+    16-byte loads the contiguous extents are multiples of 4 (vec4_ok's rule) but not of the tile; without
+    them none is (I, J, R odd); J % 4 picks the vector or the element store of the output."""
+    I, J, R = (132, 136, 44) if vec else (131, 133, 45)
+    F, P = 2, 2
+    rng = np.random.default_rng(11)
+    pad = lambda n: -(-n // 4) * 4 + 4  # noqa: E731 - row strides: multiples of 4 past the extent
+    xr_rows, xc = (R, I) if xt else (I, R)
+    yr_rows, yc = (R, J) if yt else (J, R)
+    xs, ys = pad(xc), pad(yc)
+    xbuf = rng.uniform(-2, 2, (P * F, xr_rows, xs)).astype(np.float32)
+    ybuf = rng.uniform(-2, 2, (P * F, yr_rows, ys)).astype(np.float32)
+    xv = xbuf.astype(np.float64)[:, :, :xc]
+    yv = ybuf.astype(np.float64)[:, :, :yc]
+    X = np.swapaxes(xv, 1, 2) if xt else xv   # [k][i][r]
+    Y = yv if yt else np.swapaxes(yv, 1, 2)   # [k][r][j]
+    want = np.einsum("kir,krj->kij", X, Y).reshape(P, F, I, J).sum(axis=1)
+    g = mmplan.Gemm("da", "dy", "b", I, J, R, F, P,
+                    1 if xt else xs, xs if xt else 1, ys if yt else 1, 1 if yt else ys,
+                    np.array([[k * xr_rows * xs, k * yr_rows * ys] for k in range(P * F)], dtype=np.int64).reshape(-1))
+    assert mmplan.orientation(g) == (xt, yt)
+    assert mmplan.vec4_ok(g, 0, 0) == vec
+    launch = mmplan.choose(g, "sgemm", "f32", vec)
+    assert launch.expr == f"mm_sgemm<{mmplan._b(xt)}, {mmplan._b(yt)}, {mmplan._b(vec)}>"
+    scale = np.sqrt(np.einsum("kir,krj->kij", X ** 2, Y ** 2).reshape(P, F, I, J).sum(axis=1))
+    c = np.empty(P * I * J, dtype=np.float32)
+    for sched in range(cuda_host.SCHEDULES):
+        c[...] = np.nan
+        kernels("f32").launch(launch.expr, launch.grid, launch.block, [mm.gemm_struct(launch.words).tobytes(), xbuf,
+                              ybuf, g.off, c], smem=launch.smem, schedule=sched)
+        got = c.astype(np.float64).reshape(P, I, J)
+        assert not np.isnan(got).any()
+        # float32 accumulation over F * R terms plus the output's rounding
+        err = np.abs(got - want) / (2.0 ** -24 * np.abs(want) + 2.0 ** -24 * np.sqrt(F * R) * 4 * scale)
+        assert (err <= 1).all(), (launch.expr, sched, float(err.max()))
+
+
+def test_sgemm_rung_takes_16_byte_loads_on_the_f32_perf_case():
+    """float32 1024^3 (contiguous): both GEMMs of @sgemm launch mm_sgemm with 16-byte loads; a
+    transposed or sliced operand, or an extent off the 4-grid, falls back to element loads."""
+    a = b = (1024, 1024)
+    for g in mmplan.plan_call(a, mmplan_contig(a), b, mmplan_contig(b), (1024, 1024), mmplan_contig((1024, 1024))):
+        assert mmplan.vec4_ok(g, 0, 0) and mmplan.vec4_ok(g, 16, 32) and not mmplan.vec4_ok(g, 8, 0)
+        assert mmplan.choose(g, "sgemm", "f32", True).expr.startswith("mm_sgemm<")
+        assert mmplan.choose(g, "sgemm", "bf16", False).expr.startswith("mm_mma<")  # other dtypes: best's
+    a, b = (1024, 1026), (1026, 1024)
+    assert not all(mmplan.vec4_ok(g, 0, 0) for g in mmplan.plan_call(a, mmplan_contig(a), b, mmplan_contig(b),
+                                                                        (1024, 1024), mmplan_contig((1024, 1024))))

@@ -34,9 +34,12 @@ SMALL_BM = 64
 # mm_smem tilings: (BM, BN, BK, TM, TN), both 256 threads.
 SMEM_RUNG = (64, 64, 16, 4, 4)
 SMEM_BEST = (128, 128, 16, 8, 8)
+SG_BM, SG_BK, SG_LD = 128, 8, 132  # mm_sgemm's block tile, k step and shared row length
 
 CUDA_TYPE = {"f32": "float", "f64": "double", "f16": "__half", "bf16": "__nv_bfloat16"}
-VARIANTS = ("naive", "regtile", "smem", "best")
+# sgemm: float32 through mm_sgemm (the other dtypes through best's kernels), a rung until the GPU has
+# measured it against best's float32 path (mm_smem)
+VARIANTS = ("naive", "regtile", "smem", "sgemm", "best")
 
 
 @dataclass
@@ -159,6 +162,18 @@ def vec_ok(g: Gemm, x_ptr: int, y_ptr: int) -> bool:
     return not (g.off.size and (g.off % 8).any())
 
 
+def vec4_ok(g: Gemm, x_ptr: int, y_ptr: int) -> bool:
+    """16-byte loads legal for mm_sgemm (float32): unit stride along the contiguous dim, whose extent
+    is a multiple of 4 (a vector is all in range or all out), the other stride and every fold offset
+    multiples of 4 elements, base pointers 16-byte aligned."""
+    xt, yt = orientation(g)
+    xu, xs, xn = (g.xi, g.xr, g.I) if xt else (g.xr, g.xi, g.R)
+    yu, ys, yn = (g.yj, g.yr, g.J) if yt else (g.yr, g.yj, g.R)
+    if xu != 1 or yu != 1 or xs % 4 or ys % 4 or xn % 4 or yn % 4 or x_ptr % 16 or y_ptr % 16:
+        return False
+    return not (g.off.size and (g.off % 4).any())
+
+
 def smem_bytes(xt: bool, yt: bool, bm: int = BM) -> int:
     """mm_mma_smem<XT, YT, BM>() of the .cuh."""
     xe = BK * (bm + PAD) if xt else bm * (BK + PAD)
@@ -184,8 +199,8 @@ def _cdiv(a: int, b: int) -> int:
 
 
 def choose(g: Gemm, variant: str, dt: str, vec: bool = False, bm: int | None = None) -> Launch:
-    """The launch of GEMM `g` for `variant` (naive, regtile, smem, best) and dtype `dt`; `vec`
-    from vec_ok (used by best on bf16 / f16); `bm` forces mm_mma's tile rows (tests)."""
+    """The launch of GEMM `g` for `variant` (naive, regtile, smem, sgemm, best) and dtype `dt`; `vec`
+    from vec_ok (best on bf16 / f16) or vec4_ok (sgemm on f32); `bm` forces mm_mma's tile rows (tests)."""
     if g.P > MAX_GRID_Y:
         raise ValueError(f"matmul_backward: {g.P} output batch elements for {g.out}, expected at most {MAX_GRID_Y}")
     t = CUDA_TYPE[dt]
@@ -194,6 +209,12 @@ def choose(g: Gemm, variant: str, dt: str, vec: bool = False, bm: int | None = N
     if variant == "regtile":
         return Launch(f"mm_regtile<{t}>", (_cdiv(_cdiv(g.I, V) * _cdiv(g.J, V), BLOCK), g.P), BLOCK, 0,
                       tuple(g.words()))
+    if variant == "sgemm" and dt == "f32":
+        xt, yt = orientation(g)
+        ti, tj = _cdiv(g.I, SG_BM), _cdiv(g.J, SG_BM)
+        return Launch(f"mm_sgemm<{_b(xt)}, {_b(yt)}, {_b(vec)}>", (ti * tj, g.P), BLOCK, 0, tuple(g.words(ti, tj)))
+    if variant == "sgemm":  # its other dtypes: best's kernels
+        variant = "best"
     small = _cdiv(g.I, BM) * _cdiv(g.J, BN) * g.P < FULL_WAVE
     if variant == "best" and dt in ("bf16", "f16"):
         xt, yt = orientation(g)
@@ -215,6 +236,7 @@ def all_kernel_exprs(dt: str) -> list[str]:
     out = [f"mm_naive<{t}>", f"mm_regtile<{t}>", "mm_smem<{}, {}, {}, {}, {}, {}>".format(t, *SMEM_RUNG)]
     if dt == "f32":
         out.append("mm_smem<{}, {}, {}, {}, {}, {}>".format(t, *SMEM_BEST))
+        out += [f"mm_sgemm<{_b(xt)}, {_b(yt)}, {_b(v)}>" for xt, yt, v in product((False, True), repeat=3)]
     if dt in ("bf16", "f16"):
         out += [f"mm_mma<{t}, {bm}, {_b(xt)}, {_b(yt)}, {_b(v)}>" for bm in (SMALL_BM, BM)
                 for xt, yt, v in product((False, True), repeat=3)]

@@ -22,6 +22,11 @@
 //                       fetched cooperatively (each thread a few elements, predicated), each
 //                       thread a TM x TN register block; block (BM/TM)*(BN/TN) threads, grid
 //                       (tiles, P).  The f32 / f64 path of `best` (no TF32).
+//   mm_sgemm<XT, YT, VEC>
+//                       float32 on the FMA units, vectorised: 128 x 128 x 8 block tiles, 8 x 8 per
+//                       thread in four 4 x 4 quadrants (16-byte shared reads), two shared buffers
+//                       fed through registers (one barrier a step); VEC: 16-byte global loads.
+//                       Block 256, grid (tiles, P).  The `sgemm` rung.
 //   mm_mma<T, BM, XT, YT, VEC>
 //                       bf16 / f16 on tensor cores: BM x 128 x 32 block tiles (BM 128, or 64 for
 //                       grids too small to fill the GPU), 8 warps (2 x 4) of BM/2 x 32,
@@ -191,6 +196,137 @@ __global__ void __launch_bounds__((BM / TM) * (BN / TN)) mm_smem(const __grid_co
     for (int v = 0; v < TN; ++v) {
       const long long j = j0 + tx + TX * v;
       if (i < g.I && j < g.J) c[i * g.J + j] = mm_store<T, A>(acc[u][v]);
+    }
+  }
+}
+
+// ============================================================================ float32 SIMT, vectorised
+
+// 16 bytes of floats: an aligned struct copy is one 128-bit load or store.
+struct alignas(16) mm_f4 {
+  float v[4];
+};
+
+// Per BK-deep step, the thread's share of one operand tile (BM x BK of X or BK x BN of Y, 4
+// elements a thread) in registers: TF: the tile's free dim (i or j) is the contiguous one, so
+// the 4 run along it at (free 4 * (tid % 32), r tid / 32); else along r at (free tid / 2,
+// r 4 * (tid % 2)).  VEC: one 16-byte load (the host proved alignment, unit stride and an extent
+// along the contiguous dim that is a multiple of 4, so the 4 are all in range or all out).
+template <bool TF, bool VEC>
+__device__ __forceinline__ void mm_sg_load(float (&v)[4], const float* base, long long f0, long long fn,
+                                           long long fs, long long r0, long long rn, long long rs) {
+  const int t = threadIdx.x;
+  const long long f = f0 + (TF ? 4 * (t % 32) : t / 2), r = r0 + (TF ? t / 32 : 4 * (t % 2));
+  if (VEC) {
+    if (f < fn && r < rn) {
+      const mm_f4 q = *reinterpret_cast<const mm_f4*>(base + f * fs + r * rs);
+      for (int e = 0; e < 4; ++e) v[e] = q.v[e];
+    } else {
+      for (int e = 0; e < 4; ++e) v[e] = 0.f;
+    }
+  } else {
+    for (int e = 0; e < 4; ++e) {
+      const long long fe = TF ? f + e : f, re = TF ? r : r + e;
+      v[e] = fe < fn && re < rn ? base[fe * fs + re * rs] : 0.f;
+    }
+  }
+}
+
+// ... and its store into the k-major shared tile s[BK][MM_SG_LD]: along the free dim one 16-byte
+// store; along r four scalar ones (rows 132 floats apart: the two r halves of a warp in other banks).
+template <bool TF>
+__device__ __forceinline__ void mm_sg_store(float* s, const float (&v)[4]) {
+  const int t = threadIdx.x;
+  if (TF) {
+    mm_f4 q;
+    for (int e = 0; e < 4; ++e) q.v[e] = v[e];
+    *reinterpret_cast<mm_f4*>(s + (t / 32) * MM_SG_LD + 4 * (t % 32)) = q;
+  } else {
+    for (int e = 0; e < 4; ++e) s[(4 * (t % 2) + e) * MM_SG_LD + t / 2] = v[e];
+  }
+}
+
+// mm_sgemm<XT, YT, VEC>: float32 C = sum_f X_f · Y_f (the contract above) on the FMA units, IEEE
+// products (no TF32).  128 x 128 block tiles, 8-deep k steps, 256 threads each an 8 x 8 block:
+// rows 4 ty .. and 64 + 4 ty .. (ty = tid / 16), columns 4 tx .. and 64 + 4 tx .. (tx = tid % 16),
+// so every operand read from shared memory is a 16-byte vector (X's: two addresses a warp, a
+// broadcast; Y's: 16 consecutive vectors).  Two shared buffers: step t+1's tiles are loaded into
+// registers before step t's products and stored to the other buffer after them, one barrier a
+// step.  XT: X contiguous along i (else along r); YT: Y contiguous along j (else along r).
+// Registers: 64 accumulators, 16 operands, 8 in flight and the addressing: 131-149 with no spills
+// (sm_90), so one block of 8 warps per SM (capped at 128 for two, ptxas spills 24-56 bytes).
+template <bool XT, bool YT, bool VEC>
+__global__ void __launch_bounds__(MM_BLOCK) mm_sgemm(const __grid_constant__ MMGemm g, const float* X,
+                                                      const float* Y, const long long* off, float* C) {
+  __shared__ __align__(16) float xs[2][MM_SG_BK * MM_SG_LD];
+  __shared__ __align__(16) float ys[2][MM_SG_BK * MM_SG_LD];
+  long long ti, tj;
+  mm_tile(blockIdx.x, g.tiles_i, g.tiles_j, ti, tj);
+  const long long i0 = ti * MM_SG_BM, j0 = tj * MM_SG_BM, p = blockIdx.y;
+  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+  const long long nk = (g.R + MM_SG_BK - 1) / MM_SG_BK, total = g.F * nk;
+  float rx[4], ry[4];
+  // The next step's share of both tiles into rx, ry: steps run fold by fold, r0 through each.
+  long long f = 0, r0 = 0;
+  auto load = [&]() {
+    const float* x = X + off[2 * (p * g.F + f)];
+    const float* y = Y + off[2 * (p * g.F + f) + 1];
+    mm_sg_load<XT, VEC>(rx, x, i0, g.I, g.xi, r0, g.R, g.xr);
+    mm_sg_load<YT, VEC>(ry, y, j0, g.J, g.yj, r0, g.R, g.yr);
+    r0 += MM_SG_BK;
+    if (r0 >= g.R) {
+      r0 = 0;
+      ++f;
+    }
+  };
+  float acc[8][8];
+  for (int u = 0; u < 8; ++u)
+    for (int v = 0; v < 8; ++v) acc[u][v] = 0.f;
+  if (total > 0) {
+    load();
+    mm_sg_store<XT>(xs[0], rx);
+    mm_sg_store<YT>(ys[0], ry);
+  }
+  __syncthreads();
+  for (long long t = 0; t < total; ++t) {
+    const int b = (int)(t & 1);
+    if (t + 1 < total) load();  // step t + 1's, in flight during the products below
+#pragma unroll
+    for (int k = 0; k < MM_SG_BK; ++k) {
+      const mm_f4 a0 = *reinterpret_cast<const mm_f4*>(xs[b] + k * MM_SG_LD + 4 * ty);
+      const mm_f4 a1 = *reinterpret_cast<const mm_f4*>(xs[b] + k * MM_SG_LD + 64 + 4 * ty);
+      const mm_f4 b0 = *reinterpret_cast<const mm_f4*>(ys[b] + k * MM_SG_LD + 4 * tx);
+      const mm_f4 b1 = *reinterpret_cast<const mm_f4*>(ys[b] + k * MM_SG_LD + 64 + 4 * tx);
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        const float a = u < 4 ? a0.v[u] : a1.v[u - 4];
+#pragma unroll
+        for (int v = 0; v < 8; ++v) acc[u][v] += a * (v < 4 ? b0.v[v] : b1.v[v - 4]);
+      }
+    }
+    if (t + 1 < total) {  // the other buffer: last read in step t - 1, before the barrier that ended it
+      mm_sg_store<XT>(xs[b ^ 1], rx);
+      mm_sg_store<YT>(ys[b ^ 1], ry);
+    }
+    __syncthreads();
+  }
+  float* c = C + p * g.I * g.J;
+  const bool vec_out = g.J % 4 == 0;  // then a row's 4 columns 4 tx .. are all in range or all out
+  for (int u = 0; u < 8; ++u) {
+    const long long i = i0 + (u < 4 ? 4 * ty + u : 64 + 4 * ty + u - 4);
+    if (i >= g.I) continue;
+    for (int h = 0; h < 2; ++h) {
+      const long long j = j0 + 64 * h + 4 * tx;
+      if (vec_out) {
+        if (j < g.J) {
+          mm_f4 q;
+          for (int e = 0; e < 4; ++e) q.v[e] = acc[u][4 * h + e];
+          *reinterpret_cast<mm_f4*>(c + i * g.J + j) = q;
+        }
+      } else {
+        for (int e = 0; e < 4; ++e)
+          if (j + e < g.J) c[i * g.J + j + e] = acc[u][4 * h + e];
+      }
     }
   }
 }

@@ -6,6 +6,9 @@ Variants, the matmul ladder of seed 001 then tensor cores (registration order):
   @naive    one thread per output element, operands from global memory.
   @regtile  each thread a 4 x 4 register block.
   @smem     64 x 64 block tiles, 16-deep shared-memory tiles fetched cooperatively, 4 x 4 per thread.
+  @sgemm    f32: 128 x 128 x 8 tiles, 8 x 8 per thread read from shared memory as 16-byte vectors,
+            two shared buffers fed through registers, 16-byte global loads where legal (mm_sgemm);
+            the other dtypes as @best.  A rung until the GPU has set it beside @best's f32 path.
   @best     bf16 / f16: mma.sync m16n8k16 on tensor cores, ldmatrix fragments, a 3-stage
             cp.async pipeline, 128 x 128 x 32 tiles (the `mma` rung); f32: 128 x 128 SIMT tiles
             (8 x 8 per thread, IEEE float32, no TF32); f64: the smem rung's tiles in double.
@@ -50,6 +53,7 @@ class Entry:
     dt: str
     gemms: tuple
     vec_static: dict = field(default_factory=dict)   # gemm.out -> 16-byte copies legal but for pointers
+    vec4_static: dict = field(default_factory=dict)  # gemm.out -> mm_sgemm's 16-byte loads legal but for pointers
     launches: dict = field(default_factory=dict)     # (variant, gemm.out, vec) -> (Launch, struct)
     tables: dict = field(default_factory=dict)       # (device key, gemm.out) -> the offset table there
     apart: set = field(default_factory=set)          # address tuples checked for overlap
@@ -74,6 +78,7 @@ def entry_for(dt: str, a_shape, a_str, b_shape, b_str, dy_shape, dy_str) -> Entr
         entry = Entry(dt, gemms)
         for g in gemms:  # pointers 0: aligned; the per-call test adds the real ones
             entry.vec_static[g.out] = not g.empty and not g.zero and mmplan.vec_ok(g, 0, 0)
+            entry.vec4_static[g.out] = not g.empty and not g.zero and mmplan.vec4_ok(g, 0, 0)
         if len(_ENTRIES) >= _MAX_ENTRIES:
             _ENTRIES.clear()
         _ENTRIES[key] = entry
@@ -85,6 +90,8 @@ def run(dev, variant: str, entry: Entry, arrays: dict) -> list:
     dy, da, db; returns the launches made."""
     made = []
     tc = variant == "best" and entry.dt in ("bf16", "f16")
+    sg = variant == "sgemm" and entry.dt == "f32"
+    static = entry.vec_static if tc else entry.vec4_static
     for g in entry.gemms:
         out = arrays[g.out]
         if g.empty:
@@ -93,7 +100,7 @@ def run(dev, variant: str, entry: Entry, arrays: dict) -> list:
             dev.fill_zero(out)
             continue
         x, y = arrays[g.x], arrays[g.y]
-        vec = tc and entry.vec_static[g.out] and dev.ptr(x) % 16 == 0 and dev.ptr(y) % 16 == 0
+        vec = (tc or sg) and static[g.out] and dev.ptr(x) % 16 == 0 and dev.ptr(y) % 16 == 0
         launch, struct = entry.launch(variant, g, vec)
         dev.launch(launch, (struct, x, y, dev.table(entry, g), out))
         made.append(launch)
