@@ -15,8 +15,10 @@
 #   bench   the stem dgrad bench (dgrad_stem_s10.json: cupy@best, torch_ext, torch), and the conv scalar fills'
 #           cases (cv_gather: the stem wgrad, channels-first 1x1 and 3x3; gather_s11.json), beside torch,
 #           whose ratios the tenth session and BENCHMARKS have from before the change  -> stem-d/, gather/
-#   mmf32   triton's float32 1024^3 matmul with the staged candidates (twelfth session) beside torch, and
-#           the tuner's per-candidate times (scripts/gpu/tuner_log.py)                -> mm-f32/, mm-f32-tuner.json
+#   mmf32   cupy@sgemm (thirteenth session) on matmul's 29 float32 full cases; the float32 1024^3 matmul
+#           through triton (the twelfth session's staged candidates), cupy@sgemm, cupy@best and torch; and
+#           triton's tuner's per-candidate times (scripts/gpu/tuner_log.py)
+#                                                         -> sgemm-full.*, mm-f32/, mm-f32-tuner.json
 #   dgf32   the tuner's per-candidate times on triton's float32 dgrad perf cases (dgrad_f32_s13.json: 1D and
 #           2D, stride 1 and 2, both layouts): the plain tiles against the channel-major ones (thirteenth
 #           session); the convd step's bench has them beside torch                       -> dg-f32-tuner.json
@@ -95,10 +97,14 @@ if has bench; then
   echo "exit $?"; grep -E "cupy|torch" "$R/gather.log" | head -40; pack
 fi
 if has mmf32; then
-  stamp "== mmf32: triton's float32 1024^3 matmul (the staged candidates) beside torch, and the tuner's times"
+  stamp "== mmf32: cupy@sgemm's float32 full cases, then float32 1024^3 through triton (the staged candidates),"\
+    "cupy@sgemm, cupy@best and torch, and triton's tuner's times"
+  timeout -s INT 120 $PY -m harness run --op matmul_backward --cases full --dtype f32 --device cuda \
+    --backend cupy@sgemm --seed 13 --json "$R/sgemm-full.json" > "$R/sgemm-full.log" 2>&1
+  tail -1 "$R/sgemm-full.log"; failures "$R/sgemm-full.log"
   timeout -k 20 -s INT 90 $PY -m harness bench --cases $C/mm_f32_s12.json $BENCH --time-limit 70 \
-    --backend triton --backend torch --report "$R/mm-f32" > "$R/mm-f32.log" 2>&1
-  echo "exit $?"; grep -E "triton|torch" "$R/mm-f32.log" | head
+    --backend triton --backend cupy@sgemm --backend cupy@best --backend torch --report "$R/mm-f32" > "$R/mm-f32.log" 2>&1
+  echo "exit $?"; grep -E "triton|torch|cupy" "$R/mm-f32.log" | head
   timeout 60 $PY scripts/gpu/tuner_log.py $C/mm_f32_s12.json | tee "$R/mm-f32-tuner.json"; pack
 fi
 if has dgf32; then
