@@ -340,13 +340,16 @@ def test_cupy_host_checks_on_numpy_arrays():
 
 
 @needs_host
+@pytest.mark.parametrize("bm", [64, 128])
 @pytest.mark.parametrize("xt, yt, vec", list(product((False, True), repeat=3)))
-def test_sgemm_kernel_tails_and_folds(xt, yt, vec):
+def test_sgemm_kernel_tails_and_folds(xt, yt, vec, bm):
     """mm_sgemm (float32) on every operand orientation, with and without 16-byte loads: C = sum over 2
     folds of X·Y, 2 output batches, I and J past one 128 tile and R past several 8-deep steps.  With
     16-byte loads the contiguous extents are multiples of 4 (vec4_ok's rule) but not of the tile; without
     them none is (I, J, R odd); J % 4 picks the vector or the element store of the output."""
     I, J, R = (132, 136, 44) if vec else (131, 133, 45)
+    if bm == 64:  # past two 64 tiles
+        I, J = I - 60, J - 60
     F, P = 2, 2
     rng = np.random.default_rng(11)
     pad = lambda n: -(-n // 4) * 4 + 4  # noqa: E731 - row strides: multiples of 4 past the extent
@@ -365,8 +368,9 @@ def test_sgemm_kernel_tails_and_folds(xt, yt, vec):
                     np.array([[k * xr_rows * xs, k * yr_rows * ys] for k in range(P * F)], dtype=np.int64).reshape(-1))
     assert mmplan.orientation(g) == (xt, yt)
     assert mmplan.vec4_ok(g, 0, 0) == vec
-    launch = mmplan.choose(g, "sgemm", "f32", vec)
-    assert launch.expr == f"mm_sgemm<{mmplan._b(xt)}, {mmplan._b(yt)}, {mmplan._b(vec)}>"
+    launch = mmplan.choose(g, "sgemm", "f32", vec, bm)
+    assert launch.expr == f"mm_sgemm<{bm}, {bm}, {mmplan._b(xt)}, {mmplan._b(yt)}, {mmplan._b(vec)}>"
+    assert launch.block == bm * bm // 64
     scale = np.sqrt(np.einsum("kir,krj->kij", X ** 2, Y ** 2).reshape(P, F, I, J).sum(axis=1))
     c = np.empty(P * I * J, dtype=np.float32)
     for sched in range(cuda_host.SCHEDULES):
@@ -381,12 +385,14 @@ def test_sgemm_kernel_tails_and_folds(xt, yt, vec):
 
 
 def test_sgemm_rung_takes_16_byte_loads_on_the_f32_perf_case():
-    """float32 1024^3 (contiguous): both GEMMs of @sgemm launch mm_sgemm with 16-byte loads; a
+    """float32 1024^3 (contiguous): both GEMMs of @sgemm launch mm_sgemm with 16-byte loads, on 64 x 64
+    tiles; a
     transposed or sliced operand, or an extent off the 4-grid, falls back to element loads."""
     a = b = (1024, 1024)
     for g in mmplan.plan_call(a, mmplan_contig(a), b, mmplan_contig(b), (1024, 1024), mmplan_contig((1024, 1024))):
         assert mmplan.vec4_ok(g, 0, 0) and mmplan.vec4_ok(g, 16, 32) and not mmplan.vec4_ok(g, 8, 0)
-        assert mmplan.choose(g, "sgemm", "f32", True).expr.startswith("mm_sgemm<")
+        # 64 tiles of 128 x 128 would leave half the SMs idle: 256 of 64 x 64
+        assert mmplan.choose(g, "sgemm", "f32", True).expr.startswith("mm_sgemm<64, 64, ")
         assert mmplan.choose(g, "sgemm", "bf16", False).expr.startswith("mm_mma<")  # other dtypes: best's
     a, b = (1024, 1026), (1026, 1024)
     assert not all(mmplan.vec4_ok(g, 0, 0) for g in mmplan.plan_call(a, mmplan_contig(a), b, mmplan_contig(b),

@@ -34,7 +34,7 @@ SMALL_BM = 64
 # mm_smem tilings: (BM, BN, BK, TM, TN), both 256 threads.
 SMEM_RUNG = (64, 64, 16, 4, 4)
 SMEM_BEST = (128, 128, 16, 8, 8)
-SG_BM, SG_BK, SG_LD = 128, 8, 132  # mm_sgemm's block tile, k step and shared row length
+SG_BK = 8  # mm_sgemm's k step (its tiles: BM x BN, 128 x 128 or SMALL_BM x SMALL_BM for small grids)
 
 CUDA_TYPE = {"f32": "float", "f64": "double", "f16": "__half", "bf16": "__nv_bfloat16"}
 # sgemm: float32 through mm_sgemm (the other dtypes through best's kernels), a rung until the GPU has
@@ -200,7 +200,8 @@ def _cdiv(a: int, b: int) -> int:
 
 def choose(g: Gemm, variant: str, dt: str, vec: bool = False, bm: int | None = None) -> Launch:
     """The launch of GEMM `g` for `variant` (naive, regtile, smem, sgemm, best) and dtype `dt`; `vec`
-    from vec_ok (best on bf16 / f16) or vec4_ok (sgemm on f32); `bm` forces mm_mma's tile rows (tests)."""
+    from vec_ok (best on bf16 / f16) or vec4_ok (sgemm on f32); `bm` forces mm_mma's tile rows or
+    mm_sgemm's square tile (tests)."""
     if g.P > MAX_GRID_Y:
         raise ValueError(f"matmul_backward: {g.P} output batch elements for {g.out}, expected at most {MAX_GRID_Y}")
     t = CUDA_TYPE[dt]
@@ -209,13 +210,15 @@ def choose(g: Gemm, variant: str, dt: str, vec: bool = False, bm: int | None = N
     if variant == "regtile":
         return Launch(f"mm_regtile<{t}>", (_cdiv(_cdiv(g.I, V) * _cdiv(g.J, V), BLOCK), g.P), BLOCK, 0,
                       tuple(g.words()))
+    small = _cdiv(g.I, BM) * _cdiv(g.J, BN) * g.P < FULL_WAVE
     if variant == "sgemm" and dt == "f32":
         xt, yt = orientation(g)
-        ti, tj = _cdiv(g.I, SG_BM), _cdiv(g.J, SG_BM)
-        return Launch(f"mm_sgemm<{_b(xt)}, {_b(yt)}, {_b(vec)}>", (ti * tj, g.P), BLOCK, 0, tuple(g.words(ti, tj)))
+        tile = bm or (SMALL_BM if small else BM)
+        ti, tj = _cdiv(g.I, tile), _cdiv(g.J, tile)
+        return Launch(f"mm_sgemm<{tile}, {tile}, {_b(xt)}, {_b(yt)}, {_b(vec)}>", (ti * tj, g.P), tile * tile // 64,
+                      0, tuple(g.words(ti, tj)))
     if variant == "sgemm":  # its other dtypes: best's kernels
         variant = "best"
-    small = _cdiv(g.I, BM) * _cdiv(g.J, BN) * g.P < FULL_WAVE
     if variant == "best" and dt in ("bf16", "f16"):
         xt, yt = orientation(g)
         bm = bm or (SMALL_BM if small else BM)
@@ -236,7 +239,8 @@ def all_kernel_exprs(dt: str) -> list[str]:
     out = [f"mm_naive<{t}>", f"mm_regtile<{t}>", "mm_smem<{}, {}, {}, {}, {}, {}>".format(t, *SMEM_RUNG)]
     if dt == "f32":
         out.append("mm_smem<{}, {}, {}, {}, {}, {}>".format(t, *SMEM_BEST))
-        out += [f"mm_sgemm<{_b(xt)}, {_b(yt)}, {_b(v)}>" for xt, yt, v in product((False, True), repeat=3)]
+        out += [f"mm_sgemm<{t}, {t}, {_b(xt)}, {_b(yt)}, {_b(v)}>" for t in (SMALL_BM, BM)
+                for xt, yt, v in product((False, True), repeat=3)]
     if dt in ("bf16", "f16"):
         out += [f"mm_mma<{t}, {bm}, {_b(xt)}, {_b(yt)}, {_b(v)}>" for bm in (SMALL_BM, BM)
                 for xt, yt, v in product((False, True), repeat=3)]

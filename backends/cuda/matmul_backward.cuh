@@ -22,11 +22,12 @@
 //                       fetched cooperatively (each thread a few elements, predicated), each
 //                       thread a TM x TN register block; block (BM/TM)*(BN/TN) threads, grid
 //                       (tiles, P).  The f32 / f64 path of `best` (no TF32).
-//   mm_sgemm<XT, YT, VEC>
-//                       float32 on the FMA units, vectorised: 128 x 128 x 8 block tiles, 8 x 8 per
-//                       thread in four 4 x 4 quadrants (16-byte shared reads), two shared buffers
-//                       fed through registers (one barrier a step); VEC: 16-byte global loads.
-//                       Block 256, grid (tiles, P).  The `sgemm` rung.
+//   mm_sgemm<BM, BN, XT, YT, VEC>
+//                       float32 on the FMA units, vectorised: BM x BN x 8 block tiles (128 x 128, or
+//                       64 x 64 for grids too small to fill the GPU), 8 x 8 per thread in four 4 x 4
+//                       quadrants (16-byte shared reads), two shared buffers fed through registers
+//                       (one barrier a step); VEC: 16-byte global loads.  Block BM*BN/64, grid
+//                       (tiles, P).  The `sgemm` rung.
 //   mm_mma<T, BM, XT, YT, VEC>
 //                       bf16 / f16 on tensor cores: BM x 128 x 32 block tiles (BM 128, or 64 for
 //                       grids too small to fill the GPU), 8 warps (2 x 4) of BM/2 x 32,
@@ -207,96 +208,120 @@ struct alignas(16) mm_f4 {
   float v[4];
 };
 
-// Per BK-deep step, the thread's share of one operand tile (BM x BK of X or BK x BN of Y, 4
-// elements a thread) in registers: TF: the tile's free dim (i or j) is the contiguous one, so
-// the 4 run along it at (free 4 * (tid % 32), r tid / 32); else along r at (free tid / 2,
-// r 4 * (tid % 2)).  VEC: one 16-byte load (the host proved alignment, unit stride and an extent
-// along the contiguous dim that is a multiple of 4, so the 4 are all in range or all out).
-template <bool TF, bool VEC>
-__device__ __forceinline__ void mm_sg_load(float (&v)[4], const float* base, long long f0, long long fn,
-                                           long long fs, long long r0, long long rn, long long rs) {
-  const int t = threadIdx.x;
-  const long long f = f0 + (TF ? 4 * (t % 32) : t / 2), r = r0 + (TF ? t / 32 : 4 * (t % 2));
-  if (VEC) {
-    if (f < fn && r < rn) {
-      const mm_f4 q = *reinterpret_cast<const mm_f4*>(base + f * fs + r * rs);
-      for (int e = 0; e < 4; ++e) v[e] = q.v[e];
+// Threads of an mm_sgemm block: one per 8 x 8 block of the BM x BN tile.
+template <int BM, int BN>
+__host__ __device__ constexpr int mm_sg_threads() {
+  return BM * BN / 64;
+}
+
+// Per 8-deep step, one operand tile (FREE x 8 of X or 8 x FREE of Y) is 2 FREE chunks of 4 elements,
+// CH = 2 FREE / NT a thread, chunk c = tid + q NT in registers: TF: the free dim (i or j) is the
+// contiguous one, so chunk c runs along it at (free 4 (c % (FREE / 4)), r c / (FREE / 4)); else along
+// r at (free c / 2, r 4 (c % 2)).  VEC: one 16-byte load (the host proved alignment, unit stride and an
+// extent along the contiguous dim that is a multiple of 4, so a chunk is all in range or all out).
+template <int FREE, int NT, bool TF, bool VEC>
+__device__ __forceinline__ void mm_sg_load(float (&v)[2 * FREE / NT][4], const float* base, long long f0,
+                                           long long fn, long long fs, long long r0, long long rn, long long rs) {
+#pragma unroll
+  for (int q = 0; q < 2 * FREE / NT; ++q) {
+    const int c = threadIdx.x + q * NT;
+    const long long f = f0 + (TF ? 4 * (c % (FREE / 4)) : c / 2), r = r0 + (TF ? c / (FREE / 4) : 4 * (c % 2));
+    if (VEC) {
+      if (f < fn && r < rn) {
+        const mm_f4 w = *reinterpret_cast<const mm_f4*>(base + f * fs + r * rs);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) v[q][e] = w.v[e];
+      } else {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) v[q][e] = 0.f;
+      }
+    } else {  // the chunk's run: `left` elements of it in range, `step` apart
+      const float* run = base + f * fs + r * rs;
+      const long long step = TF ? fs : rs, left = (TF ? r < rn : f < fn) ? (TF ? fn - f : rn - r) : 0;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) v[q][e] = e < left ? run[e * step] : 0.f;
+    }
+  }
+}
+
+// ... and their stores into the k-major shared tile s[8][FREE + 4]: along the free dim one 16-byte
+// store a chunk; along r four scalar ones (rows FREE + 4 floats apart: a warp's two r halves land
+// 16 banks apart).
+template <int FREE, int NT, bool TF>
+__device__ __forceinline__ void mm_sg_store(float* s, const float (&v)[2 * FREE / NT][4]) {
+  constexpr int LD = FREE + 4;
+#pragma unroll
+  for (int q = 0; q < 2 * FREE / NT; ++q) {
+    const int c = threadIdx.x + q * NT;
+    if (TF) {
+      mm_f4 w;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) w.v[e] = v[q][e];
+      *reinterpret_cast<mm_f4*>(s + (c / (FREE / 4)) * LD + 4 * (c % (FREE / 4))) = w;
     } else {
-      for (int e = 0; e < 4; ++e) v[e] = 0.f;
-    }
-  } else {
-    for (int e = 0; e < 4; ++e) {
-      const long long fe = TF ? f + e : f, re = TF ? r : r + e;
-      v[e] = fe < fn && re < rn ? base[fe * fs + re * rs] : 0.f;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[(4 * (c % 2) + e) * LD + c / 2] = v[q][e];
     }
   }
 }
 
-// ... and its store into the k-major shared tile s[BK][MM_SG_LD]: along the free dim one 16-byte
-// store; along r four scalar ones (rows 132 floats apart: the two r halves of a warp in other banks).
-template <bool TF>
-__device__ __forceinline__ void mm_sg_store(float* s, const float (&v)[4]) {
-  const int t = threadIdx.x;
-  if (TF) {
-    mm_f4 q;
-    for (int e = 0; e < 4; ++e) q.v[e] = v[e];
-    *reinterpret_cast<mm_f4*>(s + (t / 32) * MM_SG_LD + 4 * (t % 32)) = q;
-  } else {
-    for (int e = 0; e < 4; ++e) s[(4 * (t % 2) + e) * MM_SG_LD + t / 2] = v[e];
-  }
-}
-
-// mm_sgemm<XT, YT, VEC>: float32 C = sum_f X_f · Y_f (the contract above) on the FMA units, IEEE
-// products (no TF32).  128 x 128 block tiles, 8-deep k steps, 256 threads each an 8 x 8 block:
-// rows 4 ty .. and 64 + 4 ty .. (ty = tid / 16), columns 4 tx .. and 64 + 4 tx .. (tx = tid % 16),
-// so every operand read from shared memory is a 16-byte vector (X's: two addresses a warp, a
-// broadcast; Y's: 16 consecutive vectors).  Two shared buffers: step t+1's tiles are loaded into
-// registers before step t's products and stored to the other buffer after them, one barrier a
-// step.  XT: X contiguous along i (else along r); YT: Y contiguous along j (else along r).
-// Registers: 64 accumulators, 16 operands, 8 in flight and the addressing: 131-149 with no spills
-// (sm_90), so one block of 8 warps per SM (capped at 128 for two, ptxas spills 24-56 bytes).
-template <bool XT, bool YT, bool VEC>
-__global__ void __launch_bounds__(MM_BLOCK) mm_sgemm(const __grid_constant__ MMGemm g, const float* X,
-                                                      const float* Y, const long long* off, float* C) {
-  __shared__ __align__(16) float xs[2][MM_SG_BK * MM_SG_LD];
-  __shared__ __align__(16) float ys[2][MM_SG_BK * MM_SG_LD];
+// mm_sgemm<BM, BN, XT, YT, VEC>: float32 C = sum_f X_f · Y_f (the contract above) on the FMA units,
+// IEEE products (no TF32).  BM x BN block tiles (128 x 128, or 64 x 64 for grids that would not fill
+// the GPU), 8-deep k steps, a thread per 8 x 8 block: rows 4 ty .. and BM/2 + 4 ty .. (ty = tid /
+// (BN/8)), columns 4 tx .. and BN/2 + 4 tx .. (tx = tid % (BN/8)), so every operand read from shared
+// memory is a 16-byte vector (X's a broadcast over the warp's tx, Y's consecutive vectors).  Two
+// shared buffers: step t+1's tiles are loaded into registers before step t's products and stored
+// to the other buffer after them, one barrier a step.  XT: X contiguous along i (else along r); YT:
+// Y contiguous along j (else along r).  Registers: 64 accumulators, 16 operands, the loads in flight
+// and the addressing: 130-151 with no spills (sm_90), so one 256-thread block per SM at 128 x 128
+// (capped at 128 for two, ptxas spills 24-56 bytes).
+template <int BM, int BN, bool XT, bool YT, bool VEC>
+__global__ void __launch_bounds__(mm_sg_threads<BM, BN>()) mm_sgemm(const __grid_constant__ MMGemm g, const float* X,
+                                                                    const float* Y, const long long* off, float* C) {
+  constexpr int NT = mm_sg_threads<BM, BN>(), BK = MM_SG_BK, LX = BM + 4, LY = BN + 4;
+  static_assert(BM % 64 == 0 && BN % 64 == 0 && NT >= 64 && (2 * BM) % NT == 0 && (2 * BN) % NT == 0,
+                "tiles of 64 rows and columns at a time, whole chunks a thread");
+  __shared__ __align__(16) float xs[2][BK * LX];
+  __shared__ __align__(16) float ys[2][BK * LY];
   long long ti, tj;
   mm_tile(blockIdx.x, g.tiles_i, g.tiles_j, ti, tj);
-  const long long i0 = ti * MM_SG_BM, j0 = tj * MM_SG_BM, p = blockIdx.y;
-  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
-  const long long nk = (g.R + MM_SG_BK - 1) / MM_SG_BK, total = g.F * nk;
-  float rx[4], ry[4];
-  // The next step's share of both tiles into rx, ry: steps run fold by fold, r0 through each.
+  const long long i0 = ti * BM, j0 = tj * BN, p = blockIdx.y;
+  const int tx = threadIdx.x % (BN / 8), ty = threadIdx.x / (BN / 8);
+  const long long nk = (g.R + BK - 1) / BK, total = g.F * nk;
+  float rx[2 * BM / NT][4], ry[2 * BN / NT][4];
+  // The next step's chunks of both tiles into rx, ry: steps run fold by fold, r0 through each.
   long long f = 0, r0 = 0;
   auto load = [&]() {
     const float* x = X + off[2 * (p * g.F + f)];
     const float* y = Y + off[2 * (p * g.F + f) + 1];
-    mm_sg_load<XT, VEC>(rx, x, i0, g.I, g.xi, r0, g.R, g.xr);
-    mm_sg_load<YT, VEC>(ry, y, j0, g.J, g.yj, r0, g.R, g.yr);
-    r0 += MM_SG_BK;
+    mm_sg_load<BM, NT, XT, VEC>(rx, x, i0, g.I, g.xi, r0, g.R, g.xr);
+    mm_sg_load<BN, NT, YT, VEC>(ry, y, j0, g.J, g.yj, r0, g.R, g.yr);
+    r0 += BK;
     if (r0 >= g.R) {
       r0 = 0;
       ++f;
     }
   };
   float acc[8][8];
+#pragma unroll
   for (int u = 0; u < 8; ++u)
+#pragma unroll
     for (int v = 0; v < 8; ++v) acc[u][v] = 0.f;
   if (total > 0) {
     load();
-    mm_sg_store<XT>(xs[0], rx);
-    mm_sg_store<YT>(ys[0], ry);
+    mm_sg_store<BM, NT, XT>(xs[0], rx);
+    mm_sg_store<BN, NT, YT>(ys[0], ry);
   }
   __syncthreads();
   for (long long t = 0; t < total; ++t) {
     const int b = (int)(t & 1);
     if (t + 1 < total) load();  // step t + 1's, in flight during the products below
 #pragma unroll
-    for (int k = 0; k < MM_SG_BK; ++k) {
-      const mm_f4 a0 = *reinterpret_cast<const mm_f4*>(xs[b] + k * MM_SG_LD + 4 * ty);
-      const mm_f4 a1 = *reinterpret_cast<const mm_f4*>(xs[b] + k * MM_SG_LD + 64 + 4 * ty);
-      const mm_f4 b0 = *reinterpret_cast<const mm_f4*>(ys[b] + k * MM_SG_LD + 4 * tx);
-      const mm_f4 b1 = *reinterpret_cast<const mm_f4*>(ys[b] + k * MM_SG_LD + 64 + 4 * tx);
+    for (int k = 0; k < BK; ++k) {
+      const mm_f4 a0 = *reinterpret_cast<const mm_f4*>(xs[b] + k * LX + 4 * ty);
+      const mm_f4 a1 = *reinterpret_cast<const mm_f4*>(xs[b] + k * LX + BM / 2 + 4 * ty);
+      const mm_f4 b0 = *reinterpret_cast<const mm_f4*>(ys[b] + k * LY + 4 * tx);
+      const mm_f4 b1 = *reinterpret_cast<const mm_f4*>(ys[b] + k * LY + BN / 2 + 4 * tx);
 #pragma unroll
       for (int u = 0; u < 8; ++u) {
         const float a = u < 4 ? a0.v[u] : a1.v[u - 4];
@@ -305,25 +330,29 @@ __global__ void __launch_bounds__(MM_BLOCK) mm_sgemm(const __grid_constant__ MMG
       }
     }
     if (t + 1 < total) {  // the other buffer: last read in step t - 1, before the barrier that ended it
-      mm_sg_store<XT>(xs[b ^ 1], rx);
-      mm_sg_store<YT>(ys[b ^ 1], ry);
+      mm_sg_store<BM, NT, XT>(xs[b ^ 1], rx);
+      mm_sg_store<BN, NT, YT>(ys[b ^ 1], ry);
     }
     __syncthreads();
   }
   float* c = C + p * g.I * g.J;
   const bool vec_out = g.J % 4 == 0;  // then a row's 4 columns 4 tx .. are all in range or all out
+#pragma unroll
   for (int u = 0; u < 8; ++u) {
-    const long long i = i0 + (u < 4 ? 4 * ty + u : 64 + 4 * ty + u - 4);
+    const long long i = i0 + (u < 4 ? 4 * ty + u : BM / 2 + 4 * ty + u - 4);
     if (i >= g.I) continue;
+#pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const long long j = j0 + 64 * h + 4 * tx;
+      const long long j = j0 + (BN / 2) * h + 4 * tx;
       if (vec_out) {
         if (j < g.J) {
-          mm_f4 q;
-          for (int e = 0; e < 4; ++e) q.v[e] = acc[u][4 * h + e];
-          *reinterpret_cast<mm_f4*>(c + i * g.J + j) = q;
+          mm_f4 w;
+#pragma unroll
+          for (int e = 0; e < 4; ++e) w.v[e] = acc[u][4 * h + e];
+          *reinterpret_cast<mm_f4*>(c + i * g.J + j) = w;
         }
       } else {
+#pragma unroll
         for (int e = 0; e < 4; ++e)
           if (j + e < g.J) c[i * g.J + j + e] = acc[u][4 * h + e];
       }

@@ -11,9 +11,7 @@
 #define MM_BK 32
 #define MM_STAGES 4
 #define MM_PAD 8  // elements of padding per shared row: ldmatrix rows land in distinct banks
-#define MM_SG_BM 128  // mm_sgemm: block tile rows and columns
-#define MM_SG_BK 8    // ... k-step depth
-#define MM_SG_LD 132  // ... shared row length in floats (4 of padding: 16-byte rows, r halves in other banks)
+#define MM_SG_BK 8  // mm_sgemm: k-step depth (shared rows: the tile's width + 4 floats)
 
 // All long long, packed by the host as int64 words in this order (MM_GEMM_WORDS).
 struct MMGemm {
