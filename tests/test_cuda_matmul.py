@@ -212,6 +212,29 @@ def _bits16(x: np.ndarray, dt: str) -> np.ndarray:
     return x.astype(ml_dtypes.bfloat16)
 
 
+def _folded_gemm(xt: bool, yt: bool, shape, mult: int, draw):
+    """(Gemm, X buffer, Y buffer, X, Y, C) of a folded GEMM test: shape (I, J, R, F, P); X and Y stored
+    [F*P][rows][stride], rows along the strided dim, the contiguous one inner (along i for X where xt,
+    along j for Y where yt), row strides multiples of `mult` past the extent, drawn by draw(shape);
+    X [k][i][r], Y [k][r][j] and the wanted C [p][i][j] in float64."""
+    I, J, R, F, P = shape
+    pad = lambda n: -(-n // mult) * mult + mult  # noqa: E731
+    xr_rows, xc = (R, I) if xt else (I, R)
+    yr_rows, yc = (R, J) if yt else (J, R)
+    xs, ys = pad(xc), pad(yc)
+    xbuf, ybuf = draw((P * F, xr_rows, xs)), draw((P * F, yr_rows, ys))
+    xv = xbuf.astype(np.float64)[:, :, :xc]
+    yv = ybuf.astype(np.float64)[:, :, :yc]
+    X = np.swapaxes(xv, 1, 2) if xt else xv
+    Y = yv if yt else np.swapaxes(yv, 1, 2)
+    want = np.einsum("kir,krj->kij", X, Y).reshape(P, F, I, J).sum(axis=1)
+    g = mmplan.Gemm("da", "dy", "b", I, J, R, F, P,
+                    1 if xt else xs, xs if xt else 1, ys if yt else 1, 1 if yt else ys,
+                    np.array([[k * xr_rows * xs, k * yr_rows * ys] for k in range(P * F)], dtype=np.int64).reshape(-1))
+    assert mmplan.orientation(g) == (xt, yt)
+    return g, xbuf, ybuf, X, Y, want
+
+
 @needs_host
 @pytest.mark.parametrize("bm", [64, 128])
 @pytest.mark.parametrize("xt, yt, vec", list(product((False, True), repeat=3)))
@@ -221,22 +244,8 @@ def test_mma_kernel_tails_and_folds(xt, yt, vec, bm):
     dt = "bf16" if xt == yt else "f16"
     I, J, R, F, P = 131, 133, 45, 2, 2
     rng = np.random.default_rng(7)
-    pad = lambda n: -(-n // 8) * 8 + 8  # noqa: E731 - row strides: multiples of 8 past the extent
-    # X stored [F*P][rows][stride]: rows along the strided dim, the contiguous one inner.
-    xr_rows, xc = (R, I) if xt else (I, R)
-    yr_rows, yc = (R, J) if yt else (J, R)
-    xs, ys = pad(xc), pad(yc)
-    xbuf = _bits16(rng.standard_normal((P * F, xr_rows, xs)).astype(np.float32), dt)
-    ybuf = _bits16(rng.standard_normal((P * F, yr_rows, ys)).astype(np.float32), dt)
-    xv = xbuf.astype(np.float64)[:, :, :xc]
-    yv = ybuf.astype(np.float64)[:, :, :yc]
-    X = np.swapaxes(xv, 1, 2) if xt else xv   # [k][i][r]
-    Y = yv if yt else np.swapaxes(yv, 1, 2)   # [k][r][j]
-    want = np.einsum("kir,krj->kij", X, Y).reshape(P, F, I, J).sum(axis=1)
-    g = mmplan.Gemm("da", "dy", "b", I, J, R, F, P,
-                    1 if xt else xs, xs if xt else 1, ys if yt else 1, 1 if yt else ys,
-                    np.array([[k * xr_rows * xs, k * yr_rows * ys] for k in range(P * F)], dtype=np.int64).reshape(-1))
-    assert mmplan.orientation(g) == (xt, yt)
+    g, xbuf, ybuf, X, Y, want = _folded_gemm(
+        xt, yt, (I, J, R, F, P), 8, lambda s: _bits16(rng.standard_normal(s).astype(np.float32), dt))
     assert mmplan.vec_ok(g, 0, 0)
     launch = mmplan.choose(g, "best", dt, vec, bm)
     assert launch.expr.startswith(f"mm_mma<{mmplan.CUDA_TYPE[dt]}, {bm}, ")
@@ -352,21 +361,8 @@ def test_sgemm_kernel_tails_and_folds(xt, yt, vec, bm):
         I, J = I - 60, J - 60
     F, P = 2, 2
     rng = np.random.default_rng(11)
-    pad = lambda n: -(-n // 4) * 4 + 4  # noqa: E731 - row strides: multiples of 4 past the extent
-    xr_rows, xc = (R, I) if xt else (I, R)
-    yr_rows, yc = (R, J) if yt else (J, R)
-    xs, ys = pad(xc), pad(yc)
-    xbuf = rng.uniform(-2, 2, (P * F, xr_rows, xs)).astype(np.float32)
-    ybuf = rng.uniform(-2, 2, (P * F, yr_rows, ys)).astype(np.float32)
-    xv = xbuf.astype(np.float64)[:, :, :xc]
-    yv = ybuf.astype(np.float64)[:, :, :yc]
-    X = np.swapaxes(xv, 1, 2) if xt else xv   # [k][i][r]
-    Y = yv if yt else np.swapaxes(yv, 1, 2)   # [k][r][j]
-    want = np.einsum("kir,krj->kij", X, Y).reshape(P, F, I, J).sum(axis=1)
-    g = mmplan.Gemm("da", "dy", "b", I, J, R, F, P,
-                    1 if xt else xs, xs if xt else 1, ys if yt else 1, 1 if yt else ys,
-                    np.array([[k * xr_rows * xs, k * yr_rows * ys] for k in range(P * F)], dtype=np.int64).reshape(-1))
-    assert mmplan.orientation(g) == (xt, yt)
+    g, xbuf, ybuf, X, Y, want = _folded_gemm(xt, yt, (I, J, R, F, P), 4,
+                                             lambda s: rng.uniform(-2, 2, s).astype(np.float32))
     assert mmplan.vec4_ok(g, 0, 0) == vec
     launch = mmplan.choose(g, "sgemm", "f32", vec, bm)
     assert launch.expr == f"mm_sgemm<{bm}, {bm}, {mmplan._b(xt)}, {mmplan._b(yt)}, {mmplan._b(vec)}>"
