@@ -149,29 +149,34 @@ def orientation(g: Gemm) -> tuple[bool, bool]:
     return xt, yt
 
 
-def vec_ok(g: Gemm, x_ptr: int, y_ptr: int) -> bool:
-    """16-byte copies legal for mm_mma: unit stride along the contiguous dim, the other stride
-    and every fold offset multiples of 8 elements, base pointers 16-byte aligned."""
-    xt, yt = orientation(g)
-    xu, xs = (g.xi, g.xr) if xt else (g.xr, g.xi)
-    yu, ys = (g.yj, g.yr) if yt else (g.yr, g.yj)
-    if xu != 1 or yu != 1 or xs % 8 or ys % 8:
-        return False
-    if x_ptr % 16 or y_ptr % 16:
-        return False
-    return not (g.off.size and (g.off % 8).any())
-
-
-def vec4_ok(g: Gemm, x_ptr: int, y_ptr: int) -> bool:
-    """16-byte loads legal for mm_sgemm (float32): unit stride along the contiguous dim, whose extent
-    is a multiple of 4 (a vector is all in range or all out), the other stride and every fold offset
-    multiples of 4 elements, base pointers 16-byte aligned."""
+def _chunks_ok(g: Gemm, x_ptr: int, y_ptr: int, n: int, whole: bool) -> bool:
+    """Copies of n-element chunks along each operand's contiguous dim legal: unit stride there, the
+    other stride and every fold offset multiples of n, base pointers 16-byte aligned; `whole`: the
+    contiguous extent a multiple of n too (a chunk all in range or all out)."""
     xt, yt = orientation(g)
     xu, xs, xn = (g.xi, g.xr, g.I) if xt else (g.xr, g.xi, g.R)
     yu, ys, yn = (g.yj, g.yr, g.J) if yt else (g.yr, g.yj, g.R)
-    if xu != 1 or yu != 1 or xs % 4 or ys % 4 or xn % 4 or yn % 4 or x_ptr % 16 or y_ptr % 16:
+    if xu != 1 or yu != 1 or xs % n or ys % n or x_ptr % 16 or y_ptr % 16:
         return False
-    return not (g.off.size and (g.off % 4).any())
+    if whole and (xn % n or yn % n):
+        return False
+    return not (g.off.size and (g.off % n).any())
+
+
+def vec_ok(g: Gemm, x_ptr: int, y_ptr: int) -> bool:
+    """16-byte copies legal for mm_mma (8 16-bit elements; its cp.async zero-fills partial chunks)."""
+    return _chunks_ok(g, x_ptr, y_ptr, 8, False)
+
+
+def vec4_ok(g: Gemm, x_ptr: int, y_ptr: int) -> bool:
+    """16-byte loads legal for mm_sgemm (4 floats; whole chunks only: its loads are not partial)."""
+    return _chunks_ok(g, x_ptr, y_ptr, 4, True)
+
+
+def vec_rule(dt: str):
+    """The 16-byte rule of the kernels that take one for dtype `dt` (best's mm_mma on 16 bits,
+    sgemm's mm_sgemm on float32)."""
+    return vec4_ok if dt == "f32" else vec_ok
 
 
 def smem_bytes(xt: bool, yt: bool, bm: int = BM) -> int:

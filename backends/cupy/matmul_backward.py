@@ -52,8 +52,7 @@ class Entry:
 
     dt: str
     gemms: tuple
-    vec_static: dict = field(default_factory=dict)   # gemm.out -> 16-byte copies legal but for pointers
-    vec4_static: dict = field(default_factory=dict)  # gemm.out -> mm_sgemm's 16-byte loads legal but for pointers
+    vec_static: dict = field(default_factory=dict)   # gemm.out -> 16-byte copies legal but for pointers (vec_rule)
     launches: dict = field(default_factory=dict)     # (variant, gemm.out, vec) -> (Launch, struct)
     tables: dict = field(default_factory=dict)       # (device key, gemm.out) -> the offset table there
     apart: set = field(default_factory=set)          # address tuples checked for overlap
@@ -76,9 +75,9 @@ def entry_for(dt: str, a_shape, a_str, b_shape, b_str, dy_shape, dy_str) -> Entr
     if entry is None:
         gemms = mmplan.plan_call(a_shape, a_str, b_shape, b_str, dy_shape, dy_str)
         entry = Entry(dt, gemms)
+        rule = mmplan.vec_rule(dt)
         for g in gemms:  # pointers 0: aligned; the per-call test adds the real ones
-            entry.vec_static[g.out] = not g.empty and not g.zero and mmplan.vec_ok(g, 0, 0)
-            entry.vec4_static[g.out] = not g.empty and not g.zero and mmplan.vec4_ok(g, 0, 0)
+            entry.vec_static[g.out] = not g.empty and not g.zero and rule(g, 0, 0)
         if len(_ENTRIES) >= _MAX_ENTRIES:
             _ENTRIES.clear()
         _ENTRIES[key] = entry
@@ -91,7 +90,6 @@ def run(dev, variant: str, entry: Entry, arrays: dict) -> list:
     made = []
     tc = variant == "best" and entry.dt in ("bf16", "f16")
     sg = variant == "sgemm" and entry.dt == "f32"
-    static = entry.vec_static if tc else entry.vec4_static
     for g in entry.gemms:
         out = arrays[g.out]
         if g.empty:
@@ -100,7 +98,7 @@ def run(dev, variant: str, entry: Entry, arrays: dict) -> list:
             dev.fill_zero(out)
             continue
         x, y = arrays[g.x], arrays[g.y]
-        vec = (tc or sg) and static[g.out] and dev.ptr(x) % 16 == 0 and dev.ptr(y) % 16 == 0
+        vec = (tc or sg) and entry.vec_static[g.out] and dev.ptr(x) % 16 == 0 and dev.ptr(y) % 16 == 0
         launch, struct = entry.launch(variant, g, vec)
         dev.launch(launch, (struct, x, y, dev.table(entry, g), out))
         made.append(launch)

@@ -90,8 +90,9 @@ def distinct(tiles, fit) -> list[Tile]:
     small layer, several candidates become one tile, which the tuner would time again)."""
     seen, out = set(), []
     for t in tiles:
-        if fit(t) not in seen:
-            seen.add(fit(t))
+        f = fit(t)
+        if f not in seen:
+            seen.add(f)
             out.append(t)
     return out
 
@@ -291,13 +292,6 @@ def channels_aligned(g: Geo3, itemsize: int) -> bool:
     """Whether a group's channel blocks start on 16-byte boundaries (Cin/g, Cout/g multiples of 16 bytes)."""
     vec = 16 // itemsize
     return g.cig % vec == 0 and g.cog % vec == 0
-
-
-def first_strides5(n: int, c: int, sp: tuple) -> tuple:
-    """(n, c, d, h, w) strides of a contiguous channels-first (N, C, D, H, W) tensor (Repack's copy
-    of a channels-last operand back to channels first)."""
-    d, h, w = sp
-    return (c * d * h * w, d * h * w, h * w, w, 1)
 
 
 def staged_strides5(st5: tuple, c: int) -> tuple:

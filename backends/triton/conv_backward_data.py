@@ -48,6 +48,7 @@ from backends.triton import _conv, _steps, triton_backend
 from backends.triton.common import cdiv, jit, tl
 from backends.triton.common import to_out as _to_out
 from harness import argcheck
+from harness.tensors import contiguous_strides
 
 OP = "conv_backward_data"
 DTYPES = ("f32", "f16", "bf16", "f64")
@@ -335,7 +336,7 @@ def _plan(dy, w, dx, params, channels_last: bool, tune: bool, force: int | None 
                 lw, lx = _conv.staged_strides5(sw, g.cig), _conv.staged_strides5(sx, g.cin)
             elif major:  # channels last: dy through a channels-first copy
                 st = _conv.Staging(_conv.Repack(g.n, prod(g.out), g.cout), None, None)
-                ly = _conv.first_strides5(g.n, g.cout, g.out)
+                ly = contiguous_strides((g.n, g.cout, *g.out))
             tab, offsets = tap_table(g, lw)
             wvec = 16 // item if all(o % (16 // item) == 0 for o in offsets) else 1
             layouts[major] = (st, ly, lw, lx, torch.from_numpy(tab).to(dy.device), wvec)
