@@ -88,8 +88,7 @@ mmhost = Backend("mmhost", framework="numpy", devices=("cpu",), register=False,
                  description="the cupy matmul_backward kernels' CUDA source run on the CPU (tests/cuda_host)")
 RUNGS = mmplan.VARIANTS
 DEVICES = {name: HostDevice() for name in RUNGS}
-DEVICES["best_scalar"] = HostDevice(force_scalar=True)  # mm_mma's element-load path on every case
-DEVICES["sgemm_scalar"] = HostDevice(force_scalar=True)  # mm_sgemm's element-load path
+DEVICES["best_scalar"] = HostDevice(force_scalar=True)  # mm_mma's / mm_sgemm's element-load path
 
 
 def _impl(name: str):
@@ -129,10 +128,8 @@ SMOKE = select("smoke", op=OP)
 def test_every_rung_on_the_smoke_set(case):
     for name in RUNGS:
         _check(name, case)
-    if case.dtype in ("bf16", "f16"):
+    if case.dtype != "f64":
         _check("best_scalar", case)
-    if case.dtype == "f32":
-        _check("sgemm_scalar", case)
 
 
 # Several tiles in i and j (128 x 128 tiles), a reduction tail, every layout, folds.
@@ -155,11 +152,8 @@ MULTI = [
 @pytest.mark.parametrize("case", MULTI, ids=[c.id for c in MULTI])
 def test_best_on_multi_tile_cases(case):
     _check("best", case)
-    if case.dtype in ("bf16", "f16"):
+    if case.dtype != "f64":
         _check("best_scalar", case)
-    if case.dtype == "f32":
-        _check("sgemm", case)
-        _check("sgemm_scalar", case)
 
 
 def test_perf_layouts_get_16_byte_copies():
@@ -364,7 +358,7 @@ def test_sgemm_kernel_tails_and_folds(xt, yt, vec, bm):
     g, xbuf, ybuf, X, Y, want = _folded_gemm(xt, yt, (I, J, R, F, P), 4,
                                              lambda s: rng.uniform(-2, 2, s).astype(np.float32))
     assert mmplan.vec4_ok(g, 0, 0) == vec
-    launch = mmplan.choose(g, "sgemm", "f32", vec, bm)
+    launch = mmplan.choose(g, "best", "f32", vec, bm)
     assert launch.expr == f"mm_sgemm<{bm}, {bm}, {mmplan._b(xt)}, {mmplan._b(yt)}, {mmplan._b(vec)}>"
     assert launch.block == bm * bm // 64
     scale = np.sqrt(np.einsum("kir,krj->kij", X ** 2, Y ** 2).reshape(P, F, I, J).sum(axis=1))
@@ -380,16 +374,16 @@ def test_sgemm_kernel_tails_and_folds(xt, yt, vec, bm):
         assert (err <= 1).all(), (launch.expr, sched, float(err.max()))
 
 
-def test_sgemm_rung_takes_16_byte_loads_on_the_f32_perf_case():
-    """float32 1024^3 (contiguous): both GEMMs of @sgemm launch mm_sgemm with 16-byte loads, on 64 x 64
-    tiles; a
-    transposed or sliced operand, or an extent off the 4-grid, falls back to element loads."""
+def test_best_takes_16_byte_sgemm_loads_on_the_f32_perf_case():
+    """float32 1024^3 (contiguous): both GEMMs of @best launch mm_sgemm with 16-byte loads, on 64 x 64
+    tiles; a transposed or sliced operand, or an extent off the 4-grid, falls back to element loads."""
     a = b = (1024, 1024)
     for g in mmplan.plan_call(a, mmplan_contig(a), b, mmplan_contig(b), (1024, 1024), mmplan_contig((1024, 1024))):
         assert mmplan.vec4_ok(g, 0, 0) and mmplan.vec4_ok(g, 16, 32) and not mmplan.vec4_ok(g, 8, 0)
         # 64 tiles of 128 x 128 would leave half the SMs idle: 256 of 64 x 64
-        assert mmplan.choose(g, "sgemm", "f32", True).expr.startswith("mm_sgemm<64, 64, ")
-        assert mmplan.choose(g, "sgemm", "bf16", False).expr.startswith("mm_mma<")  # other dtypes: best's
+        assert mmplan.choose(g, "best", "f32", True).expr.startswith("mm_sgemm<64, 64, ")
+        assert mmplan.choose(g, "best", "bf16", False).expr.startswith("mm_mma<")
+        assert mmplan.choose(g, "best", "f64", False).expr.startswith("mm_smem<double, 64, 64, ")
     a, b = (1024, 1026), (1026, 1024)
     assert not all(mmplan.vec4_ok(g, 0, 0) for g in mmplan.plan_call(a, mmplan_contig(a), b, mmplan_contig(b),
                                                                         (1024, 1024), mmplan_contig((1024, 1024))))

@@ -154,12 +154,13 @@ def test_cuda_records(dtype, layouts, misaligned):
         g = rec[6:]
         assert kind == mmplan.RUN
         assert g[9] * g[10] > 0  # tiles of the launch
-        if dtype in (torch.bfloat16, torch.float16):
-            expr = f"mm_mma<{mmplan.CUDA_TYPE['bf16' if dtype == torch.bfloat16 else 'f16']}, {bm}, " \
-                   f"{mmplan._b(xt)}, {mmplan._b(yt)}, {mmplan._b(vec)}>"
-            assert expr in mmplan.all_kernel_exprs("bf16" if dtype == torch.bfloat16 else "f16")
+        dt = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}.get(dtype)
+        if dt is None:  # f64: the smem rung's tiles, element loads
+            assert vec == 0 and bm == 64
+        else:  # mm_mma on 16 bits, mm_sgemm on float32; a small grid: the 64-row tiles
+            flags = f"{mmplan._b(xt)}, {mmplan._b(yt)}, {mmplan._b(vec)}>"
+            expr = f"mm_sgemm<{bm}, {bm}, {flags}" if dt == "f32" else f"mm_mma<{mmplan.CUDA_TYPE[dt]}, {bm}, {flags}"
+            assert expr in mmplan.all_kernel_exprs(dt) and bm == 64
             uses_b = name == "da"
             assert vec == (layouts != ("sliced",) * 3 and not (misaligned and uses_b)), (name, layouts)
-        else:
-            assert vec == 0 and bm == 64  # a small grid: the 64 x 64 tiles (f32 too)
         assert at + 2 * g[3] * g[4] <= table.numel()

@@ -31,15 +31,14 @@ SMEM_LIMIT = 48 * 1024  # above this a kernel needs its dynamic shared-memory li
 FULL_WAVE = 2 * 132
 SMALL_BM = 64
 
-# mm_smem tilings: (BM, BN, BK, TM, TN), both 256 threads.
+# mm_smem's tiling (BM, BN, BK, TM, TN), 256 threads: the smem rung, and best's float64.
 SMEM_RUNG = (64, 64, 16, 4, 4)
-SMEM_BEST = (128, 128, 16, 8, 8)
 SG_BK = 8  # mm_sgemm's k step (its tiles: BM x BN, 128 x 128 or SMALL_BM x SMALL_BM for small grids)
 
 CUDA_TYPE = {"f32": "float", "f64": "double", "f16": "__half", "bf16": "__nv_bfloat16"}
-# sgemm: float32 through mm_sgemm (the other dtypes through best's kernels), a rung until the GPU has
-# measured it against best's float32 path (mm_smem)
-VARIANTS = ("naive", "regtile", "smem", "sgemm", "best")
+# best: mm_mma on bf16 / f16, mm_sgemm on float32 (1.30x the 128 x 128 mm_smem tiles it replaced at
+# float32 1024^3 on the H100, BENCHMARKS.md, fourteenth session), the smem rung's tiles on float64
+VARIANTS = ("naive", "regtile", "smem", "best")
 
 
 @dataclass
@@ -174,9 +173,9 @@ def vec4_ok(g: Gemm, x_ptr: int, y_ptr: int) -> bool:
 
 
 def vec_rule(dt: str):
-    """The 16-byte rule of the kernels that take one for dtype `dt` (best's mm_mma on 16 bits,
-    sgemm's mm_sgemm on float32)."""
-    return vec4_ok if dt == "f32" else vec_ok
+    """The 16-byte rule of best's kernel for dtype `dt` (mm_mma on 16 bits, mm_sgemm on float32);
+    None where it has no 16-byte path (float64)."""
+    return {"f32": vec4_ok, "bf16": vec_ok, "f16": vec_ok}.get(dt)
 
 
 def smem_bytes(xt: bool, yt: bool, bm: int = BM) -> int:
@@ -204,9 +203,9 @@ def _cdiv(a: int, b: int) -> int:
 
 
 def choose(g: Gemm, variant: str, dt: str, vec: bool = False, bm: int | None = None) -> Launch:
-    """The launch of GEMM `g` for `variant` (naive, regtile, smem, sgemm, best) and dtype `dt`; `vec`
-    from vec_ok (best on bf16 / f16) or vec4_ok (sgemm on f32); `bm` forces mm_mma's tile rows or
-    mm_sgemm's square tile (tests)."""
+    """The launch of GEMM `g` for `variant` (naive, regtile, smem, best) and dtype `dt`; `vec` from
+    vec_rule(dt) (best on bf16 / f16 / f32); `bm` forces mm_mma's tile rows or mm_sgemm's square
+    tile (tests)."""
     if g.P > MAX_GRID_Y:
         raise ValueError(f"matmul_backward: {g.P} output batch elements for {g.out}, expected at most {MAX_GRID_Y}")
     t = CUDA_TYPE[dt]
@@ -216,14 +215,12 @@ def choose(g: Gemm, variant: str, dt: str, vec: bool = False, bm: int | None = N
         return Launch(f"mm_regtile<{t}>", (_cdiv(_cdiv(g.I, V) * _cdiv(g.J, V), BLOCK), g.P), BLOCK, 0,
                       tuple(g.words()))
     small = _cdiv(g.I, BM) * _cdiv(g.J, BN) * g.P < FULL_WAVE
-    if variant == "sgemm" and dt == "f32":
+    if variant == "best" and dt == "f32":
         xt, yt = orientation(g)
         tile = bm or (SMALL_BM if small else BM)
         ti, tj = _cdiv(g.I, tile), _cdiv(g.J, tile)
         return Launch(f"mm_sgemm<{tile}, {tile}, {_b(xt)}, {_b(yt)}, {_b(vec)}>", (ti * tj, g.P), tile * tile // 64,
                       0, tuple(g.words(ti, tj)))
-    if variant == "sgemm":  # its other dtypes: best's kernels
-        variant = "best"
     if variant == "best" and dt in ("bf16", "f16"):
         xt, yt = orientation(g)
         bm = bm or (SMALL_BM if small else BM)
@@ -232,7 +229,7 @@ def choose(g: Gemm, variant: str, dt: str, vec: bool = False, bm: int | None = N
                       smem_bytes(xt, yt, bm), tuple(g.words(ti, tj)))
     if variant not in ("smem", "best"):
         raise ValueError(f"matmul_backward: unknown variant {variant!r}, expected one of {', '.join(VARIANTS)}")
-    bm, bn, bk, tm, tn = SMEM_BEST if variant == "best" and dt == "f32" and not small else SMEM_RUNG
+    bm, bn, bk, tm, tn = SMEM_RUNG
     ti, tj = _cdiv(g.I, bm), _cdiv(g.J, bn)
     return Launch(f"mm_smem<{t}, {bm}, {bn}, {bk}, {tm}, {tn}>", (ti * tj, g.P), (bm // tm) * (bn // tn), 0,
                   tuple(g.words(ti, tj)))
@@ -243,7 +240,6 @@ def all_kernel_exprs(dt: str) -> list[str]:
     t = CUDA_TYPE[dt]
     out = [f"mm_naive<{t}>", f"mm_regtile<{t}>", "mm_smem<{}, {}, {}, {}, {}, {}>".format(t, *SMEM_RUNG)]
     if dt == "f32":
-        out.append("mm_smem<{}, {}, {}, {}, {}, {}>".format(t, *SMEM_BEST))
         out += [f"mm_sgemm<{t}, {t}, {_b(xt)}, {_b(yt)}, {_b(v)}>" for t in (SMALL_BM, BM)
                 for xt, yt, v in product((False, True), repeat=3)]
     if dt in ("bf16", "f16"):
@@ -269,9 +265,11 @@ def record(gemms, dt: str, cuda: bool, aligned: dict) -> tuple[list[int], np.nda
             words += [EMPTY if g.empty else ZERO, 0, 0, 0, 0, 0] + g.words()
             continue
         xt, yt = orientation(g)
-        vec = cuda and dt in ("bf16", "f16") and aligned[g.x] and aligned[g.y] and vec_ok(g, 0, 0)
+        rule = vec_rule(dt)
+        vec = cuda and rule is not None and aligned[g.x] and aligned[g.y] and rule(g, 0, 0)
         launch = choose(g, "best", dt, vec)
-        bm = int(launch.expr.split(", ")[1])  # mm_mma<T, BM, ...> / mm_smem<T, BM, ...>
+        targs = launch.expr.split("<", 1)[1].split(", ")  # mm_sgemm<BM, BN, ...>, mm_mma / mm_smem<T, BM, ...>
+        bm = int(targs[0] if dt == "f32" else targs[1])
         gw = list(launch.words) if cuda else g.words()
         words += [RUN, int(xt), int(yt), int(vec), at, bm] + gw
         tables.append(g.off)

@@ -21,13 +21,13 @@
 //                       BM x BN output tile per block, BK-deep shared-memory tiles of X and Y
 //                       fetched cooperatively (each thread a few elements, predicated), each
 //                       thread a TM x TN register block; block (BM/TM)*(BN/TN) threads, grid
-//                       (tiles, P).  The f32 / f64 path of `best` (no TF32).
+//                       (tiles, P).  The `smem` rung, and the f64 path of `best`.
 //   mm_sgemm<BM, BN, XT, YT, VEC>
 //                       float32 on the FMA units, vectorised: BM x BN x 8 block tiles (128 x 128, or
 //                       64 x 64 for grids too small to fill the GPU), 8 x 8 per thread in four 4 x 4
 //                       quadrants (16-byte shared reads), two shared buffers fed through registers
 //                       (one barrier a step); VEC: 16-byte global loads.  Block BM*BN/64, grid
-//                       (tiles, P).  The `sgemm` rung.
+//                       (tiles, P).  The f32 path of `best` (IEEE products, no TF32).
 //   mm_mma<T, BM, XT, YT, VEC>
 //                       bf16 / f16 on tensor cores: BM x 128 x 32 block tiles (BM 128, or 64 for
 //                       grids too small to fill the GPU), 8 warps (2 x 4) of BM/2 x 32,

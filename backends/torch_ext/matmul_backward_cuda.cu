@@ -1,7 +1,7 @@
 // matmul_backward on CUDA for the torch extension: launches of the kernels in
 // backends/cuda/matmul_backward.cuh (the device code the cupy backend compiles with NVRTC) as an
-// MMRecord says: the @best rung of cupy (mm_mma on tensor cores for bf16 / f16, the SIMT tiles
-// for f32 / f64).  The record is planned in Python, once for both hosts of that code
+// MMRecord says: the @best rung of cupy (mm_mma on tensor cores for bf16 / f16, mm_sgemm for f32,
+// the smem rung's SIMT tiles for f64).  The record is planned in Python, once for both hosts of that code
 // (backends/_plans/matmul_backward_cuda.py); this file checks the arguments (matmul_backward.cpp's
 // checks) and launches, nothing else.  No atomics: results are bitwise reproducible on a GPU.
 #include <cstdint>
@@ -54,21 +54,44 @@ void launch_tc(const MMLaunch& l, const T* X, const T* Y, const long long* off, 
   }
 }
 
+template <int BM>
+void launch_sgemm(const MMLaunch& l, const float* X, const float* Y, const long long* off, float* C,
+                  cudaStream_t stream) {
+  const dim3 grid((unsigned)(l.g.tiles_i * l.g.tiles_j), (unsigned)l.g.P);
+  constexpr int threads = mm_sg_threads<BM, BM>();
+  const int which = (l.xt ? 4 : 0) | (l.yt ? 2 : 0) | (l.vec ? 1 : 0);
+  switch (which) {
+    case 0: return mm_sgemm<BM, BM, false, false, false><<<grid, threads, 0, stream>>>(l.g, X, Y, off, C);
+    case 1: return mm_sgemm<BM, BM, false, false, true><<<grid, threads, 0, stream>>>(l.g, X, Y, off, C);
+    case 2: return mm_sgemm<BM, BM, false, true, false><<<grid, threads, 0, stream>>>(l.g, X, Y, off, C);
+    case 3: return mm_sgemm<BM, BM, false, true, true><<<grid, threads, 0, stream>>>(l.g, X, Y, off, C);
+    case 4: return mm_sgemm<BM, BM, true, false, false><<<grid, threads, 0, stream>>>(l.g, X, Y, off, C);
+    case 5: return mm_sgemm<BM, BM, true, false, true><<<grid, threads, 0, stream>>>(l.g, X, Y, off, C);
+    case 6: return mm_sgemm<BM, BM, true, true, false><<<grid, threads, 0, stream>>>(l.g, X, Y, off, C);
+    default: return mm_sgemm<BM, BM, true, true, true><<<grid, threads, 0, stream>>>(l.g, X, Y, off, C);
+  }
+}
+
 template <typename T>
 void launch_gemm(const MMLaunch& l, const T* X, const T* Y, const long long* off, T* C, cudaStream_t stream) {
-  const dim3 grid((unsigned)(l.g.tiles_i * l.g.tiles_j), (unsigned)l.g.P);
-  if constexpr (sizeof(T) == 2) {
+  if constexpr (sizeof(T) <= 4) {
     TORCH_CHECK(!l.vec || (aligned16(X) && aligned16(Y)),
                 "matmul_backward: a 16-byte plan for pointers that are not 16-byte aligned");
     TORCH_CHECK(l.bm == 64 || l.bm == 128, "matmul_backward: plan has BM ", l.bm, ", expected 64 or 128");
+  }
+  if constexpr (sizeof(T) == 2) {
     if (l.bm == 64)
       launch_tc<T, 64>(l, X, Y, off, C, stream);
     else
       launch_tc<T, 128>(l, X, Y, off, C, stream);
-  } else if (sizeof(T) == 4 && l.bm == 128) {  // the plan's SMEM_BEST tiles (IEEE float32, no TF32)
-    mm_smem<T, 128, 128, 16, 8, 8><<<grid, 256, 0, stream>>>(l.g, X, Y, off, C);
-  } else {                                     // SMEM_RUNG tiles (f64; f32 grids too small for SMEM_BEST)
-    TORCH_CHECK(l.bm == 64, "matmul_backward: plan has BM ", l.bm, ", expected 64 for ", sizeof(T) == 4 ? "f32" : "f64");
+  } else if constexpr (sizeof(T) == 4) {  // mm_sgemm: IEEE float32, no TF32
+    if (l.bm == 64)
+      launch_sgemm<64>(l, X, Y, off, C, stream);
+    else
+      launch_sgemm<128>(l, X, Y, off, C, stream);
+  } else {                                 // f64: the smem rung's tiles (SMEM_RUNG)
+    TORCH_CHECK(l.bm == 64, "matmul_backward: plan has BM ", l.bm, ", expected 64 for f64");
+    const dim3 grid((unsigned)(l.g.tiles_i * l.g.tiles_j), (unsigned)l.g.P);
     mm_smem<T, 64, 64, 16, 4, 4><<<grid, 256, 0, stream>>>(l.g, X, Y, off, C);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
