@@ -61,12 +61,11 @@ def test_tflops_table_text(tmp_path):
     assert "FAIL" in lines[2]
 
 
-# The next device call's inputs (scripts/gpu/batch_s11.sh): its case file loads through the registry,
+# The next device call's inputs (scripts/gpu/batch_s14.sh): its case file loads through the registry,
 # and each line of its profile list names a registered implementation of the op and a case the
 # registry accepts, so the call does not spend device time on a typo.
-NEXT_CASES = ("conv_left_cupy_s11.json", "tc_left_torch_ext_s11.json", "triton_left_s11.json", "gather_s11.json",
-              "mm_f32_s12.json", "dgrad_f32_s13.json")
-NEXT_PROFILES = ("profile_tc_s11.txt", "profile_mm_s12.txt")
+NEXT_CASES = ("pertap_left_s14.json",)
+NEXT_PROFILES = ("profile_s14.txt",)
 
 
 def test_the_next_calls_case_files_load():

@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Superseded by scripts/gpu/batch_s14.sh: the fourteenth session ran check, full, mmf32, dgf32, convd, convw and attn
+# (results/h100/s14/); its @sgemm rung became cupy@best's float32 path, so the mmf32 step names a variant gone.
 # The eleventh session's H100 calls: what issues 16 and 14 still lack after the tenth (repo root).
 #   STEPS="check full" OUT=/some/dir bash scripts/gpu/batch_s11.sh     (issues 16 and 14: FULL_S=520 s from the start)
 #   STEPS="bench profile" OUT=...                                      (a warm machine: about 8 minutes)
