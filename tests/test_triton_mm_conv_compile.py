@@ -35,18 +35,11 @@ _ITEM = {"fp32": 4, "fp16": 2, "bf16": 2, "fp64": 8}  # bytes per element of a p
 _TRITON_TY = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float64": "fp64", "int64": "i64", "int32": "i32"}
 
 
-def _geo3(op: str, case):
-    """The conv case's _conv.Geo3."""
+def _candidate_count(op: str, case) -> int:
+    """How many tiles the autotuner tries on this case on CUDA."""
     from backends.triton import _conv
     from harness.registry import get_op
 
-    shapes = get_op(op).shapes(case)
-    x, w = ("dx", "w") if op == "conv_backward_data" else ("x", "dw")
-    return _conv.geometry3(shapes[x], shapes["dy"], shapes[w], case.params, case.params.get("layout") == "channels_last")
-
-
-def _candidate_count(op: str, case) -> int:
-    """How many tiles the autotuner tries on this case on CUDA."""
     item = {"f32": 4, "f16": 2, "bf16": 2, "f64": 8}[case.dtype]
     if op == "matmul_backward":  # the perf cases' products all take the aligned path: one launch for both
         from backends.triton import matmul_backward as mmb
@@ -54,7 +47,9 @@ def _candidate_count(op: str, case) -> int:
         return len(mmb.candidates(item, True))
     from backends.triton import conv_backward_data as cbd, conv_backward_weight as cbw
 
-    geo = _geo3(op, case)
+    shapes = get_op(op).shapes(case)
+    x, w = ("dx", "w") if op == "conv_backward_data" else ("x", "dw")
+    geo = _conv.geometry3(shapes[x], shapes["dy"], shapes[w], case.params, case.params.get("layout") == "channels_last")
     unit = case.params.get("layout") == "channels_last" and all(
         case.params.get(k, "contig") == "contig" for k in ("dy_layout", "w_layout", "x_layout"))
     return len((cbd if op == "conv_backward_data" else cbw).candidates(geo, item, "cuda", unit))
@@ -72,25 +67,6 @@ def _staged_job() -> str:
 
 
 STAGED_JOB = _staged_job()
-CM_CASES = ("dgrad2d[f32,N=32,C=64->64,HW=56x56,k=3x3,s=1,p=1,d=1,g=1,nhwc]",
-            "dgrad2d[f32,N=32,C=64->64,HW=56x56,k=3x3,s=1,p=1,d=1,g=1,nchw]")
-
-
-def _cm_jobs() -> dict:
-    """{case id: job} of float32 dgrad with its first channel-major candidate (dy's tile loaded channel
-    major from channels-first dy), both layouts (64 channels: aligned, so both plan unit-channel tiles)."""
-    sys.path.insert(0, str(ROOT))
-    from backends.triton import conv_backward_data as cbd
-    from cases import select
-
-    out = {}
-    for case in select("perf", op="conv_backward_data"):
-        if case.id in CM_CASES:
-            g = _geo3("conv_backward_data", case)
-            out[case.id] = (f"conv_backward_data|{case.id}|"
-                            f"{next(i for i, t in enumerate(cbd.candidates(g, 4, 'cuda', True, True)) if t.stage)}")
-    assert len(out) == len(CM_CASES), out
-    return out
 
 
 def _jobs() -> list[str]:
@@ -100,7 +76,7 @@ def _jobs() -> list[str]:
     sys.path.insert(0, str(ROOT))
     from cases import select
 
-    jobs = [STAGED_JOB, *CM_JOBS.values()]
+    jobs = [STAGED_JOB]
     for op in OPS:
         tuned = False
         for case in select("perf", op=op):
@@ -114,7 +90,6 @@ def _jobs() -> list[str]:
     return jobs
 
 
-CM_JOBS = _cm_jobs()
 JOBS = _jobs()
 
 # ----------------------------------------------------------------------------- worker side
@@ -176,7 +151,7 @@ def _launches(op: str, case, force: int) -> list:
 
 def _staging(plan, ty: str) -> list:
     """The channels-first staging copies of a conv plan (_conv.Repack), if it has them."""
-    return [(r.step, [ty, ty]) for r in plan.stage or () if r is not None]
+    return [(r.step, [ty, ty]) for r in plan.stage or ()]
 
 
 def _compile(launch, ptr_types) -> dict:
@@ -279,23 +254,6 @@ def test_matmul_f32_staged_reads_shared_memory_as_vectors(compiled):
     assert staged[0]["constexprs"]["XC0"] == 2 and staged[0]["constexprs"]["YC0"] == 2, staged[0]["constexprs"]
     assert default[0]["lds_scalar"] > 0, default[0]
     assert staged[0]["lds_scalar"] == 0, staged[0]
-
-
-@pytest.mark.parametrize("case_id", CM_CASES)
-def test_dgrad_f32_channel_major_reads_shared_memory_as_vectors(compiled, case_id):
-    """float32 dgrad's plain tiles are K-major in shared memory (dy's channels contiguous), so its FMA dot
-    reads them one element at a time; the channel-major tile (a tuner candidate) loads dy's tile from
-    channels-first dy, M-major: all vector reads, still pipelined (cp.async into 2+ stages), no spills."""
-    def dgrad(job):
-        return next(r for r in compiled[job] if r["kernel"] == "_dgrad_kernel")
-
-    default, cm = dgrad(f"conv_backward_data|{case_id}|0"), dgrad(CM_JOBS[case_id])
-    assert not default["constexprs"]["CM"] and cm["constexprs"]["CM"], (default["constexprs"], cm["constexprs"])
-    assert default["lds_scalar"] > 0, default
-    assert cm["lds_scalar"] == 0, cm
-    c = cm["constexprs"]
-    assert cm["cp_async"] > 0 and cm["shared"] >= 2 * (c["BM"] * c["BK"] + c["BK"] * c["BN"]) * 4, cm
-    assert cm["spills"] == 0, cm
 
 
 def _aligned_conv_jobs() -> list[str]:

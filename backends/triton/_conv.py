@@ -49,10 +49,7 @@ class Tile:
     stages: int = 3
     group: int = 8   # programs along M that share B tiles in L2 (grouped launch order)
     tma: bool = False  # matmul: operand tiles through TMA descriptors (sm_90), not cp.async
-    # float32 (the FMA dot reads a K-major A tile from shared memory one element at a time): A made
-    # M-major there.  matmul: da's operands copied M- and K-major first; dgrad: dy read channels
-    # first (in place, or a channels-first copy), its tile loaded channel-major and transposed.
-    stage: bool = False
+    stage: bool = False  # matmul, float32: da's K-major operands copied M- and K-major first
 
     def short(self) -> str:
         return f"{self.bm}x{self.bn}x{self.bk}w{self.warps}s{self.stages}" + ("tma" if self.tma else "") + \
@@ -272,14 +269,12 @@ class Staging:
         return self.repacks[i]
 
     def buffers(self, *like):
-        """Flat buffers of the sizes and dtypes of `like` (allocated on the first call), None where
-        the operand's Repack is None (that operand is used in place)."""
+        """Flat buffers of the sizes and dtypes of `like` (allocated on the first call)."""
         bufs = self.bufs
         if bufs is None:
             import torch
 
-            bufs = self.bufs = [None if r is None else torch.empty(t.numel(), dtype=t.dtype, device=t.device)
-                                for r, t in zip(self.repacks, like)]
+            bufs = self.bufs = [torch.empty(t.numel(), dtype=t.dtype, device=t.device) for t in like]
         return bufs
 
 

@@ -28,12 +28,6 @@ Design:
   channels-first layer on the tensor-core path is staged: dy and w copied to channels last,
   the kernel run on the copies into a channels-last dx buffer, copied back (_conv.Repack);
   read in place its tiles would be per-element gathers, never pipelined.
-* Channel-major float32 tiles (tuner candidates, `Tile.stage`): IEEE float32's dot runs on the
-  FMA units, which read a K-major A tile (dy's channels contiguous) from shared memory one
-  element at a time.  Loaded channel-major (BK x BM) from a channels-first dy, in place or a
-  copy of a channels-last one, and transposed, the tile lies M-major there and is read as
-  vectors; its global loads are 4-byte cp.async copies, consecutive positions to consecutive
-  threads.  The tuner keeps them only where they time faster.
 
 Host side: plans are cached per (shapes, strides, dtype, device, geometry); a repeated call is
 a dict lookup and one launch through the compiled kernel's launcher.  On CUDA the tile is
@@ -48,7 +42,6 @@ from backends.triton import _conv, _steps, triton_backend
 from backends.triton.common import cdiv, jit, tl
 from backends.triton.common import to_out as _to_out
 from harness import argcheck
-from harness.tensors import contiguous_strides
 
 OP = "conv_backward_data"
 DTYPES = ("f32", "f16", "bf16", "f64")
@@ -102,13 +95,12 @@ def _dgrad_kernel(dy_ptr, w_ptr, dx_ptr, tap_ptr,
                   TD, TH, TW, nrb, ncb, cin, cig, cog, trow,
                   syn, syc, syd, syh, syw, swo, swi, sxn, sxc, sxd, sxh, sxw,
                   BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EW: tl.constexpr,
-                  IS_F64: tl.constexpr, WVEC: tl.constexpr, CM: tl.constexpr):
+                  IS_F64: tl.constexpr, WVEC: tl.constexpr):
     """One phase's BM input positions x BN input channels of dx (see the module docstring).
 
     tap_ptr: int32 [phases, trow = HEADER]: per phase the count of its taps and how to make each
     (tap_table).  WVEC > 1: the plan found every tap's weight offset a multiple of WVEC elements
-    (16 bytes).  CM (float32, dy channels first): dy's tile is loaded channel-major, BK x BM, and
-    transposed for the dot (see _plan)."""
+    (16 bytes)."""
     pid = tl.program_id(0)
     ph = pid // nrb
     rb = pid - ph * nrb
@@ -172,12 +164,8 @@ def _dgrad_kernel(dy_ptr, w_ptr, dx_ptr, tap_ptr,
                 wtap = wtap // WVEC * WVEC
             co = g * cog + c0 + kk
             km = (c0 + kk) < cog
-            if CM:
-                a = tl.trans(tl.load(dy_ptr + yrow[None, :] + co[:, None].to(tl.int64) * syc,
-                                     mask=v[None, :] & km[:, None], other=0.0))
-            else:
-                a = tl.load(dy_ptr + yrow[:, None] + co[None, :].to(tl.int64) * syc,
-                            mask=v[:, None] & km[None, :], other=0.0)
+            a = tl.load(dy_ptr + yrow[:, None] + co[None, :].to(tl.int64) * syc,
+                        mask=v[:, None] & km[None, :], other=0.0)
             b = tl.load(w_ptr + wtap + co[:, None] * swo + wcol, mask=km[:, None] & cmask[None, :], other=0.0)
             acc = _conv.mma(a, b, acc)
         chan = g * cig + cols
@@ -232,13 +220,9 @@ def _ew(g: _conv.Geo3) -> bool:
     return g.cig * g.cog < EW_MAX
 
 
-def candidates(g: _conv.Geo3, itemsize: int, device_type: str, unit_channels: bool = True,
-               channel_major: bool = False) -> list:
+def candidates(g: _conv.Geo3, itemsize: int, device_type: str, unit_channels: bool = True) -> list:
     """Tiles (BM positions, BN channels, BK output channels) tried for this geometry, default first,
-    none that fits it (_fit) as an earlier one does; with `channel_major` (_channel_major),
-    float32's GEMM tiles again as channel-major (`stage`) tiles."""
-    from dataclasses import replace
-
+    none that fits it (_fit) as an earlier one does."""
     if device_type == "cpu":  # the interpreter
         cands = [_conv.Tile(128, 16, 16, 1, 1)] if not _ew(g) else [_conv.Tile(2048, 16, 1, 1, 1)]
     elif _ew(g):  # bm: elements of the tile (rows = bm / channels), bn: channels at most
@@ -247,9 +231,6 @@ def candidates(g: _conv.Geo3, itemsize: int, device_type: str, unit_channels: bo
     else:
         # unit_channels: dy's and w's channel strides are 1, so the tiles' loads vectorise along channels
         cands = _conv.gemm_candidates(itemsize) if unit_channels else _conv.gather_candidates(itemsize)
-    if channel_major:  # dy's tile is not a channel vector there: the GEMM tiles whatever unit_channels says
-        cands = cands + [replace(c, stage=True) for c in (cands[:1] if device_type == "cpu"
-                                                           else _conv.gemm_candidates(itemsize))]
     return _conv.distinct(cands, lambda t: _fit(t, g))
 
 
@@ -261,15 +242,15 @@ def _fit(tile: _conv.Tile, g: _conv.Geo3) -> _conv.Tile:
     bn = min(tile.bn, max(16, 1 << (g.cig - 1).bit_length()))
     bk = min(tile.bk, max(16, 1 << (g.cog - 1).bit_length()))
     warps = tile.warps if tile.bm * bn >= 128 * 64 else min(tile.warps, 4)
-    return _conv.Tile(tile.bm, bn, bk, warps, tile.stages, stage=tile.stage)
+    return _conv.Tile(tile.bm, bn, bk, warps, tile.stages)
 
 
 class _Launch:
-    """The kernel's launch with its tap table (a tensor the plan owns) appended.  Staged (`stage`,
-    a _conv.Staging of Repacks for dy, w and dx, None where that one is used in place), it runs on
-    the layer's staging buffers: dy and w copied first, dx copied back after.  Channels first,
-    dx is staged too: written in place, a tile's stores are scattered (one 64-bit address per
-    element), and the large tiles spill."""
+    """The kernel's launch with its tap table (a tensor the plan owns) appended.  Staged (`stage`:
+    the Repacks of dy and w to channels last and of the kernel's channels-last dx back), it runs
+    on the layer's staging buffers (_conv.Staging).  dx is staged too: written in place in
+    channels first, a tile's stores are scattered (one 64-bit address per element), and the
+    large tiles spill."""
 
     __slots__ = ("launch", "taps", "stage")
 
@@ -277,35 +258,14 @@ class _Launch:
         self.launch, self.taps, self.stage = launch, taps, stage
 
     def __call__(self, dy, w, dx):
-        stage = self.stage
-        if stage is None:
+        if self.stage is None:
             self.launch(dy, w, dx, self.taps)
             return
-        bufs = stage.buffers(dy, w, dx)
-        if stage[0] is not None:
-            stage[0](dy, bufs[0])
-            dy = bufs[0]
-        if stage[1] is not None:
-            stage[1](w, bufs[1])
-            w = bufs[1]
-        if stage[2] is None:
-            self.launch(dy, w, dx, self.taps)
-            return
-        self.launch(dy, w, bufs[2], self.taps)
-        stage[2](bufs[2], dx)
-
-
-def _channel_major(dy, g: _conv.Geo3, channels_last: bool, staged: bool) -> bool:
-    """Whether the channel-major (`stage`) tiles apply: float32 on the tensor-core path, whose IEEE
-    dot runs on the FMA units and reads its A tile from shared memory one element at a time where
-    that tile is K-major (dy's channels contiguous: 96 scalar ld.shared.b32 per 64 x 64 x 32 step in
-    the sm_90 PTX), as vectors where it is M-major.  Loaded channel-major from a channels-first dy,
-    the tile lands M-major (4-byte cp.async copies, consecutive positions to consecutive threads).
-    Channels first: dy read in place, w and dx staged as on the plain path (`staged`); channels
-    last: dy copied to channels first (contiguous, within Repack's grid)."""
-    if dy.element_size() != 4 or _ew(g):
-        return False
-    return staged if not channels_last else _conv.repackable(dy, g.n, prod(g.out))
+        bufs = self.stage.buffers(dy, w, dx)
+        self.stage[0](dy, bufs[0])
+        self.stage[1](w, bufs[1])
+        self.launch(bufs[0], bufs[1], bufs[2], self.taps)
+        self.stage[2](bufs[2], dx)
 
 
 def _plan(dy, w, dx, params, channels_last: bool, tune: bool, force: int | None = None):
@@ -320,40 +280,29 @@ def _plan(dy, w, dx, params, channels_last: bool, tune: bool, force: int | None 
     rows = g.n * prod(t)
     item = dy.element_size()
     # Channels first, tensor-core path: stage dy and w to channels last (see _conv.Repack).
-    staged = (not channels_last and not _ew(g) and _conv.repackable(dy, g.n, g.cout)
-              and _conv.repackable(w, g.cout, g.cig) and _conv.repackable(dx, g.n, prod(g.inp)))
-    cm = _channel_major(dy, g, channels_last, staged)
-    layouts = {}
+    stage = None
+    if (not channels_last and not _ew(g) and _conv.repackable(dy, g.n, g.cout) and _conv.repackable(w, g.cout, g.cig)
+            and _conv.repackable(dx, g.n, prod(g.inp))):
+        stage = _conv.Staging(_conv.Repack(g.n, g.cout, prod(g.out)), _conv.Repack(g.cout, g.cig, prod(g.k)),
+                              _conv.Repack(g.n, prod(g.inp), g.cin))
+        sy, sw, sx = (_conv.staged_strides5(sy, g.cout), _conv.staged_strides5(sw, g.cig),
+                      _conv.staged_strides5(sx, g.cin))
 
-    def layout(major: bool):
-        """(staging, dy, w, dx strides, tap table, WVEC) of the plain (False) or channel-major tiles."""
-        if major not in layouts:
-            st, ly, lw, lx = None, sy, sw, sx
-            if staged:   # channels first: w and dx through channels-last copies; dy too unless channel-major
-                st = _conv.Staging(None if major else _conv.Repack(g.n, g.cout, prod(g.out)),
-                                   _conv.Repack(g.cout, g.cig, prod(g.k)), _conv.Repack(g.n, prod(g.inp), g.cin))
-                ly = sy if major else _conv.staged_strides5(sy, g.cout)
-                lw, lx = _conv.staged_strides5(sw, g.cig), _conv.staged_strides5(sx, g.cin)
-            elif major:  # channels last: dy through a channels-first copy
-                st = _conv.Staging(_conv.Repack(g.n, prod(g.out), g.cout), None, None)
-                ly = contiguous_strides((g.n, g.cout, *g.out))
-            tab, offsets = tap_table(g, lw)
-            wvec = 16 // item if all(o % (16 // item) == 0 for o in offsets) else 1
-            layouts[major] = (st, ly, lw, lx, torch.from_numpy(tab).to(dy.device), wvec)
-        return layouts[major]
+    tab, offsets = tap_table(g, sw)
+    wvec = 16 // item if all(o % (16 // item) == 0 for o in offsets) else 1
+    taps = torch.from_numpy(tab).to(dy.device)
 
     def build(tile):
         tile = _fit(tile, g)
-        stage, ly, lw, lx, taps, wvec = layout(tile.stage)
         nrb = cdiv(rows, tile.bm)
         ncb = cdiv(g.cin if _ew(g) else g.cig, tile.bn)
         values = dict(N=g.n, ID=g.inp[0], IH=g.inp[1], IW=g.inp[2], OD=g.out[0], OH=g.out[1], OW=g.out[2],
                       SD=g.s[0], SH=g.s[1], SW=g.s[2], PD=g.p[0], PH=g.p[1], PW=g.p[2],
                       TD=t[0], TH=t[1], TW=t[2], nrb=nrb, ncb=ncb, cin=g.cin, cig=g.cig, cog=g.cog, trow=HEADER,
-                      syn=ly[0], syc=ly[1], syd=ly[2], syh=ly[3], syw=ly[4], swo=lw[0], swi=lw[1],
-                      sxn=lx[0], sxc=lx[1], sxd=lx[2], sxh=lx[3], sxw=lx[4],
+                      syn=sy[0], syc=sy[1], syd=sy[2], syh=sy[3], syw=sy[4], swo=sw[0], swi=sw[1],
+                      sxn=sx[0], sxc=sx[1], sxd=sx[2], sxh=sx[3], sxw=sx[4],
                       BM=tile.bm, BN=tile.bn, BK=tile.bk, EW=_ew(g), IS_F64=item == 8,
-                      WVEC=wvec, CM=tile.stage)
+                      WVEC=wvec)
         grid = (phases * nrb, ncb if _ew(g) else g.groups * ncb)
         launch = _Launch(_steps.Step(_dgrad_kernel, grid, 4, values, tile.warps, num_stages=tile.stages), taps,
                          stage)
@@ -362,10 +311,10 @@ def _plan(dy, w, dx, params, channels_last: bool, tune: bool, force: int | None 
         return runner
 
     cls = (str(dy.dtype), _ew(g), g.k, g.s, g.d, _conv.bucket(g.cig), _conv.bucket(g.cog), _conv.bucket(rows),
-           channels_last, sy[1] == 1, staged, cm)
+           channels_last, sy[1] == 1, stage is not None)
     # Staged with channel counts off the 16-byte grid, the tiles still gather: the small tiles.
-    unit = _conv.channels_aligned(g, item) if staged else sy[1] == 1
-    return TUNER.pick(cls, candidates(g, item, dy.device.type, unit, cm), build, dy.device, 2.0 * g.n * prod(g.out)
+    unit = sy[1] == 1 and (stage is None or _conv.channels_aligned(g, item))
+    return TUNER.pick(cls, candidates(g, item, dy.device.type, unit), build, dy.device, 2.0 * g.n * prod(g.out)
                       * g.cout * g.cig * prod(g.k), tune, force).launch
 
 
