@@ -3,9 +3,16 @@ readings kernel authors use to find their next rung.
 
 The case runs in a child process (`python -m harness.profile --child ...`) under
 `ncu --profile-from-start off --clock-control none`: the child builds the case's inputs, calls
-the implementation once outside the profiled range (compiles, autotuning, plan caches), then
-once between cudaProfilerStart and cudaProfilerStop, so only that call's kernels are measured.
-The clocks are left alone (the device README forbids changing them).
+the implementation once outside the profiled range (compiles, plan caches), then once between
+cudaProfilerStart and cudaProfilerStop, so only that call's kernels are measured.  The clocks are
+left alone (the device README forbids changing them).
+
+Autotuning happens before, in the same child run without ncu.  Under ncu the H100's float32
+matmul tuner kept a one-launch tile where a plain run keeps the staged one (three launches): ncu
+intercepts every launch, even outside the profiled range, the likely cause.  So the first child
+records each tuner's choice in the file named by $GRADORACLE_TUNE_FILE
+(harness.timing.TUNE_FILE_ENV; a backend's tuner reads and writes it), and the profiled child
+takes those choices without timing.
 
 Per kernel it prints: duration; DRAM bytes, GB/s and % of peak; achieved and theoretical
 occupancy; global-load and global-store sectors per request; grid, block, waves per SM and the
@@ -25,7 +32,10 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
+
+from harness.timing import TUNE_FILE_ENV
 
 # name in the report -> ncu metric
 METRICS = {
@@ -208,11 +218,18 @@ def cmd_profile(args) -> int:
         print(NO_NCU if not ncu else f"harness profile: --ncu {ncu} is not an executable file", file=sys.stderr)
         return 2
     metrics = ",".join(METRICS.values())
-    cmd = [ncu, "--profile-from-start", "off", "--clock-control", "none", "--target-processes", "all",
-           "--csv", "--page", "raw", "--metrics", metrics,
-           sys.executable, "-m", "harness.profile", "--child", "--op", args.op, "--backend", args.backend,
-           "--case", args.case, "--seed", str(args.seed)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    child_cmd = [sys.executable, "-m", "harness.profile", "--child", "--op", args.op, "--backend", args.backend,
+                 "--case", args.case, "--seed", str(args.seed)]
+    with tempfile.TemporaryDirectory() as tmp:
+        env = dict(os.environ, **{TUNE_FILE_ENV: str(Path(tmp) / "tuned.json")})
+        warm = subprocess.run(child_cmd, capture_output=True, text=True, env=env)  # tuning, no ncu
+        if warm.returncode != 0:
+            print(f"harness profile: the case failed before profiling (exit {warm.returncode})", file=sys.stderr)
+            print("\n".join((warm.stdout + "\n" + warm.stderr).strip().splitlines()[-25:]), file=sys.stderr)
+            return 2
+        cmd = [ncu, "--profile-from-start", "off", "--clock-control", "none", "--target-processes", "all",
+               "--csv", "--page", "raw", "--metrics", metrics, *child_cmd]
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     text = proc.stdout + "\n" + proc.stderr
     kernels = parse_csv(proc.stdout)
     if proc.returncode != 0 or not kernels:

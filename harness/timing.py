@@ -128,6 +128,9 @@ GRAPH_TARGET_MS = 2.0
 GRAPH_MAX_CALLS = 200
 LOOP_TARGET_MS, LOOP_MIN_CALLS, LOOP_MAX_CALLS, LOOP_REPEATS = 20.0, 10, 1000, 3
 HOST_BOUND_LOOP = 1.1
+# A backend's autotuner records its choices (JSON) in the file this names, and takes the ones already
+# there untimed: `harness profile` tunes in a process of its own, then profiles with those choices.
+TUNE_FILE_ENV = "GRADORACLE_TUNE_FILE"
 B2B_SPIN_FACTOR, B2B_SPIN_PAD_MS, B2B_SPIN_MAX_MS = 1.5, 0.05, 200.0  # the spin before a back-to-back batch
 
 

@@ -2,6 +2,7 @@
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 from harness import profile
 
@@ -46,3 +47,37 @@ def test_no_ncu_is_a_clear_exit_2(tmp_path):
 def test_diagnoses_counter_permission_and_sandbox():
     assert "performance counters" in profile._diagnose("==ERROR== ERR_NVGPUCTRPERM - The user does not have")
     assert "cannot initialise" in profile._diagnose("Failed to initialize the profiler: LibraryNotLoaded")
+
+
+def test_tunes_in_a_child_of_its_own_before_ncu(tmp_path, monkeypatch, capsys):
+    """The case first runs in a child without ncu (tuners time their candidates undisturbed and
+    record the choices in $GRADORACLE_TUNE_FILE), then under ncu with the same file; the readings
+    are the ncu child's."""
+    from harness.timing import TUNE_FILE_ENV
+
+    calls = []
+
+    def fake_run(cmd, **kw):
+        calls.append((cmd, kw.get("env", {}).get(TUNE_FILE_ENV)))
+        out = SAMPLE.read_text() if cmd[0] == "ncu-here" else ""
+        return subprocess.CompletedProcess(cmd, 0, out, "")
+
+    monkeypatch.setattr(profile.subprocess, "run", fake_run)
+    monkeypatch.setattr(profile.os, "access", lambda path, mode: True)
+    args = SimpleNamespace(op="binary_backward", backend="cupy@opt", case="{}", seed=3, json=None, ncu="ncu-here")
+    assert profile.cmd_profile(args) == 0
+    (warm, tune_file), (under, tune_file2) = calls
+    assert warm[0] == sys.executable and "--child" in warm and under[0] == "ncu-here"
+    assert under[under.index(sys.executable):] == warm  # the same child, now under ncu
+    assert tune_file and tune_file == tune_file2
+    assert "void bb_lk" in capsys.readouterr().out
+
+
+def test_a_child_that_fails_before_ncu_is_a_clear_exit_2(monkeypatch, capsys):
+    monkeypatch.setattr(profile.subprocess, "run",
+                        lambda cmd, **kw: subprocess.CompletedProcess(cmd, 1, "", "boom: no such case"))
+    monkeypatch.setattr(profile.os, "access", lambda path, mode: True)
+    args = SimpleNamespace(op="binary_backward", backend="cupy@opt", case="{}", seed=0, json=None, ncu="ncu-here")
+    assert profile.cmd_profile(args) == 2
+    err = capsys.readouterr().err
+    assert "failed before profiling" in err and "boom: no such case" in err

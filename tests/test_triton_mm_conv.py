@@ -290,6 +290,35 @@ def test_tuner_rules(monkeypatch):
     assert t.pick("k3", abc, build, cuda, big, tune=True).name == a and len(timed) == 6
 
 
+def test_tuner_records_its_choice_in_the_tune_file(monkeypatch, tmp_path):
+    """With $GRADORACLE_TUNE_FILE set (harness profile's tuning pass), a tuner writes each choice
+    there, and another process's tuner (a fresh Tuner) takes it without timing anything; a class
+    the file does not hold is timed as usual."""
+    a, b, c = _conv.Tile(16, 16, 16), _conv.Tile(32, 32, 32), _conv.Tile(64, 64, 64, stage=True)
+    times = {a: 1.0, b: 0.5, c: 0.7}
+    timed = []
+    monkeypatch.setattr(_conv, "interpreted", lambda: False)
+    monkeypatch.setattr(_conv, "capturing", lambda device: False)
+    monkeypatch.setattr(_conv, "time_ms", lambda run: timed.append(run.name) or times[run.name])
+    monkeypatch.setenv(_conv.TUNE_FILE_ENV, str(tmp_path / "tuned.json"))
+
+    def build(tile):
+        run = lambda: None  # noqa: E731
+        run.name = tile
+        return run
+
+    cuda, big = SimpleNamespace(type="cuda", index=0), 2 * _conv.TUNE_MIN_FLOPS
+    key = ("torch.float32", (1, 3, 3), True)
+    assert _conv.Tuner("op").pick(key, [a, b, c], build, cuda, big, tune=True).name == b and len(timed) == 3
+    times[c] = 0.1  # would win now, but the recorded choice is taken untimed
+    fresh = _conv.Tuner("op")
+    assert fresh.pick(key, [a, b, c], build, cuda, big, tune=True).name == b and len(timed) == 3
+    assert fresh.pick(key, [a, b, c], build, cuda, big, tune=False).name == b  # and kept
+    assert _conv.Tuner("other_op").pick(key, [a, b, c], build, cuda, big, tune=True).name == c  # per op
+    assert _conv.Tuner("op").pick(key + (1,), [a, b, c], build, cuda, big, tune=True).name == c  # per class
+    assert len(timed) == 9
+
+
 def test_batch_tables():
     """The folded-batch offset tables: z over the output operand's batch, r over what it folds."""
     # da of a (4, 1, M, K) against dy (4, 3, M, N), b (3, K, N): z = a's 4 batch elements, r = the 3 it folds

@@ -19,11 +19,15 @@
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from backends._plans.conv_geometry import Geo3, data_strides, weight_strides
 from backends.triton.common import IMPORT_ERROR, INTERPRETER, byte_span, interpreted, jit, on_device, overlap, tl
 from backends.triton.common import TUNE_ENV, capturing, time_ms, tuning_on  # noqa: F401 - TUNE_ENV: for callers
+from harness.timing import TUNE_FILE_ENV
 
 TUNE_MIN_FLOPS = 2e8     # below this a call takes the default tile: tuning would cost more than it wins
 TUNE_MARGIN = 0.03       # a candidate must beat the default by this much to replace it
@@ -122,12 +126,35 @@ def other_device(t) -> bool:
 
 
 class Tuner:
-    """The chosen Tile per (device, shape class) of one op; `log` keeps what each tuning tried."""
+    """The chosen Tile per (device, shape class) of one op; `log` keeps what each tuning tried.
+    Where $GRADORACLE_TUNE_FILE names a file (harness profile's tuning pass), each choice is also
+    written there, and a class with a choice there takes it untimed."""
 
     def __init__(self, op: str):
         self.op = op
         self.chosen: dict = {}
         self.log: dict = {}
+
+    def _file(self):
+        path = os.environ.get(TUNE_FILE_ENV)
+        if not path:
+            return None, {}
+        try:
+            return Path(path), json.loads(Path(path).read_text())
+        except (OSError, ValueError):  # not written yet
+            return Path(path), {}
+
+    def _recorded(self, ckey, candidates: list):
+        """The candidate the tune file holds for this class, if any."""
+        _, doc = self._file()
+        want = doc.get(self.op, {}).get(repr(ckey))
+        return next((c for c in candidates if want is not None and asdict(c) == want), None)
+
+    def _record(self, ckey, tile) -> None:
+        path, doc = self._file()
+        if path is not None:
+            doc.setdefault(self.op, {})[repr(ckey)] = asdict(tile)
+            path.write_text(json.dumps(doc, indent=1))
 
     def pick(self, key, candidates: list, build, device, flops: float, tune: bool, force: int | None = None):
         """The plan for the class `key`: build(tile) -> a plan (callable with no arguments runs
@@ -139,8 +166,9 @@ class Tuner:
         if device.type != "cuda" or interpreted():
             return build(candidates[0])
         ckey = (device.index, key)
-        tile = self.chosen.get(ckey)
+        tile = self.chosen.get(ckey) or self._recorded(ckey, candidates)
         if tile is not None:
+            self.chosen[ckey] = tile
             return build(tile)
         if not (tune and tuning_on() and flops >= TUNE_MIN_FLOPS and len(candidates) > 1) or capturing(device):
             return build(candidates[0])
@@ -162,6 +190,7 @@ class Tuner:
         best_plan = plans[best][1]
         self.chosen[ckey] = candidates[best]
         self.log[ckey] = {"tried": tried, "chosen": candidates[best].short()}
+        self._record(ckey, candidates[best])
         return best_plan
 
 
