@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The next H100 calls after the fourteenth session's (repo root): what issues 16 and 14 still lack.
 #   STEPS="check mm" OUT=/some/dir bash scripts/gpu/batch_s14.sh       (cold: the torch_ext build, then about 6 min)
-#   STEPS=profile PROFILE_PART=0/2 OUT=...  then  PROFILE_PART=1/2     (about 8 minutes each)
+#   STEPS=profile PROFILE_PART=0/3 OUT=...  then  1/3, 2/3              (11 profiles a call, up to 8 minutes each:
+#                                                                       harness profile runs each case twice, a
+#                                                                       tuning child without ncu, then under ncu)
 #   STEPS=attn OUT=...                                                 (the 12 attention perf cases left, 5 minutes)
 # Steps:
 #   check   float32 matmul_backward's 29 full cases through cupy@best and torch_ext, whose float32 path is
@@ -12,7 +14,7 @@
 #           run issue 14's matmul table needs: triton's float32 tile is the staged one since the tuner timed
 #           it; --resume MM_RESUME to go on)                                           -> mm/
 #   profile harness profile (ncu) of scripts/gpu/cases/profile_s14.txt: one case per class of miss in the
-#           fourteenth session's one-run conv and attention tables, PROFILE_PART=k/n of its lines -> profile/
+#           fourteenth session's one-run conv and attention tables (33), PROFILE_PART=k/n of its lines -> profile/
 #   attn    harness bench of attention_backward's perf cases, resumed from the fourteenth session's 30
 #           (ATTN_RESUME): triton, triton@det, SDPA flash and cuDNN                    -> attn/
 # Files: $OUT/run.log, $OUT/s14.tgz (res/); extract it to results/h100/sNN/callK/ after each call.
@@ -48,7 +50,7 @@ if has mm; then
     | tee "$R/mm_table.txt"; pack
 fi
 if has profile; then
-  # PROFILE_PART k/n: the list's profile lines k, k+n, k+2n, ... (a call holds about 16 of them)
+  # PROFILE_PART k/n: the list's profile lines k, k+n, k+2n, ... (a call holds about 11 of them)
   part=${PROFILE_PART:-0/1}
   grep -vE '^(#|$)' $C/profile_s14.txt | awk -v k="${part%/*}" -v n="${part#*/}" '(NR - 1) % n == k' \
     > "$R/profile-list-${part%/*}.txt"
