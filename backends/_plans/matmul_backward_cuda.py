@@ -36,7 +36,7 @@ SMEM_RUNG = (64, 64, 16, 4, 4)
 SG_BK = 8  # mm_sgemm's k step (its tiles: BM x BN, 128 x 128 or SMALL_BM x SMALL_BM for small grids)
 
 CUDA_TYPE = {"f32": "float", "f64": "double", "f16": "__half", "bf16": "__nv_bfloat16"}
-# best: mm_mma on bf16 / f16, mm_sgemm on float32 (1.30x the 128 x 128 mm_smem tiles it replaced at
+# best: mm_mma on bf16 / f16, mm_sgemm on float32 (1.30x the mm_smem tiles best ran there before, at
 # float32 1024^3 on the H100, BENCHMARKS.md, fourteenth session), the smem rung's tiles on float64
 VARIANTS = ("naive", "regtile", "smem", "best")
 
