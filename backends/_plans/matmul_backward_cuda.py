@@ -196,6 +196,7 @@ class Launch:
     block: int
     smem: int
     words: tuple[int, ...]
+    rows: int = 0  # the block tile's rows (torch_ext's record: which instantiation to launch); 0: untiled
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -220,19 +221,19 @@ def choose(g: Gemm, variant: str, dt: str, vec: bool = False, bm: int | None = N
         tile = bm or (SMALL_BM if small else BM)
         ti, tj = _cdiv(g.I, tile), _cdiv(g.J, tile)
         return Launch(f"mm_sgemm<{tile}, {tile}, {_b(xt)}, {_b(yt)}, {_b(vec)}>", (ti * tj, g.P), tile * tile // 64,
-                      0, tuple(g.words(ti, tj)))
+                      0, tuple(g.words(ti, tj)), tile)
     if variant == "best" and dt in ("bf16", "f16"):
         xt, yt = orientation(g)
         bm = bm or (SMALL_BM if small else BM)
         ti, tj = _cdiv(g.I, bm), _cdiv(g.J, BN)
         return Launch(f"mm_mma<{t}, {bm}, {_b(xt)}, {_b(yt)}, {_b(vec)}>", (ti * tj, g.P), BLOCK,
-                      smem_bytes(xt, yt, bm), tuple(g.words(ti, tj)))
+                      smem_bytes(xt, yt, bm), tuple(g.words(ti, tj)), bm)
     if variant not in ("smem", "best"):
         raise ValueError(f"matmul_backward: unknown variant {variant!r}, expected one of {', '.join(VARIANTS)}")
     bm, bn, bk, tm, tn = SMEM_RUNG
     ti, tj = _cdiv(g.I, bm), _cdiv(g.J, bn)
     return Launch(f"mm_smem<{t}, {bm}, {bn}, {bk}, {tm}, {tn}>", (ti * tj, g.P), (bm // tm) * (bn // tn), 0,
-                  tuple(g.words(ti, tj)))
+                  tuple(g.words(ti, tj)), bm)
 
 
 def all_kernel_exprs(dt: str) -> list[str]:
@@ -268,10 +269,8 @@ def record(gemms, dt: str, cuda: bool, aligned: dict) -> tuple[list[int], np.nda
         rule = vec_rule(dt)
         vec = cuda and rule is not None and aligned[g.x] and aligned[g.y] and rule(g, 0, 0)
         launch = choose(g, "best", dt, vec)
-        targs = launch.expr.split("<", 1)[1].split(", ")  # mm_sgemm<BM, BN, ...>, mm_mma / mm_smem<T, BM, ...>
-        bm = int(targs[0] if dt == "f32" else targs[1])
         gw = list(launch.words) if cuda else g.words()
-        words += [RUN, int(xt), int(yt), int(vec), at, bm] + gw
+        words += [RUN, int(xt), int(yt), int(vec), at, launch.rows] + gw
         tables.append(g.off)
         at += g.off.size
     table = np.concatenate(tables) if tables else np.zeros(0, dtype=np.int64)

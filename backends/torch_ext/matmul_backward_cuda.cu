@@ -5,6 +5,7 @@
 // (backends/_plans/matmul_backward_cuda.py); this file checks the arguments (matmul_backward.cpp's
 // checks) and launches, nothing else.  No atomics: results are bitwise reproducible on a GPU.
 #include <cstdint>
+#include <type_traits>
 
 #include <ATen/Dispatch.h>
 #include <ATen/core/Tensor.h>
@@ -26,7 +27,8 @@ template <> struct CudaType<at::BFloat16> { using type = __nv_bfloat16; };
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 template <typename T, int BM, bool XT, bool YT, bool VEC>
-void launch_mma(const MMGemm& g, const T* X, const T* Y, const long long* off, T* C, cudaStream_t stream) {
+void launch_mma(const dim3& grid, const MMGemm& g, const T* X, const T* Y, const long long* off, T* C,
+                cudaStream_t stream) {
   constexpr int smem = mm_mma_smem<XT, YT, BM>();
   static bool raised[64] = {};  // per instantiation and device (a function's attributes are per device)
   const int dev = c10::cuda::current_device();
@@ -35,41 +37,31 @@ void launch_mma(const MMGemm& g, const T* X, const T* Y, const long long* off, T
         cudaFuncSetAttribute(mm_mma<T, BM, XT, YT, VEC>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     if (dev < 64) raised[dev] = true;
   }
-  const dim3 grid((unsigned)(g.tiles_i * g.tiles_j), (unsigned)g.P);
   mm_mma<T, BM, XT, YT, VEC><<<grid, MM_BLOCK, smem, stream>>>(g, X, Y, off, C);
 }
 
-template <typename T, int BM>
-void launch_tc(const MMLaunch& l, const T* X, const T* Y, const long long* off, T* C, cudaStream_t stream) {
-  const int which = (l.xt ? 4 : 0) | (l.yt ? 2 : 0) | (l.vec ? 1 : 0);
-  switch (which) {
-    case 0: return launch_mma<T, BM, false, false, false>(l.g, X, Y, off, C, stream);
-    case 1: return launch_mma<T, BM, false, false, true>(l.g, X, Y, off, C, stream);
-    case 2: return launch_mma<T, BM, false, true, false>(l.g, X, Y, off, C, stream);
-    case 3: return launch_mma<T, BM, false, true, true>(l.g, X, Y, off, C, stream);
-    case 4: return launch_mma<T, BM, true, false, false>(l.g, X, Y, off, C, stream);
-    case 5: return launch_mma<T, BM, true, false, true>(l.g, X, Y, off, C, stream);
-    case 6: return launch_mma<T, BM, true, true, false>(l.g, X, Y, off, C, stream);
-    default: return launch_mma<T, BM, true, true, true>(l.g, X, Y, off, C, stream);
-  }
-}
-
-template <int BM>
-void launch_sgemm(const MMLaunch& l, const float* X, const float* Y, const long long* off, float* C,
-                  cudaStream_t stream) {
-  const dim3 grid((unsigned)(l.g.tiles_i * l.g.tiles_j), (unsigned)l.g.P);
-  constexpr int threads = mm_sg_threads<BM, BM>();
-  const int which = (l.xt ? 4 : 0) | (l.yt ? 2 : 0) | (l.vec ? 1 : 0);
-  switch (which) {
-    case 0: return mm_sgemm<BM, BM, false, false, false><<<grid, threads, 0, stream>>>(l.g, X, Y, off, C);
-    case 1: return mm_sgemm<BM, BM, false, false, true><<<grid, threads, 0, stream>>>(l.g, X, Y, off, C);
-    case 2: return mm_sgemm<BM, BM, false, true, false><<<grid, threads, 0, stream>>>(l.g, X, Y, off, C);
-    case 3: return mm_sgemm<BM, BM, false, true, true><<<grid, threads, 0, stream>>>(l.g, X, Y, off, C);
-    case 4: return mm_sgemm<BM, BM, true, false, false><<<grid, threads, 0, stream>>>(l.g, X, Y, off, C);
-    case 5: return mm_sgemm<BM, BM, true, false, true><<<grid, threads, 0, stream>>>(l.g, X, Y, off, C);
-    case 6: return mm_sgemm<BM, BM, true, true, false><<<grid, threads, 0, stream>>>(l.g, X, Y, off, C);
-    default: return mm_sgemm<BM, BM, true, true, true><<<grid, threads, 0, stream>>>(l.g, X, Y, off, C);
-  }
+// The record's tile rows and flags as compile-time constants: f(BM, XT, YT, VEC), each a
+// std::integral_constant, so every launch below is one instantiation picked by one switch.
+template <typename F>
+void with_tile(const MMLaunch& l, F&& f) {
+  using N = std::false_type;
+  using Y = std::true_type;
+  auto flags = [&](auto bm) {
+    switch ((l.xt ? 4 : 0) | (l.yt ? 2 : 0) | (l.vec ? 1 : 0)) {
+      case 0: return f(bm, N{}, N{}, N{});
+      case 1: return f(bm, N{}, N{}, Y{});
+      case 2: return f(bm, N{}, Y{}, N{});
+      case 3: return f(bm, N{}, Y{}, Y{});
+      case 4: return f(bm, Y{}, N{}, N{});
+      case 5: return f(bm, Y{}, N{}, Y{});
+      case 6: return f(bm, Y{}, Y{}, N{});
+      default: return f(bm, Y{}, Y{}, Y{});
+    }
+  };
+  if (l.bm == 64)
+    flags(std::integral_constant<int, 64>{});
+  else
+    flags(std::integral_constant<int, 128>{});
 }
 
 template <typename T>
@@ -79,19 +71,20 @@ void launch_gemm(const MMLaunch& l, const T* X, const T* Y, const long long* off
                 "matmul_backward: a 16-byte plan for pointers that are not 16-byte aligned");
     TORCH_CHECK(l.bm == 64 || l.bm == 128, "matmul_backward: plan has BM ", l.bm, ", expected 64 or 128");
   }
+  const dim3 grid((unsigned)(l.g.tiles_i * l.g.tiles_j), (unsigned)l.g.P);
   if constexpr (sizeof(T) == 2) {
-    if (l.bm == 64)
-      launch_tc<T, 64>(l, X, Y, off, C, stream);
-    else
-      launch_tc<T, 128>(l, X, Y, off, C, stream);
+    with_tile(l, [&](auto bm, auto xt, auto yt, auto vec) {
+      launch_mma<T, decltype(bm)::value, decltype(xt)::value, decltype(yt)::value, decltype(vec)::value>(
+          grid, l.g, X, Y, off, C, stream);
+    });
   } else if constexpr (sizeof(T) == 4) {  // mm_sgemm: IEEE float32, no TF32
-    if (l.bm == 64)
-      launch_sgemm<64>(l, X, Y, off, C, stream);
-    else
-      launch_sgemm<128>(l, X, Y, off, C, stream);
+    with_tile(l, [&](auto bm, auto xt, auto yt, auto vec) {
+      constexpr int BM = decltype(bm)::value;
+      mm_sgemm<BM, BM, decltype(xt)::value, decltype(yt)::value, decltype(vec)::value>
+          <<<grid, mm_sg_threads<BM, BM>(), 0, stream>>>(l.g, X, Y, off, C);
+    });
   } else {                                 // f64: the smem rung's tiles (SMEM_RUNG)
     TORCH_CHECK(l.bm == 64, "matmul_backward: plan has BM ", l.bm, ", expected 64 for f64");
-    const dim3 grid((unsigned)(l.g.tiles_i * l.g.tiles_j), (unsigned)l.g.P);
     mm_smem<T, 64, 64, 16, 4, 4><<<grid, 256, 0, stream>>>(l.g, X, Y, off, C);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
