@@ -7,9 +7,9 @@ the implementation once outside the profiled range (compiles, plan caches), then
 cudaProfilerStart and cudaProfilerStop, so only that call's kernels are measured.  The clocks are
 left alone (the device README forbids changing them).
 
-Autotuning happens before, in the same child run without ncu.  Under ncu the H100's float32
-matmul tuner kept a one-launch tile where a plain run keeps the staged one (three launches): ncu
-intercepts every launch, even outside the profiled range, the likely cause.  So the first child
+Autotuning happens before, in the same child run without ncu.  Under ncu one of triton's tuners
+on the H100 kept a one-launch plan where a plain run keeps a three-launch one: ncu intercepts
+every launch, even outside the profiled range, the likely cause.  So the first child
 records each tuner's choice in the file named by $GRADORACLE_TUNE_FILE
 (harness.timing.TUNE_FILE_ENV; a backend's tuner reads and writes it), and the profiled child
 takes those choices without timing.
