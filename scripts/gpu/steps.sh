@@ -63,7 +63,7 @@ setup() {
 shards_to() { mkdir -p "$R/$1" && mv "$R"/full-*.json "$R"/full-*.log "$R/$1/"; }
 
 # profile LIST PATTERN: harness profile (ncu) of each line "op impl case-json" of LIST whose impl matches
-# PATTERN (grep -E), each under 150 s -> $R/profile/OP-IMPL-HASH.{txt,json}
+# PATTERN (grep -E), each under 150 s -> $R/profile/OP-IMPL-HASH.{txt,json}, re-packed after each
 profile() {
   mkdir -p "$R/profile"
   grep -vE '^(#|$)' "$1" | awk -v pat="$2" '$2 ~ pat' | while read -r op impl case; do
@@ -72,5 +72,6 @@ profile() {
     timeout -s INT 150 $PY -m harness profile --op "$op" --backend "$impl" --case "$case" \
       --json "$R/profile/$op-${impl//@/-}-$name.json" > "$R/profile/$op-${impl//@/-}-$name.txt" 2>&1
     tail -12 "$R/profile/$op-${impl//@/-}-$name.txt"
+    pack  # each profile comes back even if the call is cut off by its time limit
   done
 }
