@@ -65,7 +65,7 @@ def test_tflops_table_text(tmp_path):
 # and each line of its profile list names a registered implementation of the op and a case the
 # registry accepts, so the call does not spend device time on a typo.
 NEXT_CASES = ("pertap_left_s14.json",)
-NEXT_PROFILES = ("profile_s14.txt",)
+NEXT_PROFILES = ("profile_s14.txt", "profile_s15.txt")
 
 
 def test_the_next_calls_case_files_load():

@@ -13,8 +13,10 @@
 #   mm      harness bench of matmul_backward's 10 perf cases: cupy@best, torch_ext, triton, torch (the one
 #           run issue 14's matmul table needs: triton's float32 tile is the staged one since the tuner timed
 #           it; --resume MM_RESUME to go on)                                           -> mm/
-#   profile harness profile (ncu) of scripts/gpu/cases/profile_s14.txt: one case per class of miss in the
-#           fourteenth session's one-run conv and attention tables (33), PROFILE_PART=k/n of its lines -> profile/
+#   profile harness profile (ncu) of scripts/gpu/cases/profile_s14.txt (PROFILE_LIST: another list): one case
+#           per class of miss in the fourteenth session's one-run conv and attention tables (33; all run in the
+#           fifteenth session), PROFILE_PART=k/n of its lines -> profile/.  Next: PROFILE_LIST=
+#           scripts/gpu/cases/profile_s15.txt (the fifteenth session's misses that have no profile, 3)
 #   attn    harness bench of attention_backward's perf cases, resumed from the fourteenth session's 30
 #           (ATTN_RESUME): triton, triton@det, SDPA flash and cuDNN                    -> attn/
 # Files: $OUT/run.log, $OUT/s14.tgz (res/); extract it to results/h100/sNN/callK/ after each call.
@@ -52,7 +54,7 @@ fi
 if has profile; then
   # PROFILE_PART k/n: the list's profile lines k, k+n, k+2n, ... (a call holds about 11 of them)
   part=${PROFILE_PART:-0/1}
-  grep -vE '^(#|$)' $C/profile_s14.txt | awk -v k="${part%/*}" -v n="${part#*/}" '(NR - 1) % n == k' \
+  grep -vE '^(#|$)' "${PROFILE_LIST:-$C/profile_s14.txt}" | awk -v k="${part%/*}" -v n="${part#*/}" '(NR - 1) % n == k' \
     > "$R/profile-list-${part%/*}.txt"
   profile "$R/profile-list-${part%/*}.txt" '^(triton|cupy)'; pack
 fi
