@@ -1,6 +1,6 @@
 """The GPU scripts' helpers that decide what the next device call runs and what BENCHMARKS.md says:
-scripts/gpu/full_left.py (the full pairs no result has a PASS for) and scripts/gpu/tflops_table.py
-(TFLOP/s tables, as text or markdown)."""
+scripts/gpu/full_left.py (the full pairs no result has a PASS for), scripts/gpu/tflops_table.py
+(TFLOP/s tables, as text or markdown) and scripts/gpu/profile_table.py (ncu profiles as a table)."""
 from __future__ import annotations
 
 import json
@@ -11,6 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts" / "gpu"))
 
 import full_left  # noqa: E402
+import profile_table  # noqa: E402
 import tflops_table  # noqa: E402
 
 from harness.selection import select  # noqa: E402
@@ -59,6 +60,29 @@ def test_tflops_table_text(tmp_path):
     lines = tflops_table.table(_bench_doc(tmp_path), ["x", "y"], ["y/x"], host="x")
     assert "2.00" in lines[1] and "host>device" not in lines[1]
     assert "FAIL" in lines[2]
+
+
+def test_profile_table_one_row_per_kernel(tmp_path):
+    case = {"op": "reduce_sum", "dtype": "f32", "params": {"shape": [4096, 4096], "axes": [1]}}
+    k0 = {"name": "void rs_rows<float, 4>(RSParams, const T1 *, T1 *)", "duration_ns": 12345.0,
+          "tensor_pipe_pct": 0.0, "occupancy_achieved_pct": 40.0, "occupancy_theoretical_pct": 50.0,
+          "registers_per_thread": 32.0, "grid_size": 264.0, "block_size": 256.0, "waves_per_sm": 1.0,
+          "tail_wave_fill": 1.0, "smem_bank_conflicts_ld": 3.0, "smem_bank_conflicts_st": 0.0,
+          "ld_sectors_per_request": 4.0, "st_sectors_per_request": 2.0, "dram_gbps": 2500.0,
+          "top_stalls": [{"reason": "long_scoreboard", "pct": 60.4}, {"reason": "wait", "pct": 10.0},
+                         {"reason": "selected", "pct": 5.0}]}
+    k1 = {"name": "_finish_kernel", "duration_ns": None}  # a kernel ncu gave no figures for
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps({"op": "reduce_sum", "impl": "cupy@best", "case": json.dumps(case),
+                                "kernels": [k0, k1]}))
+    lines = profile_table.table([str(path)])
+    assert len(lines) == 4 and lines[0].startswith("| case | impl | kernel |")
+    cells = [c.strip() for c in lines[2].strip("|").split("|")]
+    assert cells[0] == "sum[f32,X=4096x4096,axes=(1)]"  # the registry's case id
+    assert cells[1:4] == ["cupy@best", "`rs_rows<float, 4>`", "12.3"]
+    assert cells[7] == "264 x 256 (1.00, 100%)" and cells[-1] == "long_scoreboard 60%, wait 10%"
+    row2 = [c.strip() for c in lines[3].strip("|").split("|")]
+    assert row2[:3] == ["", "", "`_finish_kernel`"] and row2[3] == "-"
 
 
 # The next device call's inputs (scripts/gpu/batch_s14.sh): its case file loads through the registry,

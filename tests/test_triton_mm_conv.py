@@ -74,6 +74,12 @@ EXTRA = [
                   layout="channels_first")),
     ("f32", dict(n=1, cin=3, cout=24, spatial=[9, 9], kernel=[7, 7], stride=[2, 2], padding=[3, 3],
                  layout="channels_last")),
+    # channels first, 1x1 stride 2 (16 -> 8, the tensor-core path): dgrad's weight copy is the identity
+    # (used in place), dy's and dx's copies real, with thin tiles (9 and 16 along one side)
+    ("f32", dict(n=2, cin=16, cout=8, spatial=[5, 6], kernel=[1, 1], stride=[2, 2], layout="channels_first")),
+    # channels first, one input channel (Cin/g x Cout/g = 64: not the multiply-add path): x's copy
+    # (wgrad) and dx's (dgrad) are the identity
+    ("bf16", dict(n=2, cin=1, cout=64, spatial=[6, 5], kernel=[3, 3], padding=[1, 1], layout="channels_first")),
 ]
 
 
@@ -483,6 +489,77 @@ def test_dgrad_weight_alignment():
     assert _dgrad_wvec(20, "channels_last", torch.bfloat16) == 1   # offsets 20 k: 40-byte steps
     assert _dgrad_wvec(64, "channels_first", torch.bfloat16) == 8  # staged
     assert _dgrad_wvec(64, "channels_first", torch.bfloat16, w_strides=(64 * 18, 18, 6, 2)) == 1
+
+
+def test_repack_tiles():
+    """64 x 64 copies, a side under 64 the power of two that holds it (at least 4), the other side
+    taking the freed lanes up to REPACK_TILE elements; the interpreter's 16 x 16 likewise up to 256."""
+    assert _conv.repack_tile(256, 3136) == (64, 64)
+    assert _conv.repack_tile(50176, 3) == (4, 1024)   # the stem's dx back: C = spatial, S = 3 channels
+    assert _conv.repack_tile(3, 50176) == (1024, 4)   # the stem's x to channels last
+    assert _conv.repack_tile(64, 9) == (16, 64)       # 3x3 weights: S = the taps
+    assert _conv.repack_tile(2, 2) == (4, 4)
+    assert _conv.repack_tile(3, 50176, True) == (64, 4)
+    assert _conv.repack_tile(40, 40, True) == (16, 16)
+    for c in (1, 2, 3, 5, 16, 17, 63, 64, 65, 1000):
+        for s_ in (1, 3, 9, 49, 64, 100, 3136):
+            bs, bc = _conv.repack_tile(c, s_)
+            assert bs * bc <= _conv.REPACK_TILE and bs & (bs - 1) == 0 and bc & (bc - 1) == 0, (c, s_)
+            assert bs >= min(64, s_) or bc == max(4, _conv.p2(c)), (c, s_)  # no lanes given up for nothing
+
+
+def _staged_plan(mod, op, cin, cout, kernel, layout="channels_first"):
+    """The plan (meta tensors, no launch) of a channels-first stride-1 layer, N=2, 6x5."""
+    x_shape, y_shape = (2, cin, 6, 5), (2, cout, 6 - kernel + 1, 5 - kernel + 1)
+    w_shape = (cout, cin, kernel, kernel)
+    dy, w, x = (torch.empty(s, dtype=torch.float32, device="meta") for s in (y_shape, w_shape, x_shape))
+    params = {"stride": [1, 1], "padding": [0, 0], "dilation": [1, 1], "groups": 1, "layout": layout}
+    return mod._plan(dy, w, x, params, False, False, 0) if op == "dgrad" else mod._plan(dy, x, w, params, False,
+                                                                                          False, 0)
+
+
+def test_identity_copies_are_not_staged():
+    """A copy between two layouts that are the same memory (C == 1 or S == 1 in Repack(b, c, s)) gets no
+    buffer: the operand is used in place (a 1x1 layer's weights; a one-channel input)."""
+    st = _staged_plan(cbd, "dgrad", 16, 8, 1).stage
+    assert [r.identity for r in st] == [False, True, False]   # dy, w (1x1), dx
+    bufs = st.buffers(*(torch.empty(n) for n in (2 * 8 * 30, 8 * 16, 2 * 16 * 30)))
+    assert bufs[1] is None and bufs[0] is not None and bufs[2] is not None
+    w = torch.ones(3)
+    assert st.operand(1, w, bufs) is w
+    st = _staged_plan(cbd, "dgrad", 1, 64, 3).stage
+    assert [r.identity for r in st] == [False, True, True]    # w and dx with one input channel
+    st = _staged_plan(cbw, "wgrad", 1, 64, 3).stage
+    assert [r.identity for r in st] == [False, True]          # x with one channel
+
+
+def test_wgrad_splits_fill_whole_waves():
+    """The split never puts a handful of programs into a wave of their own: programs x chunks stays
+    within 4 a SM (528 on 132 SMs), rounded down."""
+    for programs in (1, 7, 9, 27, 64, 100, 527):
+        s_ = cbw.splits_for(programs, 10 ** 8, 32, "cuda", 132)
+        assert programs * s_ <= 528 < programs * (s_ + 1), programs
+    assert cbw.splits_for(9, 9 * 32 * 8, 32, "cuda", 132) == 9   # chunks of at least 8 steps
+    assert cbw.splits_for(600, 10 ** 8, 32, "cuda", 132) == 1
+
+
+def test_wgrad_finish_adds_every_partial():
+    """The finish kernel on its own: 19 partial rows (two full groups of FINISH_SB and a short one) of 300
+    weights (two programs, the second masked) give their float64 sum, and the same bits twice."""
+    needs_interpreter()
+    S, cout, cig = 19, 12, 25
+    E = cout * cig
+    ws = torch.from_numpy(np.random.default_rng(3).standard_normal(S * E).astype(np.float32))
+    outs = []
+    for _ in range(2):
+        dw = torch.full((cout, cig), float("nan"), dtype=torch.float32)
+        grid = (-(-E // cbw.FINISH_BLOCK),)
+        cbw._finish_kernel[grid](ws, dw, E, S, cout, cig, 1, 1, cig, 1, 0, 0, 0, BLOCK=cbw.FINISH_BLOCK,
+                                 SB=cbw.FINISH_SB, IS_F64=False)
+        outs.append(dw)
+    want = ws.double().view(S, E).sum(0).view(cout, cig)
+    assert torch.allclose(outs[0].double(), want, rtol=1e-6, atol=1e-5), (outs[0].double() - want).abs().max()
+    assert torch.equal(outs[0], outs[1])
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:

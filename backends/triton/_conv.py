@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from backends._plans.conv_geometry import Geo3, data_strides, weight_strides
-from backends.triton.common import IMPORT_ERROR, INTERPRETER, byte_span, interpreted, jit, on_device, overlap, tl
+from backends.triton.common import IMPORT_ERROR, INTERPRETER, byte_span, interpreted, jit, on_device, overlap, p2, tl
 from backends.triton.common import TUNE_ENV, capturing, time_ms, tuning_on  # noqa: F401 - TUNE_ENV: for callers
 from harness.timing import TUNE_FILE_ENV
 
@@ -259,22 +259,40 @@ def _repack_kernel(src, dst, C, S, BS: tl.constexpr, BC: tl.constexpr):
     tl.store(dst + base + s[:, None].to(tl.int64) * C + c[None, :], v, mask=m)
 
 
-REPACK_BS, REPACK_BC = 64, 64
+REPACK_TILE = 4096  # elements a program copies (64 x 64 where both sides are 64 or more)
 GRID_YZ_MAX = 65535  # CUDA's limit on grid dims 1 and 2
+
+
+def repack_tile(c: int, s: int, interpreted_: bool = False) -> tuple[int, int]:
+    """(BS, BC) of Repack(b, c, s): 64 x 64, but a side under 64 takes the power of two that holds it
+    (at least 4) and gives the other side its lanes, up to REPACK_TILE elements a program.  (64 x 64
+    tiles on the stem's 3 channels masked 61 of 64 lanes: its dgrad's copy back took 141 us of the
+    call's 926 on the H100, results/h100/s15/call3.)  The interpreter: 16 x 16, a thin side's lanes
+    given up to 256 elements."""
+    side, total = (16, 256) if interpreted_ else (64, REPACK_TILE)
+    bs, bc = min(side, max(4, p2(s))), min(side, max(4, p2(c)))
+    if bs < side:
+        bc = min(max(4, p2(c)), total // bs)
+    elif bc < side:
+        bs = min(max(4, p2(s)), total // bc)
+    return bs, bc
 
 
 class Repack:
     """The transposing copy of a contiguous (B, C, S) tensor to (B, S, C): `repack(src, dst)`,
     dst a contiguous buffer of src's size.  Channels first to channels last with (B, C, S) =
-    (N, C, spatial) or (Cout, Cin/g, taps); channels last back with (N, spatial, C)."""
+    (N, C, spatial) or (Cout, Cin/g, taps); channels last back with (N, spatial, C).  With C == 1
+    or S == 1 the two layouts are the same memory (`identity`: a 1x1 kernel's weights, one
+    channel): Staging then uses the tensor itself and launches no copy."""
 
-    __slots__ = ("step",)
+    __slots__ = ("step", "identity")
 
     def __init__(self, b: int, c: int, s: int):
         from backends.triton import _steps
         from backends.triton.common import cdiv
 
-        bs, bc = (REPACK_BS, REPACK_BC) if not interpreted() else (16, 16)
+        self.identity = c == 1 or s == 1
+        bs, bc = repack_tile(c, s, interpreted())
         self.step = _steps.Step(_repack_kernel, (cdiv(s, bs), cdiv(c, bc), b), 2, dict(C=c, S=s, BS=bs, BC=bc), 4)
 
     def __call__(self, src, dst) -> None:
@@ -284,7 +302,8 @@ class Repack:
 class Staging:
     """A staged conv plan's Repacks (iterable, indexable) and the channels-last buffers they
     fill: one set per layer, shared by every plan the tuner builds for it, allocated on first
-    use and kept (calls on one stream are ordered, so reusing them is safe)."""
+    use and kept (calls on one stream are ordered, so reusing them is safe).  An identity
+    Repack has no buffer: its operand is used in place."""
 
     __slots__ = ("repacks", "bufs")
 
@@ -298,13 +317,22 @@ class Staging:
         return self.repacks[i]
 
     def buffers(self, *like):
-        """Flat buffers of the sizes and dtypes of `like` (allocated on the first call)."""
+        """Flat buffers of the sizes and dtypes of `like` (allocated on the first call), None
+        where the Repack is the identity."""
         bufs = self.bufs
         if bufs is None:
             import torch
 
-            bufs = self.bufs = [torch.empty(t.numel(), dtype=t.dtype, device=t.device) for t in like]
+            bufs = self.bufs = [None if r.identity else torch.empty(t.numel(), dtype=t.dtype, device=t.device)
+                                for r, t in zip(self.repacks, like)]
         return bufs
+
+    def operand(self, i: int, src, bufs):
+        """src in channels last for the kernel: Repack i's copy in bufs[i], or src itself (identity)."""
+        if bufs[i] is None:
+            return src
+        self.repacks[i](src, bufs[i])
+        return bufs[i]
 
 
 def repackable(t, b: int, c: int) -> bool:

@@ -26,7 +26,8 @@ Design:
   fully; their weight offsets are proven 16-byte multiples where they are (WVEC), so with
   channels last both tiles load as cp.async vectors.  A contiguous
   channels-first layer on the tensor-core path is staged: dy and w copied to channels last,
-  the kernel run on the copies into a channels-last dx buffer, copied back (_conv.Repack);
+  the kernel run on the copies into a channels-last dx buffer, copied back (_conv.Repack;
+  a copy between layouts that are the same memory, a 1x1 layer's weights, is skipped);
   read in place its tiles would be per-element gathers, never pipelined.
 
 Host side: plans are cached per (shapes, strides, dtype, device, geometry); a repeated call is
@@ -261,11 +262,12 @@ class _Launch:
         if self.stage is None:
             self.launch(dy, w, dx, self.taps)
             return
-        bufs = self.stage.buffers(dy, w, dx)
-        self.stage[0](dy, bufs[0])
-        self.stage[1](w, bufs[1])
-        self.launch(bufs[0], bufs[1], bufs[2], self.taps)
-        self.stage[2](bufs[2], dx)
+        stage = self.stage
+        bufs = stage.buffers(dy, w, dx)
+        out = dx if bufs[2] is None else bufs[2]
+        self.launch(stage.operand(0, dy, bufs), stage.operand(1, w, bufs), out, self.taps)
+        if bufs[2] is not None:
+            stage[2](bufs[2], dx)
 
 
 def _plan(dy, w, dx, params, channels_last: bool, tune: bool, force: int | None = None):

@@ -16,8 +16,8 @@ Design:
   writes dw in its dtype.  With S = 1 the main kernel writes dw itself.  Deterministic: no
   atomics, the same summation order on every call of a plan.
 * Channels first, contiguous, on the tensor-core path: dy and x are staged to channels last
-  (_conv.Repack) so the tiles load as pipelined cp.async vectors, not per-element gathers; dw
-  is written in its own layout through its strides.
+  (_conv.Repack; one channel: used in place) so the tiles load as pipelined cp.async vectors,
+  not per-element gathers; dw is written in its own layout through its strides.
 * Small Cin (`MT`: groups 1, Cin < MT_CIG_MAX, more than one tap, not EW; the RGB stem): one GEMM for
   every tap, its columns the (tap, c) pairs, so the BN-wide column tile is not mostly padding and dy
   is read once per column tile rather than once per tap; x is gathered per column at o*s + k*d - p.
@@ -46,7 +46,11 @@ from harness import argcheck
 OP = "conv_backward_weight"
 DTYPES = ("f32", "f16", "bf16", "f64")
 TUNER = _conv.Tuner(OP)
-FINISH_BLOCK = 1024
+# The finish: BLOCK weights a program, FINISH_SB partial rows loaded at once.  One row at a time, each
+# thread waited out a load per partial in turn: 20-49 us for 6.6-8.7 MB on the H100, 6% occupancy,
+# 60-81% of stalls on the loads (results/h100/s15/call3, call4).
+FINISH_BLOCK = 256
+FINISH_SB = 8
 MT_CIG_MAX = 16  # groups 1 with Cin below this (and more than one tap): every tap in one GEMM (MT)
 
 
@@ -165,13 +169,16 @@ def _wgrad_kernel(dy_ptr, x_ptr, out_ptr,
 
 @jit(do_not_specialize=["E", "S", "cout", "cig", "KH", "KW"])
 def _finish_kernel(ws_ptr, dw_ptr, E, S, cout, cig, KH, KW, so_co, so_ci, so_kd, so_kh, so_kw,
-                   BLOCK: tl.constexpr, IS_F64: tl.constexpr):
-    """dw = the sum of the S partial rows of the workspace [S, taps, Cout, Cin/g], in order."""
+                   BLOCK: tl.constexpr, SB: tl.constexpr, IS_F64: tl.constexpr):
+    """dw = the sum of the S partial rows of the workspace [S, taps, Cout, Cin/g]: SB rows loaded at
+    once and summed by a fixed tree, the groups added in order (the same bits every call)."""
     e = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = e < E
     acc = tl.zeros([BLOCK], tl.float64 if IS_F64 else tl.float32)
-    for s in range(S):
-        acc += tl.load(ws_ptr + s * E + e, mask=m, other=0.0)  # the workspace is small: int32 offsets
+    for s0 in range(0, S, SB):
+        rows = s0 + tl.arange(0, SB)
+        part = tl.load(ws_ptr + rows[:, None] * E + e[None, :], mask=(rows[:, None] < S) & m[None, :], other=0.0)
+        acc += tl.sum(part, axis=0)  # the workspace is small: int32 offsets
     ci = e % cig
     r = e // cig
     co = r % cout
@@ -217,11 +224,14 @@ def _fit(tile: _conv.Tile, g: _conv.Geo3) -> _conv.Tile:
 
 
 def splits_for(programs: int, npos: int, bk: int, device_type: str, sms: int = 132) -> int:
-    """Chunks of the position reduction: enough programs for ~2 waves, each chunk >= 8 steps of BK
-    (the interpreter: >= 2 steps and at most 3 chunks, so the split path runs on small cases)."""
+    """Chunks of the position reduction: programs * chunks up to 4 per SM (two waves of two, or one
+    of four, the main kernel's residency at 96-128 registers), each chunk >= 8 steps of BK (the
+    interpreter: >= 2 steps and at most 3 chunks, so the split path runs on small cases).  Rounded
+    down: rounded up, the 3x3 layers' 9 programs a chunk made 531 against 528 slots, and the 3
+    left over ran as a second wave of their own (results/h100/s15/call3)."""
     if device_type == "cpu":  # the interpreter
         return max(1, min(3, npos // (2 * bk)))
-    want = cdiv(2 * sms * 2, max(programs, 1))
+    want = (2 * sms * 2) // max(programs, 1)
     return max(1, min(want, npos // (8 * bk)))
 
 
@@ -240,9 +250,7 @@ class _Plan:
     def __call__(self, dy, x, dw):
         if self.stage is not None:
             bufs = self.stage.buffers(dy, x)
-            self.stage[0](dy, bufs[0])
-            self.stage[1](x, bufs[1])
-            dy, x = bufs
+            dy, x = self.stage.operand(0, dy, bufs), self.stage.operand(1, x, bufs)
         if self.finish is None:
             self.main(dy, x, dw)
             return
@@ -307,7 +315,7 @@ def _plan(dy, x, dw, params, channels_last: bool, tune: bool, force: int | None 
         finish = None
         if s > 1:
             fv = dict(E=E, S=s, cout=g.cout, cig=g.cig, KH=g.k[1], KW=g.k[2], so_co=so[0], so_ci=so[1],
-                      so_kd=so[2], so_kh=so[3], so_kw=so[4], BLOCK=FINISH_BLOCK, IS_F64=item == 8)
+                      so_kd=so[2], so_kh=so[3], so_kw=so[4], BLOCK=FINISH_BLOCK, SB=FINISH_SB, IS_F64=item == 8)
             finish = _steps.Step(_finish_kernel, cdiv(E, FINISH_BLOCK), 2, fv, 4)
         plan = _Plan(main, finish, s * E, ws_dtype, stage)
         runner = lambda: plan(dy, x, dw)  # noqa: E731 - the tuner times the plan on this call's tensors

@@ -1,5 +1,10 @@
 #!/usr/bin/env bash
-# The next H100 calls after the fourteenth session's (repo root): what issues 16 and 14 still lack.
+# The next H100 calls after the fourteenth and fifteenth sessions' (repo root): what issues 16 and 14 still lack.
+# After the fifteenth session (results/h100/s15/: check, mm, attn and the 33 profiles ran), in this order:
+#   STEPS="tconv tconvd tconvw" OUT=...        (no build: triton's conv full sets in 8 shards of FULL_S, then its
+#                                              one-run conv tables beside torch; about 13 minutes: two calls,
+#                                              STEPS=tconv then STEPS="tconvd tconvw")
+#   STEPS=profile PROFILE_LIST=scripts/gpu/cases/profile_s15.txt OUT=...   (16 profiles, about 6 minutes)
 #   STEPS="check mm" OUT=/some/dir bash scripts/gpu/batch_s14.sh       (cold: the torch_ext build, then about 6 min)
 #   STEPS=profile PROFILE_PART=0/3 OUT=...  then  1/3, 2/3              (11 profiles a call, up to 8 minutes each:
 #                                                                       harness profile runs each case twice, a
@@ -19,10 +24,16 @@
 #           scripts/gpu/cases/profile_s15.txt (the fifteenth session's misses that have no profile, 3)
 #   attn    harness bench of attention_backward's perf cases, resumed from the fourteenth session's 30
 #           (ATTN_RESUME): triton, triton@det, SDPA flash and cuDNN                    -> attn/
+#   tconv   triton's conv_backward_data and conv_backward_weight full sets (408 pairs), 8 shards of FULL_S:
+#           the fifteenth session changed its channels-first staging (identity copies skipped, thin copy
+#           tiles) and its wgrad split and finish after the H100 passed them           -> full-tconv/
+#   tconvd, tconvw  harness bench of the op's perf cases, triton and torch (cuDNN): the one-run triton
+#           tables of the current code (cupy@best's and torch_ext's are results/h100/s14/call3, call4) -> tconvd/, tconvw/
 # Files: $OUT/run.log, $OUT/s14.tgz (res/); extract it to results/h100/sNN/callK/ after each call.
 set -uo pipefail
 export MAX_JOBS=${MAX_JOBS:-8}
-PY=${PYTHON:-python3} STEPS=${STEPS:-check mm} MM_S=${MM_S:-300} ATTN_S=${ATTN_S:-400}
+PY=${PYTHON:-python3} STEPS=${STEPS:-check mm} MM_S=${MM_S:-300} ATTN_S=${ATTN_S:-400} FULL_S=${FULL_S:-480}
+CONV_S=${CONV_S:-240}
 PACK=s14
 . scripts/gpu/steps.sh
 C=scripts/gpu/cases
@@ -69,4 +80,19 @@ if has attn; then
     --impl sdpa_cudnn --ratio triton/sdpa_flash --ratio triton/sdpa_cudnn --ratio triton@det/sdpa_flash \
     --host triton | tee "$R/attn_table.txt"; pack
 fi
+if has tconv; then
+  stamp "== tconv: triton's conv dgrad and wgrad full sets, 8 shards of $FULL_S s"
+  full_shards "$FULL_S" --op conv_backward_data --op conv_backward_weight --backend triton --seed 15
+  shards_to full-tconv; pack
+fi
+for step in tconvd tconvw; do
+  has $step || continue
+  op=conv_backward_data; [ $step = tconvw ] && op=conv_backward_weight
+  stamp "== $step: $op perf cases, triton and torch"
+  timeout -k 20 -s INT $((CONV_S + 90)) $PY -m harness bench --op $op --cases perf $BENCH --time-limit "$CONV_S" \
+    --backend triton --backend torch --report "$R/$step" > "$R/$step.log" 2>&1
+  echo "exit $?"; tail -2 "$R/$step.log"
+  $PY scripts/gpu/tflops_table.py "$R/$step/results.json" --impl triton --impl torch --ratio triton/torch \
+    --host triton | tee "$R/${step}_table.txt"; pack
+done
 stamp "== done"; pack
