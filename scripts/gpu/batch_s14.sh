@@ -28,7 +28,8 @@
 #           the fifteenth session changed its channels-first staging (identity copies skipped, thin copy
 #           tiles) and its wgrad split and finish after the H100 passed them           -> full-tconv/
 #   tconvd, tconvw  harness bench of the op's perf cases, triton and torch (cuDNN): the one-run triton
-#           tables of the current code (cupy@best's and torch_ext's are results/h100/s14/call3, call4) -> tconvd/, tconvw/
+#           tables of the current code (cupy@best's and torch_ext's are results/h100/s14/call3, call4), each
+#           under CONV_S; RESUME_DIR=results/h100/sNN/callK goes on from that call's cut-off run -> tconvd/, tconvw/
 # Files: $OUT/run.log, $OUT/s14.tgz (res/); extract it to results/h100/sNN/callK/ after each call.
 set -uo pipefail
 export MAX_JOBS=${MAX_JOBS:-8}
@@ -89,8 +90,9 @@ for step in tconvd tconvw; do
   has $step || continue
   op=conv_backward_data; [ $step = tconvw ] && op=conv_backward_weight
   stamp "== $step: $op perf cases, triton and torch"
+  prev=${RESUME_DIR:+$RESUME_DIR/res/$step/results.json}   # a cut-off run of this step to go on from
   timeout -k 20 -s INT $((CONV_S + 90)) $PY -m harness bench --op $op --cases perf $BENCH --time-limit "$CONV_S" \
-    --backend triton --backend torch --report "$R/$step" > "$R/$step.log" 2>&1
+    ${prev:+--resume "$prev"} --backend triton --backend torch --report "$R/$step" > "$R/$step.log" 2>&1
   echo "exit $?"; tail -2 "$R/$step.log"
   $PY scripts/gpu/tflops_table.py "$R/$step/results.json" --impl triton --impl torch --ratio triton/torch \
     --host triton | tee "$R/${step}_table.txt"; pack
