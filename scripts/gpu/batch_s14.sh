@@ -91,6 +91,7 @@ for step in tconvd tconvw; do
   op=conv_backward_data; [ $step = tconvw ] && op=conv_backward_weight
   stamp "== $step: $op perf cases, triton and torch"
   prev=${RESUME_DIR:+$RESUME_DIR/res/$step/results.json}   # a cut-off run of this step to go on from
+  [ -n "$prev" ] && [ ! -f "$prev" ] && prev=
   timeout -k 20 -s INT $((CONV_S + 90)) $PY -m harness bench --op $op --cases perf $BENCH --time-limit "$CONV_S" \
     ${prev:+--resume "$prev"} --backend triton --backend torch --report "$R/$step" > "$R/$step.log" 2>&1
   echo "exit $?"; tail -2 "$R/$step.log"
