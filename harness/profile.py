@@ -137,25 +137,26 @@ def derive(k: dict) -> dict:
     return k
 
 
-def _f(v, fmt: str, unit: str = "") -> str:
-    return "n/a" if v is None else format(v, fmt) + unit
+def figure(v, fmt: str, unit: str = "", missing: str = "n/a") -> str:
+    """One reading formatted (`missing` where ncu gave none): the text report's and scripts/gpu/profile_table.py's."""
+    return missing if v is None else format(v, fmt) + unit
 
 
 def format_kernel(k: dict) -> str:
     lines = [f"kernel {k['id']}: {k['name'][:110]}",
-             f"  time {_f(k.get('duration_ns') and k['duration_ns'] / 1e3, '.2f', ' us')}; "
-             f"DRAM {_f(k.get('dram_gbps'), '.0f', ' GB/s')} = {_f(k.get('dram_pct_peak'), '.1f', '% of peak')} "
-             f"(read {_f(k.get('dram_read_bytes') and k['dram_read_bytes'] / 1e6, '.1f', ' MB')}, "
-             f"write {_f(k.get('dram_write_bytes') and k['dram_write_bytes'] / 1e6, '.1f', ' MB')})",
-             f"  occupancy achieved {_f(k.get('occupancy_achieved_pct'), '.1f', '%')} of theoretical "
-             f"{_f(k.get('occupancy_theoretical_pct'), '.1f', '%')}; registers/thread "
-             f"{_f(k.get('registers_per_thread'), '.0f')}",
-             f"  sectors/request: global load {_f(k.get('ld_sectors_per_request'), '.2f')}, "
-             f"global store {_f(k.get('st_sectors_per_request'), '.2f')}; shared bank conflicts ld "
-             f"{_f(k.get('smem_bank_conflicts_ld'), '.0f')} st {_f(k.get('smem_bank_conflicts_st'), '.0f')}",
-             f"  grid {_f(k.get('grid_size'), '.0f')} x block {_f(k.get('block_size'), '.0f')}: "
-             f"{_f(k.get('waves_per_sm'), '.2f')} waves per SM, last wave {_f(k.get('tail_wave_fill'), '.0%')} full; "
-             f"tensor pipe {_f(k.get('tensor_pipe_pct'), '.1f', '%')}",
+             f"  time {figure(k.get('duration_ns') and k['duration_ns'] / 1e3, '.2f', ' us')}; "
+             f"DRAM {figure(k.get('dram_gbps'), '.0f', ' GB/s')} = {figure(k.get('dram_pct_peak'), '.1f', '% of peak')} "
+             f"(read {figure(k.get('dram_read_bytes') and k['dram_read_bytes'] / 1e6, '.1f', ' MB')}, "
+             f"write {figure(k.get('dram_write_bytes') and k['dram_write_bytes'] / 1e6, '.1f', ' MB')})",
+             f"  occupancy achieved {figure(k.get('occupancy_achieved_pct'), '.1f', '%')} of theoretical "
+             f"{figure(k.get('occupancy_theoretical_pct'), '.1f', '%')}; registers/thread "
+             f"{figure(k.get('registers_per_thread'), '.0f')}",
+             f"  sectors/request: global load {figure(k.get('ld_sectors_per_request'), '.2f')}, "
+             f"global store {figure(k.get('st_sectors_per_request'), '.2f')}; shared bank conflicts ld "
+             f"{figure(k.get('smem_bank_conflicts_ld'), '.0f')} st {figure(k.get('smem_bank_conflicts_st'), '.0f')}",
+             f"  grid {figure(k.get('grid_size'), '.0f')} x block {figure(k.get('block_size'), '.0f')}: "
+             f"{figure(k.get('waves_per_sm'), '.2f')} waves per SM, last wave {figure(k.get('tail_wave_fill'), '.0%')} full; "
+             f"tensor pipe {figure(k.get('tensor_pipe_pct'), '.1f', '%')}",
              "  top stalls: " + (", ".join(f"{s['reason']} {s['pct']:.1f}%" for s in k.get("top_stalls", []))
                                  or "n/a")]
     return "\n".join(lines)

@@ -508,28 +508,27 @@ def test_repack_tiles():
             assert bs >= min(64, s_) or bc == max(4, _conv.p2(c)), (c, s_)  # no lanes given up for nothing
 
 
-def _staged_plan(mod, op, cin, cout, kernel, layout="channels_first"):
-    """The plan (meta tensors, no launch) of a channels-first stride-1 layer, N=2, 6x5."""
-    x_shape, y_shape = (2, cin, 6, 5), (2, cout, 6 - kernel + 1, 5 - kernel + 1)
-    w_shape = (cout, cin, kernel, kernel)
-    dy, w, x = (torch.empty(s, dtype=torch.float32, device="meta") for s in (y_shape, w_shape, x_shape))
-    params = {"stride": [1, 1], "padding": [0, 0], "dilation": [1, 1], "groups": 1, "layout": layout}
-    return mod._plan(dy, w, x, params, False, False, 0) if op == "dgrad" else mod._plan(dy, x, w, params, False,
-                                                                                          False, 0)
+def _staging(mod, cin, cout, kernel):
+    """The Staging of `mod`'s plan (meta tensors, no launch) for a channels-first stride-1 layer, N=2, 6x5."""
+    dy, w, x = (torch.empty(s, dtype=torch.float32, device="meta")
+                for s in ((2, cout, 7 - kernel, 6 - kernel), (cout, cin, kernel, kernel), (2, cin, 6, 5)))
+    params = {"stride": [1, 1], "padding": [0, 0], "dilation": [1, 1], "groups": 1, "layout": "channels_first"}
+    args = (dy, w, x) if mod is cbd else (dy, x, w)
+    return mod._plan(*args, params, False, False, 0).stage
 
 
 def test_identity_copies_are_not_staged():
     """A copy between two layouts that are the same memory (C == 1 or S == 1 in Repack(b, c, s)) gets no
     buffer: the operand is used in place (a 1x1 layer's weights; a one-channel input)."""
-    st = _staged_plan(cbd, "dgrad", 16, 8, 1).stage
+    st = _staging(cbd, 16, 8, 1)
     assert [r.identity for r in st] == [False, True, False]   # dy, w (1x1), dx
     bufs = st.buffers(*(torch.empty(n) for n in (2 * 8 * 30, 8 * 16, 2 * 16 * 30)))
     assert bufs[1] is None and bufs[0] is not None and bufs[2] is not None
     w = torch.ones(3)
     assert st.operand(1, w, bufs) is w
-    st = _staged_plan(cbd, "dgrad", 1, 64, 3).stage
+    st = _staging(cbd, 1, 64, 3)
     assert [r.identity for r in st] == [False, True, True]    # w and dx with one input channel
-    st = _staged_plan(cbw, "wgrad", 1, 64, 3).stage
+    st = _staging(cbw, 1, 64, 3)
     assert [r.identity for r in st] == [False, True]          # x with one channel
 
 

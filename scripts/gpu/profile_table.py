@@ -19,6 +19,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from cases.registry import from_json  # noqa: E402
+from harness.profile import figure  # noqa: E402
+
+
+def _num(v, fmt: str) -> str:
+    return figure(v, fmt, missing="-")
 
 HEAD = ["case", "impl", "kernel", "us", "tensor pipe", "occupancy", "regs", "grid x block (waves, last)",
         "bank conflicts ld / st", "sectors/req ld / st", "DRAM GB/s", "top stalls"]
@@ -39,21 +44,16 @@ def _short(name: str) -> str:
     return "".join(out).replace("__nv_bfloat16", "bf16").replace("__half", "f16")
 
 
-def _num(v, fmt: str) -> str:
-    return "-" if v is None else format(v, fmt)
-
-
 def rows(doc: dict, label: str | None = None) -> list[list[str]]:
     case = doc["case"]
     case = from_json(json.loads(case) if isinstance(case, str) else case, "profile").id
     out = []
     for i, k in enumerate(doc["kernels"]):
-        fill = k.get("tail_wave_fill")
-        waves = f"{_num(k.get('waves_per_sm'), '.2f')}, {'-' if fill is None else f'{100 * fill:.0f}%'}"
+        waves = f"{_num(k.get('waves_per_sm'), '.2f')}, {_num(k.get('tail_wave_fill'), '.0%')}"
         stalls = ", ".join(f"{s['reason']} {s['pct']:.0f}%" for s in (k.get("top_stalls") or [])[:2])
         out.append([
             (label or case) if i == 0 else "", doc["impl"] if i == 0 else "", f"`{_short(k['name'])}`",
-            _num(k["duration_ns"] / 1e3 if k.get("duration_ns") is not None else None, ".1f"),
+            _num(k.get("duration_ns") and k["duration_ns"] / 1e3, ".1f"),
             _num(k.get("tensor_pipe_pct"), ".1f") + "%",
             f"{_num(k.get('occupancy_achieved_pct'), '.1f')} / {_num(k.get('occupancy_theoretical_pct'), '.1f')}%",
             _num(k.get("registers_per_thread"), ".0f"),
