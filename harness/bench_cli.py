@@ -42,6 +42,9 @@ def add_parsers(sub) -> None:
     b.add_argument("--loop-calls", type=int, default=0,
                    help="calls per loop of the loop figure (0: auto, about 20 ms of calls; harness/timing.py)")
     b.add_argument("--no-loop", action="store_true", help="no loop figure (back-to-back calls) after the samples")
+    b.add_argument("--rest", type=float, default=2.0,
+                   help="seconds of idle GPU before a sample set is taken again when all of it ran below 95%% of the "
+                        "top SM clock (power cap after a tuner's or an earlier row's load); 0: keep it, marked (2)")
     b.add_argument("--full-validation", action="store_true",
                    help="judge every output element of the final call (default: a 1M sample above 4M elements)")
     b.add_argument("--prefetch", type=int, default=None, help="threads preparing later cases (default: cores/4, <= 4)")
@@ -128,7 +131,7 @@ def cmd_bench(args, argv=None) -> int:
                                   max_samples=args.max_samples, budget_s=args.budget,
                                   warmup_budget_s=args.warmup_budget, rotate=args.rotate, cold_sets=args.cold_sets,
                                   graph_calls=args.graph_calls, hold=not args.no_hold, loop=not args.no_loop,
-                                  loop_calls=args.loop_calls)
+                                  loop_calls=args.loop_calls, rest_s=args.rest)
         opts = bench.BenchOptions(device, cfg, args.seed, args.oracle,
                                   None if args.full_validation else prepared.SAMPLE_ABOVE,
                                   bench.default_prefetch() if args.prefetch is None else args.prefetch,

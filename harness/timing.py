@@ -105,7 +105,11 @@ Throttling.  The SM clock is read once per batch while the GPU runs it (NVML thr
 pynvml / nvidia-ml-py, else torch.cuda.clock_rate).  A sample whose clock is below
 `throttle` (95%) of the highest clock seen this session is throttled: reported, dropped
 from the statistics.  If fewer than 3 samples would remain, all are kept and the set is
-marked `throttled_all`.  The device's maximum SM clock is recorded beside.
+marked `throttled_all`.  The device's maximum SM clock is recorded beside.  A set that comes back
+throttled_all is taken once more after the GPU rested idle for `rest_s` (2 s): the power cap that
+brought the clock down (a tuner's or the previous implementation's sustained load heats the next
+one's samples) lifts within that, so rows of one run compare at one clock.  `Samples.rested_s` says
+a set was retaken; throttled_all on it means the clock stayed down (the kernel's own load).
 """
 from __future__ import annotations
 
@@ -149,6 +153,7 @@ class TimingConfig:
     warmup_max: int = 100
     warmup_budget_s: float = 0.5  # counted from the end of the first call
     throttle: float = 0.95        # samples below this fraction of the session's top SM clock are dropped
+    rest_s: float = 2.0           # idle this long, then sample again, when every sample ran throttled; 0: never
     graph_calls: int = 0          # calls per graph replay; 0: auto
     rotate: int = 0               # input sets to rotate over; 0: auto (graph mode, cases that fit in L2)
     batch_s: float = 0.02         # wall time of one batch of samples after the first
@@ -161,6 +166,8 @@ class TimingConfig:
     def __post_init__(self):
         if self.mode not in MODES:
             raise ValueError(f"timing mode {self.mode!r}: expected one of {', '.join(MODES)}")
+        if self.rest_s < 0:
+            raise ValueError(f"rest_s {self.rest_s}: expected seconds >= 0")
         if self.min_samples < 1 or self.max_samples < self.min_samples:
             raise ValueError(f"need 1 <= min_samples ({self.min_samples}) <= max_samples ({self.max_samples})")
 
@@ -226,6 +233,7 @@ class Samples:
     fallback: str = ""             # why the requested mode was not used
     elapsed_s: float = 0.0
     throttled_all: bool = False
+    rested_s: float = 0.0          # the idle rest before this set: a first set ran throttled throughout
     final_ms: float | None = None  # the re-validated final call (not in the statistics)
     host_ms: float | None = None   # median host time to queue one call (sampling phase)
     hold_ms: float = 0.0           # the GPU hold before each sample's start event (0: none)
@@ -256,6 +264,7 @@ class Samples:
                    timer=self.timer, stop=self.stop, warmup=self.warmup, clocks=self.clocks,
                    calls_per_sample=self.calls_per_sample, rotate=self.rotate, flush_bytes=self.flush_bytes,
                    fallback=self.fallback, elapsed_s=round(self.elapsed_s, 4), throttled_all=self.throttled_all,
+                   rested_s=self.rested_s,
                    final_ms=self.final_ms, host_ms=self.host_ms, hold_ms=round(self.hold_ms, 4),
                    loop_ms=self.loop_ms, loop_calls=self.loop_calls, b2b_ms=self.b2b_ms,
                    peak_extra_bytes=self.peak_extra_bytes,
@@ -271,7 +280,8 @@ class Samples:
                    clocks=d.get("clocks"), calls_per_sample=d.get("calls_per_sample", 1), rotate=d.get("rotate", 1),
                    flush_bytes=d.get("flush_bytes", 0), requested_mode=d.get("requested_mode", ""),
                    fallback=d.get("fallback", ""), elapsed_s=d.get("elapsed_s", 0.0),
-                   throttled_all=d.get("throttled_all", False), final_ms=d.get("final_ms"),
+                   throttled_all=d.get("throttled_all", False), rested_s=d.get("rested_s", 0.0),
+                   final_ms=d.get("final_ms"),
                    host_ms=d.get("host_ms"), hold_ms=d.get("hold_ms", 0.0), loop_ms=d.get("loop_ms"),
                    loop_calls=d.get("loop_calls", 0), b2b_ms=d.get("b2b_ms"), peak_extra_bytes=d.get("peak_extra_bytes"),
                    peak_note=d.get("peak_note", ""))
@@ -694,12 +704,42 @@ def _split(times, mhz, reference, throttle):
 
 
 def measure(call, timer, cfg: TimingConfig, clock: ClockMonitor | None = None,
-            now: Callable[[], float] = time.perf_counter, start: int = 0, warmup: dict | None = None) -> "Samples":
-    """Warm up (unless `warmup` says it was done), then sample until the stop rule holds."""
+            now: Callable[[], float] = time.perf_counter, start: int = 0, warmup: dict | None = None,
+            sleep: Callable[[float], None] = time.sleep) -> "Samples":
+    """Warm up (unless `warmup` says it was done), then sample until the stop rule holds; a set
+    that ran throttled throughout is taken again after `cfg.rest_s` of idle GPU."""
     index = start
     if warmup is None:
         warmup = warm_up(lambda i: timer.run(call, start + i, 1)[0], cfg, now)
         index += warmup["calls"]
+    reference = lambda: clock.reference if clock else None  # noqa: E731 - the top clock seen so far
+    t0 = now()
+    times, mhz, stop, index = _sample_set(call, timer, cfg, clock, now, index)
+    kept, dropped = _split(times, mhz, reference(), cfg.throttle)
+    rested = 0.0
+    if len(kept) < min(3, len(times)) and cfg.rest_s > 0:
+        sleep(cfg.rest_s)  # the timer synchronised: the GPU idles
+        rested = cfg.rest_s
+        times, mhz, stop, index = _sample_set(call, timer, cfg, clock, now, index)
+        kept, dropped = _split(times, mhz, reference(), cfg.throttle)
+    throttled_all = False
+    if len(kept) < min(3, len(times)):
+        kept, dropped, throttled_all = list(times), [], True
+    samples = Samples(kept, cfg.mode, timer.name, dropped_ms=dropped, stop=stop, warmup=warmup,
+                      clocks=clock_summary(mhz, clock, len(dropped)), requested_mode=cfg.mode,
+                      elapsed_s=now() - t0, throttled_all=throttled_all, rested_s=rested)
+    host = getattr(timer, "host_ms", None)
+    if host:
+        samples.host_ms = float(np.median(host[-len(times):]))
+    hold = getattr(timer, "hold", None)
+    samples.hold_ms = float(hold.ms) if hold else 0.0
+    samples._next_index = index
+    return samples
+
+
+def _sample_set(call, timer, cfg: TimingConfig, clock: ClockMonitor | None, now, index: int):
+    """Batches of samples from call `index` on until the stop rule holds -> (times, clock per time,
+    stop, next index)."""
     times: list = []
     mhz: list = []
     reading: list = [None]
@@ -709,7 +749,6 @@ def measure(call, timer, cfg: TimingConfig, clock: ClockMonitor | None = None,
 
     t0 = now()
     batch = cfg.min_samples
-    stop = ""
     while True:
         got = timer.run(call, index, batch, during)
         index += len(got)
@@ -718,18 +757,14 @@ def measure(call, timer, cfg: TimingConfig, clock: ClockMonitor | None = None,
         kept, _ = _split(times, mhz, clock.reference if clock else None, cfg.throttle)
         elapsed = now() - t0
         if len(times) >= cfg.max_samples:
-            stop = "max_samples"
-            break
+            return times, mhz, "max_samples", index
         if len(kept) >= cfg.min_samples:
             if rel_ci(kept) <= cfg.rel_ci:
-                stop = "converged"
-                break
+                return times, mhz, "converged", index
             if elapsed >= cfg.budget_s:
-                stop = "budget"
-                break
+                return times, mhz, "budget", index
         elif elapsed >= 3 * cfg.budget_s:
-            stop = "budget_throttled"
-            break
+            return times, mhz, "budget_throttled", index
         per = elapsed / len(times) if elapsed > 0 else 0.0
         if per > 0:
             want = int(min(cfg.batch_s, max(cfg.budget_s - elapsed, per)) / per)
@@ -737,20 +772,6 @@ def measure(call, timer, cfg: TimingConfig, clock: ClockMonitor | None = None,
             want = cfg.min_samples
         want = max(want, 1, cfg.min_samples - len(kept), getattr(timer, "min_batch", 1))
         batch = max(1, min(want, cfg.max_samples - len(times)))
-    kept, dropped = _split(times, mhz, clock.reference if clock else None, cfg.throttle)
-    throttled_all = False
-    if len(kept) < min(3, len(times)):
-        kept, dropped, throttled_all = list(times), [], True
-    samples = Samples(kept, cfg.mode, timer.name, dropped_ms=dropped, stop=stop, warmup=warmup,
-                      clocks=clock_summary(mhz, clock, len(dropped)), requested_mode=cfg.mode,
-                      elapsed_s=now() - t0, throttled_all=throttled_all)
-    host = getattr(timer, "host_ms", None)
-    if host:
-        samples.host_ms = float(np.median(host[-len(times):]))
-    hold = getattr(timer, "hold", None)
-    samples.hold_ms = float(hold.ms) if hold else 0.0
-    samples._next_index = index
-    return samples
 
 
 def loop_calls(cfg: TimingConfig, device_ms: float | None, host_ms: float | None) -> int:

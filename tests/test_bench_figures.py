@@ -7,7 +7,7 @@ import json
 import pytest
 
 from harness import ceilings, timing
-from harness.report import benchmarks_md, figures, markdown
+from harness.report import benchmarks_md, cells, figures, markdown
 from harness.timing import TimingConfig
 from test_report import synthetic, timing as samples_json
 
@@ -301,6 +301,22 @@ def test_report_md_shows_loop_host_bound_binding_ceiling_and_peak_memory():
     torch_line = next(l for l in md.splitlines() if "| torch (baseline) |" in l)
     assert "64.0 MiB" in torch_line and "host-bound" not in torch_line
     assert "host-bound: the host needs longer to queue a call than the GPU to run it" in md
+
+
+def test_a_row_timed_throttled_throughout_is_marked_with_its_clock(tmp_path):
+    res = with_loop_and_memory(synthetic())
+    opt = next(r for r in res["rows"] if r["impl"] == "cupy@opt")
+    opt["timing"].update(throttled_all=True, clocks={"median_mhz": 1635.0, "reference_mhz": 1980.0})
+    md = markdown.markdown(res)
+    assert "(throttled, 1635 MHz) |" in next(l for l in md.splitlines() if "| cupy@opt |" in l)
+    assert "throttled" not in next(l for l in md.splitlines() if "| torch (baseline) |" in l)
+    assert "throttled (beside a time): every sample ran below 95% of the run's top SM clock" in md
+    path = tmp_path / "BENCHMARKS.md"
+    benchmarks_md.update_benchmarks_md(res, path)
+    text = path.read_text()
+    assert "(throttled, 1635 MHz) |" in next(l for l in text.splitlines() if "| cupy@opt |" in l)
+    assert sum("(throttled," in l for l in text.splitlines() if l.startswith("|")) == 1
+    assert any("(throttled, 1635 MHz)" in l for l in cells.console(res["rows"]))
 
 
 def test_benchmarks_md_from_several_runs_keeps_hand_written_text_and_other_ops(tmp_path):

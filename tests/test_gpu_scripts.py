@@ -43,7 +43,10 @@ def _bench_doc(tmp_path) -> str:
              "figures": {"tflops": 100.0}},
             {"case": "mm[a]", "impl": "y", "status": "PASS", "timing": {"median": 1.0, "host_ms": 3.0},
              "figures": {"tflops": 200.0}},
-            {"case": "mm[b]", "impl": "x", "status": "FAIL", "timing": {}, "figures": {}}]
+            {"case": "mm[b]", "impl": "x", "status": "FAIL", "timing": {}, "figures": {}},
+            {"case": "mm[c]", "impl": "x", "status": "PASS", "timing": {"median": 1.0, "throttled_all": True,
+                                                                   "clocks": {"median_mhz": 1635.0}},
+             "figures": {"tflops": 50.0}}]
     path = tmp_path / "results.json"
     path.write_text(json.dumps({"rows": rows}))
     return str(path)
@@ -54,12 +57,14 @@ def test_tflops_table_markdown(tmp_path):
     assert lines[0] == "| case | x | y | x/y | host > device |"
     assert lines[2] == "| mm[a] | 100.0 | 200.0 | 0.50 | yes |"  # y's host 3.0 ms over its 1.0 ms
     assert lines[3] == "| mm[b] | FAIL | - | - | - |"
+    assert lines[4] == "| mm[c] | 50.0 (throttled) | - | - | - |"
 
 
 def test_tflops_table_text(tmp_path):
     lines = tflops_table.table(_bench_doc(tmp_path), ["x", "y"], ["y/x"], host="x")
     assert "2.00" in lines[1] and "host>device" not in lines[1]
-    assert "FAIL" in lines[2]
+    assert "FAIL" in lines[2] and "throttled" not in lines[1] + lines[2]
+    assert lines[3].endswith("throttled: x")
 
 
 def test_profile_table_one_row_per_kernel(tmp_path):

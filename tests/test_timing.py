@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from harness import timing
-from harness.timing import ClockMonitor, TimingConfig, measure, median_ci, summarize, warm_up
+from harness.timing import ClockMonitor, Samples, TimingConfig, measure, median_ci, summarize, warm_up
 
 # ----------------------------------------------------------------------------- fakes
 
@@ -202,8 +202,32 @@ def test_all_throttled_keeps_everything_and_says_so():
     monitor = ClockMonitor(lambda: 1000.0, "fake")
     monitor.max_seen = 2000.0  # an earlier measurement ran at 2 GHz
     timer = ScriptedTimer(lambda i: 1.0, clock)
-    s = measure(None, timer, quick(min_samples=5, max_samples=20, budget_s=0.001), clock=monitor, now=clock)
+    rests = []
+    s = measure(None, timer, quick(min_samples=5, max_samples=20, budget_s=0.001), clock=monitor, now=clock,
+                sleep=rests.append)
+    # the clock stayed down through the rest: the second set is kept whole, and says it was retaken
+    assert rests == [2.0] and s.rested_s == 2.0
     assert s.throttled_all and s.stop == "budget_throttled" and s.n == 5 and s.dropped == 0
+    assert Samples.from_json(s.to_json()).rested_s == 2.0
+
+
+def test_a_throttled_set_is_retaken_after_a_rest():
+    # a tuner's load left the clock down (1400 of 1980 MHz); it is back after the rest
+    clock = Clock()
+    rests = []
+    monitor = ClockMonitor(lambda: 1980.0 if rests else 1400.0, "fake")
+    monitor.max_seen = 1980.0
+    timer = ScriptedTimer(lambda i: 1.0 if rests else 1.4, clock)
+    cfg = quick(min_samples=5, max_samples=20, budget_s=0.001)
+    s = measure(None, timer, cfg, clock=monitor, now=clock, sleep=rests.append)
+    assert rests == [2.0] and s.rested_s == 2.0 and not s.throttled_all
+    assert s.n >= 5 and s.median == 1.0 and s.dropped == 0 and s.clocks["min_mhz"] == 1980.0
+    # with rest_s 0 the throttled set stands, marked
+    rests.clear()
+    s0 = measure(None, ScriptedTimer(lambda i: 1.4, clock), quick(min_samples=5, max_samples=20, budget_s=0.001,
+                                                                 rest_s=0), clock=monitor, now=clock,
+                 sleep=rests.append)
+    assert rests == [] and s0.throttled_all and s0.rested_s == 0.0 and s0.median == 1.4
 
 
 def test_clock_monitor_failures_and_cpu():

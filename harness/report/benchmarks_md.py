@@ -59,7 +59,8 @@ def op_section(op: str, results: dict, orows: list, plots: list | None = None) -
         lines.append(f"![{Path(link).stem}]({link})")
     if plots:
         lines.append("")
-    lines += ["Median device time per call, loop figure (ms per call back to back; host-bound marked), "
+    lines += ["Median device time per call (throttled marked), loop figure (ms per call back to back; host-bound "
+              "marked), "
               "% of the binding ceiling, peak extra memory, and speedup (same run) against each baseline library:",
               "", "| case | bytes | impl | time (ms) | loop (ms) | binding ceiling | peak mem | "
               + " | ".join(f"vs {b}" for b in libs) + (" |" if libs else "|"),
@@ -69,7 +70,7 @@ def op_section(op: str, results: dict, orows: list, plots: list | None = None) -
         for k, r in enumerate(crow):
             if r["status"] == status.SKIP:
                 continue
-            time = ms(timed_ms(r)) if timed_ms(r) else cells.status(r)
+            time = ms(timed_ms(r)) + cells.throttled(r) if timed_ms(r) else cells.status(r)
             lines.append(f"| {esc(case) if k == 0 else ''} | {size(r['cost']['bytes']) if k == 0 else ''} | "
                          f"{r['impl']} | {time} | {cells.loop(r)} | {cells.binding(r)} | {cells.peak(r)} | "
                          + " | ".join("base" if b == r["impl"] else _speedup(r, by.get(b)) for b in libs)

@@ -1,13 +1,17 @@
-"""Cells of the bench tables (report.md, BENCHMARKS.md) for the figures beside the time: the loop
-figure with its host-bound mark, the binding ceiling, the peak extra memory, and the flag of an
-impossible figure."""
+"""Cells of the bench tables (report.md, BENCHMARKS.md) for the figures beside the time: the
+throttled mark, the loop figure with its host-bound mark, the binding ceiling, the peak extra memory,
+and the flag of an impossible figure."""
 from __future__ import annotations
 
 from harness.report.figures import timed_ms
 from harness.report.text import esc
 
 HOST_BOUND = "host-bound"
-RULES = ("loop: per call, N back-to-back calls with no hold, flush or sync between them (one sync at the end); "
+THROTTLED = "throttled"
+RULES = (f"{THROTTLED} (beside a time): every sample ran below 95% of the run's top SM clock, after a rest and a "
+         "second try (the clock the samples ran at beside it), so the row is slower than the same kernel at the "
+         "clock of the others; "
+         "loop: per call, N back-to-back calls with no hold, flush or sync between them (one sync at the end); "
          f"{HOST_BOUND}: the host needs longer to queue a call than the GPU to run it (host time > device time, "
          "or loop > 1.1 x device time), so a training loop sees the loop figure, not the device time; "
          "binding ceiling: the roof the case's arithmetic intensity puts it under (flops/bytes above the ridge "
@@ -18,6 +22,15 @@ RULES = ("loop: per call, N back-to-back calls with no hold, flush or sync betwe
 
 def _ms(x) -> str:
     return "–" if x is None else f"{x:.4g}" if x >= 0.001 else f"{x:.3g}"
+
+
+def throttled(row) -> str:
+    """' (throttled, 1635 MHz)' where every sample of the row ran under the throttle clock, else ''."""
+    t = row.get("timing") or {}
+    if not t.get("throttled_all"):
+        return ""
+    mhz = (t.get("clocks") or {}).get("median_mhz")
+    return f" ({THROTTLED}, {mhz:.0f} MHz)" if mhz else f" ({THROTTLED})"
 
 
 def loop(row) -> str:
@@ -77,5 +90,5 @@ def console(rows) -> list:
     for r in shown:
         t = timed_ms(r)
         out.append(f"{r['op'][:20]:20} {r['impl'][:16]:16} {r['case'][:width]:{width}} "
-                   f"{_ms(t) if t else 'IMPOSSIBLE':>9} {loop(r):>20} {binding(r):>26} {peak(r):>10}")
+                   f"{(_ms(t) + throttled(r)) if t else 'IMPOSSIBLE':>9} {loop(r):>20} {binding(r):>26} {peak(r):>10}")
     return out

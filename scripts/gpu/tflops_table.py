@@ -4,6 +4,8 @@
 
 Columns: each --impl's TFLOP/s (its status where it has no figure), then each --ratio A/B (TFLOP/s of
 A over B); --host IMPL flags rows where that implementation's host time per call exceeds its device time.
+A figure whose samples all ran throttled (below 95% of the run's top SM clock) is marked: "(throttled)"
+in the markdown cell, "throttled: IMPL ..." after the text row.
 --markdown: the same table as a BENCHMARKS.md table (a "host > device" column with --host).
 """
 from __future__ import annotations
@@ -20,7 +22,8 @@ def table(results: str, impls: list, ratios: list, host: str | None = None, mark
     by: dict = {}
     for r in rows:
         t, f = r.get("timing") or {}, r.get("figures") or {}
-        by.setdefault(r["case"], {})[r["impl"]] = (r["status"], t.get("median"), f.get("tflops"), t.get("host_ms"))
+        by.setdefault(r["case"], {})[r["impl"]] = (r["status"], t.get("median"), f.get("tflops"), t.get("host_ms"),
+                                                   bool(t.get("throttled_all")))
     width = max([12] + [len(i) + 1 for i in impls])
     if markdown:
         head = ["case", *impls, *ratios] + (["host > device"] if host else [])
@@ -30,22 +33,25 @@ def table(results: str, impls: list, ratios: list, host: str | None = None, mark
                  + " ".join(f"{r:>12s}" for r in ratios) + "  (TFLOP/s)"]
     for case, d in by.items():
         figs, rs, flag = _row(d, impls, ratios, host)
+        hot = [i for i in impls if (d.get(i) or (None,) * 5)[4]]
         if markdown:
-            cells = [f"{v:.1f}" if isinstance(v, float) else v for v in figs] + \
+            cells = [(f"{v:.1f}" + (" (throttled)" if i in hot else "")) if isinstance(v, float) else v
+                     for i, v in zip(impls, figs)] + \
                 [f"{v:.2f}" if v is not None else "-" for v in rs] + \
                 ([{True: "yes", False: "no", None: "-"}[flag]] if host else [])
             lines.append(f"| {case} | " + " | ".join(cells) + " |")
         else:
             cells = " ".join(f"{v:{width}.1f}" if isinstance(v, float) else f"{v:>{width}s}" for v in figs)
             text = " ".join(f"{v:12.2f}" if v is not None else f"{'-':>12s}" for v in rs)
-            lines.append(f"{case:64s} {cells}  {text}{'  host>device' if flag else ''}")
+            lines.append(f"{case:64s} {cells}  {text}{'  host>device' if flag else ''}"
+                         + (f"  throttled: {' '.join(hot)}" if hot else ""))
     return lines
 
 
 def _row(d: dict, impls: list, ratios: list, host: str | None) -> tuple:
     """One case's cells: each impl's TFLOP/s (its status, or "-", where it has none), each ratio (None
     where a side has no figure), and whether host's host time exceeds its device time (None: unknown)."""
-    tf = {i: (d.get(i) or (None,) * 4)[2] for i in impls}
+    tf = {i: (d.get(i) or (None,) * 5)[2] for i in impls}
     figs = [float(tf[i]) if tf[i] else (d.get(i) or ("-",))[0] for i in impls]
     rs = []
     for spec in ratios:
@@ -53,7 +59,7 @@ def _row(d: dict, impls: list, ratios: list, host: str | None) -> tuple:
         rs.append(tf[a] / tf[b] if tf.get(a) and tf.get(b) else None)
     flag = None
     if host:
-        _, dev, _, h = d.get(host, (None,) * 4)
+        _, dev, _, h, _ = d.get(host, (None,) * 5)
         flag = h > dev if h and dev else None
     return figs, rs, flag
 
