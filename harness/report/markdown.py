@@ -50,7 +50,8 @@ def markdown(results: dict, plots: list | None = None) -> str:
                     mode += " *"
                 lines.append(
                     f"| {esc(case) if k == 0 else ''} | {r['impl']}{' (baseline)' if r.get('baseline') else ''} | "
-                    f"{cells.status(r)} | {ms(t.get('median')) + cells.throttled(r) if timed else '–'} | {cells.loop(r)} | "
+                    f"{cells.status(r)} | {ms(t.get('median')) + cells.throttled(r) if timed else '–'} | "
+                    f"{cells.loop(r)} | "
                     f"{cells.binding(r)} | {cells.peak(r)} | "
                     + (f"{ms(t.get('ci_lo'))}–{ms(t.get('ci_hi'))} | {ms(t.get('p10'))}–{ms(t.get('p90'))} | "
                        if timed else "– | – | ")
