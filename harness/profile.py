@@ -145,7 +145,8 @@ def figure(v, fmt: str, unit: str = "", missing: str = "n/a") -> str:
 def format_kernel(k: dict) -> str:
     lines = [f"kernel {k['id']}: {k['name'][:110]}",
              f"  time {figure(k.get('duration_ns') and k['duration_ns'] / 1e3, '.2f', ' us')}; "
-             f"DRAM {figure(k.get('dram_gbps'), '.0f', ' GB/s')} = {figure(k.get('dram_pct_peak'), '.1f', '% of peak')} "
+             f"DRAM {figure(k.get('dram_gbps'), '.0f', ' GB/s')} = "
+             f"{figure(k.get('dram_pct_peak'), '.1f', '% of peak')} "
              f"(read {figure(k.get('dram_read_bytes') and k['dram_read_bytes'] / 1e6, '.1f', ' MB')}, "
              f"write {figure(k.get('dram_write_bytes') and k['dram_write_bytes'] / 1e6, '.1f', ' MB')})",
              f"  occupancy achieved {figure(k.get('occupancy_achieved_pct'), '.1f', '%')} of theoretical "
@@ -155,7 +156,8 @@ def format_kernel(k: dict) -> str:
              f"global store {figure(k.get('st_sectors_per_request'), '.2f')}; shared bank conflicts ld "
              f"{figure(k.get('smem_bank_conflicts_ld'), '.0f')} st {figure(k.get('smem_bank_conflicts_st'), '.0f')}",
              f"  grid {figure(k.get('grid_size'), '.0f')} x block {figure(k.get('block_size'), '.0f')}: "
-             f"{figure(k.get('waves_per_sm'), '.2f')} waves per SM, last wave {figure(k.get('tail_wave_fill'), '.0%')} full; "
+             f"{figure(k.get('waves_per_sm'), '.2f')} waves per SM, "
+             f"last wave {figure(k.get('tail_wave_fill'), '.0%')} full; "
              f"tensor pipe {figure(k.get('tensor_pipe_pct'), '.1f', '%')}",
              "  top stalls: " + (", ".join(f"{s['reason']} {s['pct']:.1f}%" for s in k.get("top_stalls", []))
                                  or "n/a")]

@@ -713,14 +713,14 @@ def measure(call, timer, cfg: TimingConfig, clock: ClockMonitor | None = None,
         warmup = warm_up(lambda i: timer.run(call, start + i, 1)[0], cfg, now)
         index += warmup["calls"]
     t0 = now()
-    times, mhz, stop, index = _sample_set(call, timer, cfg, clock, now, index)
-    kept, dropped = _split(times, mhz, clock.reference if clock else None, cfg.throttle)
     rested = 0.0
-    if len(kept) < min(3, len(times)) and cfg.rest_s > 0:
-        sleep(cfg.rest_s)  # the timer synchronised: the GPU idles
-        rested = cfg.rest_s
+    while True:
         times, mhz, stop, index = _sample_set(call, timer, cfg, clock, now, index)
         kept, dropped = _split(times, mhz, clock.reference if clock else None, cfg.throttle)
+        if len(kept) >= min(3, len(times)) or rested or not cfg.rest_s:
+            break
+        sleep(cfg.rest_s)  # the timer synchronised: the GPU idles, then one more set
+        rested = cfg.rest_s
     throttled_all = False
     if len(kept) < min(3, len(times)):
         kept, dropped, throttled_all = list(times), [], True

@@ -13,6 +13,19 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+from typing import NamedTuple
+
+
+class Cell(NamedTuple):
+    """What the table reads of one implementation's row of one case."""
+    status: str
+    median: float | None
+    tflops: float | None
+    host: float | None
+    throttled: bool
+
+
+NONE = Cell("-", None, None, None, False)  # an implementation with no row for the case
 
 
 def table(results: str, impls: list, ratios: list, host: str | None = None, markdown: bool = False) -> list[str]:
@@ -22,8 +35,8 @@ def table(results: str, impls: list, ratios: list, host: str | None = None, mark
     by: dict = {}
     for r in rows:
         t, f = r.get("timing") or {}, r.get("figures") or {}
-        by.setdefault(r["case"], {})[r["impl"]] = (r["status"], t.get("median"), f.get("tflops"), t.get("host_ms"),
-                                                   bool(t.get("throttled_all")))
+        by.setdefault(r["case"], {})[r["impl"]] = Cell(r["status"], t.get("median"), f.get("tflops"),
+                                                       t.get("host_ms"), bool(t.get("throttled_all")))
     width = max([12] + [len(i) + 1 for i in impls])
     if markdown:
         head = ["case", *impls, *ratios] + (["host > device"] if host else [])
@@ -32,8 +45,7 @@ def table(results: str, impls: list, ratios: list, host: str | None = None, mark
         lines = [f"{'case':64s} " + " ".join(f"{i:>{width}s}" for i in impls) + "  "
                  + " ".join(f"{r:>12s}" for r in ratios) + "  (TFLOP/s)"]
     for case, d in by.items():
-        figs, rs, flag = _row(d, impls, ratios, host)
-        hot = [i for i in impls if (d.get(i) or (None,) * 5)[4]]
+        figs, rs, flag, hot = _row(d, impls, ratios, host)
         if markdown:
             cells = [(f"{v:.1f}" + (" (throttled)" if i in hot else "")) if isinstance(v, float) else v
                      for i, v in zip(impls, figs)] + \
@@ -50,18 +62,19 @@ def table(results: str, impls: list, ratios: list, host: str | None = None, mark
 
 def _row(d: dict, impls: list, ratios: list, host: str | None) -> tuple:
     """One case's cells: each impl's TFLOP/s (its status, or "-", where it has none), each ratio (None
-    where a side has no figure), and whether host's host time exceeds its device time (None: unknown)."""
-    tf = {i: (d.get(i) or (None,) * 5)[2] for i in impls}
-    figs = [float(tf[i]) if tf[i] else (d.get(i) or ("-",))[0] for i in impls]
+    where a side has no figure), whether host's host time exceeds its device time (None: unknown), and
+    the impls whose samples all ran throttled."""
+    cell = {i: d.get(i, NONE) for i in impls}
+    figs = [float(c.tflops) if c.tflops else c.status for c in cell.values()]
     rs = []
     for spec in ratios:
-        a, b = spec.split("/")
-        rs.append(tf[a] / tf[b] if tf.get(a) and tf.get(b) else None)
+        a, b = (cell[x].tflops for x in spec.split("/"))
+        rs.append(a / b if a and b else None)
     flag = None
     if host:
-        _, dev, _, h, _ = d.get(host, (None,) * 5)
+        h, dev = d.get(host, NONE).host, d.get(host, NONE).median  # host need not be among impls
         flag = h > dev if h and dev else None
-    return figs, rs, flag
+    return figs, rs, flag, [i for i in impls if cell[i].throttled]
 
 
 def main(argv=None) -> None:
